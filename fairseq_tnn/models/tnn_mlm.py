@@ -1,0 +1,165 @@
+"""Bidirectional TNN masked language model, registered as ``tnn_mlm``.
+
+Works with fairseq's ``masked_lm`` criterion (forward accepts ``masked_tokens``)
+and, through mean-pooled classification heads, with ``sentence_prediction``.
+"""
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, register_model_architecture
+from fairseq.models.transformer import Embedding
+from torch import nn
+
+from .blocks import build_layers
+from .config import TnnBlockConfig, set_defaults, validate_block_config
+from .tnn_lm import UNLIMITED_POSITIONS
+
+
+@dataclass
+class TnnMlmConfig(TnnBlockConfig):
+    encoder_embed_dim: int = field(default=768, metadata={"help": "embedding (model) dimension"})
+    encoder_layers: int = field(default=12, metadata={"help": "number of TNN layers"})
+    layernorm_embedding: bool = field(default=False, metadata={"help": "LayerNorm on the embeddings"})
+    no_scale_embedding: bool = field(default=False, metadata={"help": "do not scale the embeddings by sqrt(dim)"})
+    pooler_dropout: float = field(default=0.0, metadata={"help": "dropout in classification heads"})
+
+
+class TnnLMHead(nn.Module):
+    """dense -> gelu -> LayerNorm -> projection tied to the input embeddings (+ bias)."""
+
+    def __init__(self, dim: int, weight: nn.Parameter):
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.weight = weight
+        self.bias = nn.Parameter(torch.zeros(weight.shape[0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(F.gelu(self.dense(x))), self.weight) + self.bias
+
+
+class MeanPoolClassificationHead(nn.Module):
+    """Mean over the non-padding positions (no CLS token), then dense -> tanh -> dropout -> out."""
+
+    def __init__(self, dim: int, inner_dim: int, num_classes: int, dropout: float):
+        super().__init__()
+        self.dense = nn.Linear(dim, inner_dim)
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(inner_dim, num_classes)
+
+    def forward(self, features: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if pad_mask is None:
+            pooled = features.mean(dim=1)
+        else:
+            keep = (~pad_mask).unsqueeze(-1).to(features.dtype)  # (b, n, 1)
+            pooled = (features * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+        return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
+
+
+class TnnEncoder(FairseqEncoder):
+    def __init__(self, cfg: TnnMlmConfig, dictionary):
+        super().__init__(dictionary)
+        dim = cfg.encoder_embed_dim
+        self.padding_idx = dictionary.pad()
+        self.embed_tokens = Embedding(len(dictionary), dim, self.padding_idx)
+        self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
+        self.layernorm_embedding = nn.LayerNorm(dim) if cfg.layernorm_embedding else None
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.layers = build_layers(cfg, dim, cfg.encoder_layers, causal=False)
+        self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
+        self.lm_head = TnnLMHead(dim, self.embed_tokens.weight)
+
+    def extract_features(self, src_tokens: torch.Tensor, return_all_hiddens: bool = False):
+        pad_mask = src_tokens.eq(self.padding_idx)
+        if not pad_mask.any():
+            pad_mask = None
+        x = self.embed_scale * self.embed_tokens(src_tokens)  # (b, n, d)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout(x)
+        inner_states = [x] if return_all_hiddens else None
+        for layer in self.layers:
+            x = layer(x, pad_mask)
+            if return_all_hiddens:
+                inner_states.append(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return x, pad_mask, inner_states
+
+    def forward(self, src_tokens, src_lengths=None, features_only: bool = False, return_all_hiddens: bool = False,
+                masked_tokens: Optional[torch.Tensor] = None, **kwargs):
+        x, pad_mask, inner_states = self.extract_features(src_tokens, return_all_hiddens)
+        extra = {"inner_states": inner_states, "padding_mask": pad_mask}
+        if features_only:
+            return x, extra
+        if masked_tokens is not None:
+            x = x[masked_tokens]  # only score the masked positions
+        return self.lm_head(x), extra
+
+    def max_positions(self):
+        return UNLIMITED_POSITIONS
+
+
+@register_model("tnn_mlm", dataclass=TnnMlmConfig)
+class TnnMaskedLMModel(FairseqEncoderModel):
+    def __init__(self, cfg: TnnMlmConfig, encoder: TnnEncoder):
+        super().__init__(encoder)
+        self.cfg = cfg
+        self.classification_heads = nn.ModuleDict()
+
+    @classmethod
+    def build_model(cls, cfg: TnnMlmConfig, task):
+        validate_block_config(cfg, "encoder_embed_dim", "encoder_layers")
+        return cls(cfg, TnnEncoder(cfg, task.source_dictionary))
+
+    def forward(self, src_tokens, src_lengths=None, features_only: bool = False, return_all_hiddens: bool = False,
+                classification_head_name: Optional[str] = None, masked_tokens=None, **kwargs):
+        if classification_head_name is not None:
+            features_only = True
+        x, extra = self.encoder(src_tokens, src_lengths, features_only=features_only,
+                                return_all_hiddens=return_all_hiddens, masked_tokens=masked_tokens)
+        if classification_head_name is not None:
+            x = self.classification_heads[classification_head_name](x, extra["padding_mask"])
+        return x, extra
+
+    def register_classification_head(self, name: str, num_classes: Optional[int] = None, inner_dim: Optional[int] = None, **kwargs):
+        dim = self.cfg.encoder_embed_dim
+        self.classification_heads[name] = MeanPoolClassificationHead(
+            dim, inner_dim or dim, num_classes, self.cfg.pooler_dropout)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Keep checkpoint heads that the current model lacks (fine-tuning resumes)."""
+        prefix = name + "." if name != "" else ""
+        super().upgrade_state_dict_named(state_dict, name)
+        for key in list(state_dict.keys()):
+            if key.startswith(prefix + "classification_heads."):
+                head = key[len(prefix + "classification_heads."):].split(".")[0]
+                if head not in self.classification_heads:
+                    out = state_dict[prefix + f"classification_heads.{head}.out_proj.weight"]
+                    inner = state_dict[prefix + f"classification_heads.{head}.dense.weight"]
+                    self.register_classification_head(head, out.size(0), inner.size(0))
+
+
+def mlm_base(args, **preset):
+    """Published bidirectional configuration (FACTS.md section 1), overridable by any flag."""
+    set_defaults(args, **preset)
+    set_defaults(
+        args, encoder_embed_dim=768, encoder_layers=12, norm_position="post", norm_type="simplermsnorm",
+        layernorm_embedding=True, no_scale_embedding=True, expand_ratio=3, gtu_activation="silu",
+        glu_activation="silu", tno_type="tnn", rpe_dim=64, rpe_layers=6, rpe_activation="relu",
+        rpe_norm_type="simplermsnorm", decay=0.99, dropout=0.1, pooler_dropout=0.0)
+
+
+@register_model_architecture("tnn_mlm", "tnn_mlm_wt103")
+def tnn_mlm_wt103(args):
+    """Qin et al.'s bidirectional TNN: 12 x 768, post-norm, LayerNorm on embeddings, no scaling."""
+    mlm_base(args)
+
+
+@register_model_architecture("tnn_mlm", "tnn_mlm_tiny")
+def tnn_mlm_tiny(args):
+    """A small bidirectional TNN for tests."""
+    mlm_base(args, encoder_embed_dim=64, encoder_layers=2, rpe_dim=16, rpe_layers=2, glu_dim=64, dropout=0.0)

@@ -1,0 +1,62 @@
+"""GTU, GLU and the TNN layer."""
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .activations import get_activation
+from .norm import build_norm
+
+
+class Gtu(nn.Module):
+    """Gated Toeplitz unit: out = W_o(act(W_u x) * TNO(act(W_v x))), width d1 = expand_ratio * d."""
+
+    def __init__(self, dim: int, d1: int, tno: nn.Module, activation: str = "silu"):
+        super().__init__()
+        self.d1 = d1
+        self.act = get_activation(activation)
+        self.uv_proj = nn.Linear(dim, 2 * d1)  # W_u and W_v in one GEMM
+        self.tno = tno
+        self.out_proj = nn.Linear(d1, dim)
+
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        u, v = self.act(self.uv_proj(x)).chunk(2, dim=-1)  # (b, n, d1) each
+        if pad_mask is not None:
+            # padded positions must not leak into real ones through the token mixing
+            v = v.masked_fill(pad_mask.unsqueeze(-1), 0.0)
+        return self.out_proj(u * self.tno(v))
+
+
+class Glu(nn.Module):
+    """Gated linear unit: W_3(act(W_1 x) * W_2 x)."""
+
+    def __init__(self, dim: int, hidden: int, activation: str = "silu"):
+        super().__init__()
+        self.act = get_activation(activation)
+        self.in_proj = nn.Linear(dim, 2 * hidden)  # W_1 and W_2 in one GEMM
+        self.out_proj = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.in_proj(x).chunk(2, dim=-1)
+        return self.out_proj(self.act(a) * b)
+
+
+class TnnLayer(nn.Module):
+    """x = x + GTU(norm(x)); x = x + GLU(norm(x))  (pre-norm), or the post-norm variant
+    x = norm(x + GTU(x)); x = norm(x + GLU(x)). Dropout on each residual branch."""
+
+    def __init__(self, dim: int, gtu: Gtu, glu: Glu, norm_type: str = "simplermsnorm",
+                 normalize_before: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.gtu, self.glu = gtu, glu
+        self.token_norm = build_norm(norm_type, dim)
+        self.channel_norm = build_norm(norm_type, dim)
+        self.normalize_before = normalize_before
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if self.normalize_before:
+            x = x + self.dropout(self.gtu(self.token_norm(x), pad_mask))
+            return x + self.dropout(self.glu(self.channel_norm(x)))
+        x = self.token_norm(x + self.dropout(self.gtu(x, pad_mask)))
+        return self.channel_norm(x + self.dropout(self.glu(x)))

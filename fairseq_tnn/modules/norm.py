@@ -1,0 +1,25 @@
+"""Normalisation layers."""
+import torch
+from torch import nn
+
+NORM_CHOICES = ("simplermsnorm", "layernorm")
+
+
+class SimpleRMSNorm(nn.Module):
+    """x / (||x||_2 * d^-1/2 + eps): RMS normalisation without parameters."""
+
+    def __init__(self, dim: int, eps: float = 1e-8):
+        super().__init__()
+        self.scale = dim ** -0.5
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / (x.norm(dim=-1, keepdim=True) * self.scale + self.eps)
+
+
+def build_norm(norm_type: str, dim: int) -> nn.Module:
+    if norm_type == "simplermsnorm":
+        return SimpleRMSNorm(dim)
+    if norm_type == "layernorm":
+        return nn.LayerNorm(dim)
+    raise ValueError(f"norm_type={norm_type!r} is not one of {NORM_CHOICES}")

@@ -1,0 +1,176 @@
+"""FD-TNO: Toeplitz operators parametrised by their frequency response.
+
+Paper section 3.3 (Algorithm 2). Shapes follow ``toeplitz.py``: ``x`` is
+(batch, n, d), one kernel per channel. The kernel is never given in the time
+domain; instead its frequency response is given on the grid
+
+    omega_m = m * pi / N',  m = 0, ..., N',   N' = next_fast_len(n),
+
+so the FFT size is N = 2 N' >= 2n and the circular convolution of length N
+does not wrap around for lags |i - j| <= n - 1. A longer sequence samples the
+same interval [0, pi] on a finer grid (this is how FD-TNN extrapolates).
+
+* causal: only the real part ``k_real`` (N'+1, d) is given. The imaginary part
+  is minus the discrete Hilbert transform of the real part, which makes the
+  time kernel zero at negative lags (``hilbert_causal_spectrum``).
+* bidirectional: real and imaginary parts ``k_real``, ``k_imag`` (N'+1, d) are
+  both given; the imaginary part is forced to 0 at omega = 0 and omega = pi,
+  where a real kernel's spectrum is real. One FFT fewer than TNN's TNO: the
+  kernel is never transformed.
+
+Fast paths use torch.fft; the ``*_ref`` functions build the time kernel by an
+explicit inverse DFT (a dense cos/sin matrix) and multiply by dense Toeplitz
+matrices. FFTs and references compute in float32 (float64 for float64 input)
+and cast the output back to ``x.dtype``.
+"""
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from .toeplitz import fft_conv, fft_dtype, next_fast_len, toeplitz_dense
+
+
+def fd_grid(n: int, device=None) -> Tuple[int, torch.Tensor]:
+    """FFT size N = 2 N' and the N' + 1 frequencies m pi / N' (float32) for length n."""
+    if n < 1:
+        raise ValueError(f"sequence length n must be >= 1, got n={n}")
+    half = next_fast_len(n)  # N'
+    omegas = torch.arange(half + 1, device=device, dtype=torch.float64) * (math.pi / half)
+    return 2 * half, omegas.to(torch.float32)
+
+
+def _causal_fold(size: int, device, dtype) -> torch.Tensor:
+    """(size,) mask 1, 2, ..., 2, 1, 0, ..., 0 that turns an even sequence causal."""
+    half = size // 2
+    fold = torch.zeros(size, device=device, dtype=dtype)
+    fold[0] = 1.0
+    fold[1:half] = 2.0
+    fold[half] = 1.0
+    return fold
+
+
+def hilbert_causal_spectrum(k_real: torch.Tensor) -> torch.Tensor:
+    """H = k_real - i Hilbert{k_real}: the spectrum of the causal kernel with real part k_real.
+
+    k_real: (N'+1, d) real, on the grid of ``fd_grid``. Returns complex (N'+1, d)
+    in complex64 (complex128 for float64 input). irfft(k_real) is a real even
+    sequence e of length N = 2N'; keeping e[0] and e[N/2], doubling e[1:N/2] and
+    zeroing e[N/2+1:] gives a causal sequence whose rfft has real part exactly
+    k_real (to round-off): cos is even, so e[t] + e[N-t] = 2 e[t].
+    """
+    kr = k_real.to(fft_dtype(k_real))
+    size = 2 * (kr.shape[0] - 1)
+    if size < 2:
+        raise ValueError(f"k_real must have N'+1 >= 2 rows, got shape {tuple(k_real.shape)}")
+    even = torch.fft.irfft(kr, n=size, dim=0)  # (N, d), even sequence
+    causal = even * _causal_fold(size, kr.device, kr.dtype)[:, None]  # (N, d), zero at t > N/2
+    return torch.fft.rfft(causal, n=size, dim=0)  # (N'+1, d)
+
+
+def _bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor) -> torch.Tensor:
+    """k_real + i k_imag with the imaginary part multiplied by 0 at omega = 0 and pi."""
+    ct = fft_dtype(k_real)
+    kr, ki = k_real.to(ct), k_imag.to(ct)
+    mask = torch.ones(ki.shape[0], device=ki.device, dtype=ct)
+    mask[0] = 0.0
+    mask[-1] = 0.0
+    return torch.complex(kr, ki * mask[:, None])  # (N'+1, d); d/d k_imag is 0 at both ends
+
+
+def fd_causal(x: torch.Tensor, k_real: torch.Tensor) -> torch.Tensor:
+    """Causal FD-TNO: y = irfft(rfft(x, N) * H, N)[:n], H from ``hilbert_causal_spectrum``.
+
+    x: (b, n, d); k_real: (N'+1, d) with N' = next_fast_len(n). Returns (b, n, d) in x.dtype.
+    """
+    size = _check(x, k_real)
+    return fft_conv(x, hilbert_causal_spectrum(k_real), size)
+
+
+def fd_bidirectional(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor) -> torch.Tensor:
+    """Bidirectional FD-TNO: y = irfft(rfft(x, N) * (k_real + i k_imag), N)[:n].
+
+    x: (b, n, d); k_real, k_imag: (N'+1, d). The imaginary part is taken as 0 at
+    omega = 0 and pi (its gradient there is exactly 0). Returns real (b, n, d) in x.dtype.
+    """
+    size = _check(x, k_real, k_imag)
+    return fft_conv(x, _bidirectional_spectrum(k_real, k_imag), size)
+
+
+# ----------------------------------------------------------------------------
+# References: explicit DFT matrices and dense Toeplitz matrices.
+# ----------------------------------------------------------------------------
+
+
+def _dft_angles(size: int, device) -> torch.Tensor:
+    """(N'+1, N) angles 2 pi m t / N, reduced mod N in integers first (float64)."""
+    m = torch.arange(size // 2 + 1, device=device)
+    t = torch.arange(size, device=device)
+    return (m[:, None] * t[None, :] % size).to(torch.float64) * (2.0 * math.pi / size)
+
+
+def fd_time_kernel(k_real: torch.Tensor, k_imag: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The (N, d) time kernel, by an explicit inverse DFT of the half spectrum.
+
+    Index t holds lag t for t < N/2 and lag t - N for t > N/2. With ``k_imag=None``
+    (causal) the inverse DFT of k_real alone gives the even sequence, which is
+    folded onto non-negative lags; otherwise the imaginary part enters with sin
+    weights that are 0 at omega = 0 and pi (the forced zeros).
+    """
+    ct = fft_dtype(k_real)
+    half = k_real.shape[0] - 1
+    size = 2 * half
+    ang = _dft_angles(size, k_real.device)  # (N'+1, N)
+    w_cos = torch.full((half + 1,), 2.0, dtype=torch.float64, device=k_real.device)
+    w_cos[0] = w_cos[-1] = 1.0  # DC and Nyquist appear once in a length-N spectrum
+    w_sin = torch.full((half + 1,), 2.0, dtype=torch.float64, device=k_real.device)
+    w_sin[0] = w_sin[-1] = 0.0
+    cos = (w_cos[:, None] * torch.cos(ang) / size).to(ct)  # (N'+1, N)
+    kernel = cos.t() @ k_real.to(ct)  # (N, d)
+    if k_imag is None:
+        return kernel * _causal_fold(size, k_real.device, ct)[:, None]
+    sin = (w_sin[:, None] * torch.sin(ang) / size).to(ct)
+    return kernel - sin.t() @ k_imag.to(ct)
+
+
+def fd_spectrum_ref(kernel: torch.Tensor) -> torch.Tensor:
+    """Explicit DFT (N'+1, d) of a real (N, d) time kernel: sum_t k[t] exp(-2 pi i m t / N)."""
+    ang = _dft_angles(kernel.shape[0], kernel.device).to(kernel.dtype)  # (N'+1, N)
+    return torch.complex(torch.cos(ang) @ kernel, -(torch.sin(ang) @ kernel))
+
+
+def _toeplitz_from_kernel(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """y = T x with T[i, j] = kernel[(i - j) mod N], via dense (d, n, n) matrices."""
+    n = x.shape[-2]
+    pos = kernel[:n]  # lags 0 .. n-1
+    neg = kernel.flip(0)[: n - 1]  # lags -1 .. -(n-1): indices N-1, N-2, ...
+    t = toeplitz_dense(pos, neg)  # (d, n, n)
+    y = torch.einsum("cij,bjc->bic", t, x.to(kernel.dtype))
+    return y.to(x.dtype)
+
+
+def fd_causal_ref(x: torch.Tensor, k_real: torch.Tensor) -> torch.Tensor:
+    """Dense reference for ``fd_causal`` (explicit inverse DFT, O(n^2 d))."""
+    _check(x, k_real)
+    return _toeplitz_from_kernel(x, fd_time_kernel(k_real))
+
+
+def fd_bidirectional_ref(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor) -> torch.Tensor:
+    """Dense reference for ``fd_bidirectional`` (explicit inverse DFT, O(n^2 d))."""
+    _check(x, k_real, k_imag)
+    return _toeplitz_from_kernel(x, fd_time_kernel(k_real, k_imag))
+
+
+def _check(x: torch.Tensor, k_real: torch.Tensor, k_imag: Optional[torch.Tensor] = None) -> int:
+    """Validate shapes; return the FFT size N."""
+    n, d = x.shape[-2], x.shape[-1]
+    size = 2 * next_fast_len(n)
+    want = (size // 2 + 1, d)
+    if tuple(k_real.shape) != want:
+        raise ValueError(
+            f"k_real must have shape (N'+1, d) = {want} for n={n} (N' = next_fast_len(n)), "
+            f"got {tuple(k_real.shape)}"
+        )
+    if k_imag is not None and tuple(k_imag.shape) != want:
+        raise ValueError(f"k_imag must have shape (N'+1, d) = {want} for n={n}, got {tuple(k_imag.shape)}")
+    return size

@@ -1,0 +1,55 @@
+"""``tnn_language_modeling``: fairseq's language modelling task, plus what TNN users need.
+
+- Evaluation at any length: a TNN has no positional limit, so
+  ``fairseq-eval-lm --tokens-per-sample L`` scores every block whatever L is.
+  Where a model does have a limit, a block longer than it is an error naming
+  the option, never a silently skipped block (fairseq's default).
+- Wall time and peak memory of every update are logged (see step_metrics).
+- Only causal language models are accepted.
+"""
+from dataclasses import dataclass
+
+from fairseq import utils
+from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageModel
+from fairseq.tasks import register_task
+from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
+
+from .step_metrics import StepMetricsMixin
+
+
+@dataclass
+class TnnLanguageModelingConfig(LanguageModelingConfig):
+    pass
+
+
+def model_class(cfg):
+    name = getattr(cfg, "_name", None) or getattr(cfg, "arch", None)
+    return MODEL_REGISTRY.get(name) or ARCH_MODEL_REGISTRY.get(name)
+
+
+def check_blocks_fit(dataset, max_positions, split: str):
+    """Raise if any block is longer than the models accept (instead of skipping it)."""
+    limit = utils.resolve_max_positions(max_positions)
+    if limit is None or len(dataset) == 0:
+        return
+    longest = int(dataset.sizes.max())
+    if longest > limit:
+        raise ValueError(
+            f"--tokens-per-sample: the {split} split has blocks of {longest} tokens but the model accepts at most "
+            f"{limit} positions; fairseq would silently skip those blocks. Lower --tokens-per-sample or raise the "
+            "model's max positions (e.g. --model-overrides)")
+
+
+@register_task("tnn_language_modeling", dataclass=TnnLanguageModelingConfig)
+class TnnLanguageModelingTask(StepMetricsMixin, LanguageModelingTask):
+    def build_model(self, cfg, from_checkpoint=False):
+        cls = model_class(cfg)
+        if cls is not None and not issubclass(cls, FairseqLanguageModel):
+            raise ValueError(
+                f"--arch {getattr(cfg, '_name', None) or getattr(cfg, 'arch', None)!r} is not a causal language model; "
+                "--task tnn_language_modeling needs one (e.g. tnn_lm_*); use --task tnn_masked_lm for masked models")
+        return super().build_model(cfg, from_checkpoint)
+
+    def eval_lm_dataloader(self, dataset, *args, max_positions=None, **kwargs):
+        check_blocks_fit(dataset, max_positions, "evaluated")
+        return super().eval_lm_dataloader(dataset, *args, max_positions=max_positions, **kwargs)

@@ -1,0 +1,26 @@
+"""``tnn_masked_lm``: fairseq's masked LM task (BERT-style masking, ``masked_lm`` criterion)
+for bidirectional TNNs, with the per-update wall time and peak memory metrics."""
+from dataclasses import dataclass
+
+from fairseq.models import FairseqLanguageModel
+from fairseq.tasks import register_task
+from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
+
+from .step_metrics import StepMetricsMixin
+from .tnn_language_modeling import model_class
+
+
+@dataclass
+class TnnMaskedLMConfig(MaskedLMConfig):
+    pass
+
+
+@register_task("tnn_masked_lm", dataclass=TnnMaskedLMConfig)
+class TnnMaskedLMTask(StepMetricsMixin, MaskedLMTask):
+    def build_model(self, cfg, from_checkpoint=False):
+        cls = model_class(cfg)
+        if cls is not None and issubclass(cls, FairseqLanguageModel):
+            raise ValueError(
+                f"--arch {getattr(cfg, '_name', None) or getattr(cfg, 'arch', None)!r} is a causal language model; "
+                "--task tnn_masked_lm needs a bidirectional model (e.g. tnn_mlm_*); use --task tnn_language_modeling")
+        return super().build_model(cfg, from_checkpoint)

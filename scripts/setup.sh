@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Creates .venv and installs everything fairseq-tnn needs, in the order that works
+# (FACTS.md section 3): torch first, then fairseq-fixed built against that torch,
+# then the rest, then this plugin (editable). Never lets pip replace torch.
+# Idempotent: a second run with unchanged requirements does nothing.
+#
+# Environment: PYTHON (default python3), VENV (default <repo>/.venv),
+#              TORCH_VERSION (default 2.13.0; a GPU machine gets CUDA from the same line).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+VENV="${VENV:-$ROOT/.venv}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+STAMP="$VENV/.fairseq-tnn-setup"
+want="$(cat "$ROOT/requirements.txt" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1) torch=$TORCH_VERSION"
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]] && "$VENV/bin/python" -c "import fairseq, fairseq_tnn" 2>/dev/null; then
+  echo "setup: $VENV is up to date"
+  exit 0
+fi
+
+"$PYTHON" -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required, found " + sys.version' 
+[[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+PY="$VENV/bin/python"
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+req() { grep -E "^$1==" "$ROOT/requirements.txt" | awk '{print $1}'; }
+
+echo "setup: installing torch==$TORCH_VERSION into $VENV"
+pip_install "torch==$TORCH_VERSION"
+# From here on torch is pinned to what is installed.
+CONSTRAINTS="$VENV/torch-constraint.txt"
+"$PY" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > "$CONSTRAINTS"
+export PIP_CONSTRAINT="$CONSTRAINTS"
+
+echo "setup: building fairseq-fixed against the installed torch (first time: several minutes)"
+pip_install "$(req cython)" "$(req numpy)" "$(req wheel)"
+pip_install --no-build-isolation "$(req fairseq-fixed)"
+pip_install "$(req sentencepiece)" "$(req sacremoses)" "$(req tensorboard)" "$(req tensorboardX)" \
+  "$(req matplotlib)" "$(req pytest)"
+pip_install --no-deps --no-build-isolation -e "$ROOT"
+
+"$PY" - <<'PY'
+import fairseq, torch, fairseq_tnn
+print(f"setup: ok (python {__import__('sys').version.split()[0]}, torch {torch.__version__}, "
+      f"fairseq {fairseq.__version__}, fairseq_tnn {fairseq_tnn.__version__})")
+PY
+echo "$want" > "$STAMP"
