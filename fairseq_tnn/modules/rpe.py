@@ -1,5 +1,6 @@
 """The relative positional encoder (RPE): an MLP from a scalar to d values."""
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .activations import get_activation
@@ -23,7 +24,11 @@ class Rpe(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         """t: (m,) positions or frequencies -> (m, out_dim)."""
-        h = self.proj(t.unsqueeze(-1))  # (m, hidden)
+        w = self.proj.weight
+        # The first projection runs in at least fp32: integer lags above 2048 are not
+        # representable in fp16, so a half-precision model would merge distinct lags.
+        dtype = torch.promote_types(w.dtype, torch.float32)
+        h = F.linear(t.to(dtype).unsqueeze(-1), w.to(dtype), self.proj.bias.to(dtype)).to(w.dtype)  # (m, hidden)
         for norm, linear in zip(self.norms, self.linears):
             h = linear(self.act(norm(h)))
         return self.out(self.act(self.norms[-1](h)))

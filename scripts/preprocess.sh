@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Binarise a sentencepiece-encoded corpus for fairseq:
+#   bash scripts/preprocess.sh <text-dir> <dest-dir>
+# <text-dir> holds train.bpe, valid.bpe, test.bpe (space-separated pieces, one line
+# per sentence), e.g. data/sample. Skips the work if <dest-dir>/dict.txt exists
+# (FORCE=1 redoes it). WORKERS (default 2) sets fairseq-preprocess --workers.
+set -euo pipefail
+usage="usage: bash scripts/preprocess.sh <text-dir> <dest-dir>"
+[[ $# -eq 2 ]] || { echo "$usage" >&2; exit 2; }
+SRC="$1"; DEST="$2"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+FAIRSEQ_PREPROCESS="${FAIRSEQ_PREPROCESS:-$ROOT/.venv/bin/fairseq-preprocess}"
+for split in train valid test; do
+  [[ -f "$SRC/$split.bpe" ]] || { echo "preprocess: missing $SRC/$split.bpe ($usage)" >&2; exit 2; }
+done
+if [[ -f "$DEST/dict.txt" && "${FORCE:-0}" != 1 ]]; then
+  echo "preprocess: $DEST already binarised (FORCE=1 to redo)"
+  exit 0
+fi
+"$FAIRSEQ_PREPROCESS" --only-source \
+  --trainpref "$SRC/train.bpe" --validpref "$SRC/valid.bpe" --testpref "$SRC/test.bpe" \
+  --destdir "$DEST" --workers "${WORKERS:-2}"

@@ -1,0 +1,56 @@
+"""Shared fixtures: the sample corpus binarised once per session, and a CLI runner."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent  # the venv that runs pytest has the fairseq CLIs
+USER_DIR = str(ROOT / "fairseq_tnn")  # absolute, as a user passes it
+
+
+def run(cmd, expect_ok=True, timeout=900, env=None):
+    """Run a command line, return its combined output; check the exit status."""
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    full_env.update(env or {})
+    proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=timeout, env=full_env, cwd=ROOT)
+    if expect_ok and proc.returncode != 0:
+        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stdout[-6000:]}")
+    if not expect_ok and proc.returncode == 0:
+        raise AssertionError(f"command unexpectedly succeeded: {' '.join(map(str, cmd))}\n{proc.stdout[-3000:]}")
+    return proc.stdout
+
+
+def cli(name):
+    return str(BIN / name)
+
+
+@pytest.fixture(scope="session")
+def data_bin(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("data-bin") / "sample"
+    run(["bash", ROOT / "scripts/preprocess.sh", ROOT / "data/sample", dest],
+        env={"FAIRSEQ_PREPROCESS": cli("fairseq-preprocess")})
+    return dest
+
+
+def split_tokens(data_bin: Path, split: str) -> int:
+    """Number of tokens (eos included) in a binarised split."""
+    from fairseq.data import data_utils
+    ds = data_utils.load_indexed_dataset(str(data_bin / split), None)
+    return int(ds.sizes.sum())
+
+
+LM_TRAIN = [
+    "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling", "--criterion", "cross_entropy",
+    "--sample-break-mode", "none", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
+    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10", "--lr", "0.003",
+    "--log-format", "simple", "--log-interval", "5", "--seed", "1", "--num-workers", "0",
+]
+
+
+def valid_ppls(log: str):
+    return [float(m) for m in re.findall(r"valid on 'valid' subset \| loss [0-9.]+ \| ppl ([0-9.]+)", log)]
