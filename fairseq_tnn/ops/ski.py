@@ -178,11 +178,13 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam
     Returns (b, n, d) in x.dtype; computes in float32 (float64 for float64 x).
 
     W^T and W are applied as dense (n, r_eff) matmuls. Measured on CPU (2 cores,
-    torch 2.13, b=4, d=1536, r=32, float32, forward + backward of the low-rank
-    part): dense matmul 25 ms / 94 ms at n = 512 / 2048, versus 95 ms / 330 ms
-    for the sparse gather + index_add form -- the O(n r) matmul wins at these
-    sizes, as the paper also found on GPU. The sparse part uses torch's depthwise
-    conv1d (28 ms / 150 ms) rather than a sum of m shifted slices (55 ms / 260 ms).
+    torch 2.13, b=4, d=1536, r=32, float32, forward + backward, median of 7;
+    timings on that shared machine were noisy to ~20%): the low-rank part took
+    35 ms / 124 ms at n = 512 / 2048 with dense matmuls, against 63 ms / 618 ms
+    with the sparse form (index_add for W^T x, two index_selects for W z) and
+    43 ms / 243 ms with einsum. The sparse part uses torch's depthwise conv1d
+    (~200 ms / ~900 ms) rather than a sum of m shifted slices (275 ms / 5600 ms)
+    or unfold + einsum (970 ms / 6200 ms).
     """
     _check(x, conv_weight, knots, lam)
     b, n, d = x.shape

@@ -1,0 +1,33 @@
+"""Nonsensical settings stop fairseq-train with an error naming the option, before any training."""
+import pytest
+
+from conftest import LM_TRAIN, USER_DIR, cli, run
+
+CASES = [
+    (["--arch", "tnn_lm_tiny", "--decay", "1.5"], "--decay=1.5"),
+    (["--arch", "tnn_lm_tiny", "--decay", "0"], "--decay=0.0"),
+    (["--arch", "tnn_lm_tiny", "--decoder-embed-dim", "0"], "--decoder-embed-dim=0"),
+    (["--arch", "tnn_lm_tiny", "--rpe-layers", "-1"], "--rpe-layers=-1"),
+    (["--arch", "tnn_lm_tiny", "--expand-ratio", "-3"], "--expand-ratio=-3"),
+    (["--arch", "tnn_lm_tiny", "--tno-type", "fourier"], "--tno-type"),
+    (["--arch", "tnn_lm_tiny", "--rpe-activation", "swishy"], "--rpe-activation"),
+    (["--arch", "tnn_mlm_tiny"], "not a causal language model"),
+]
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_option_stops_before_training(data_bin, tmp_path, args, message):
+    save_dir = tmp_path / "ck"
+    log = run([cli("fairseq-train"), data_bin, *LM_TRAIN, "--tokens-per-sample", 64, "--batch-size", 4,
+               "--max-update", 2, "--save-dir", save_dir, *args], expect_ok=False)
+    assert message in log, log[-2000:]
+    assert "begin training" not in log and "Start iterating" not in log
+    assert not save_dir.exists() or not any(save_dir.iterdir())
+
+
+def test_masked_model_refuses_causal_task_and_reverse(data_bin, tmp_path):
+    log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
+               "--criterion", "masked_lm", "--arch", "tnn_lm_tiny", "--max-update", 1, "--batch-size", 2,
+               "--save-dir", tmp_path / "ck", "--optimizer", "adam", "--lr", "0.001"], expect_ok=False)
+    assert "is a causal language model" in log and "--task tnn_language_modeling" in log
+    assert "begin training" not in log

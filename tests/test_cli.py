@@ -1,0 +1,90 @@
+"""End to end through the real fairseq CLIs with an absolute --user-dir, on data/sample."""
+import math
+import re
+
+import pytest
+
+from conftest import LM_TRAIN, ROOT, USER_DIR, cli, run, split_tokens, valid_ppls
+
+TPS = 64
+
+
+def lm_train_cmd(data_bin, save_dir, max_update, *extra):
+    return [cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", "tnn_lm_tiny", "--tokens-per-sample", TPS,
+            "--batch-size", 8, "--max-update", max_update, "--save-dir", save_dir,
+            "--save-interval-updates", 50, "--validate-interval-updates", 10, "--no-epoch-checkpoints", *extra]
+
+
+@pytest.fixture(scope="module")
+def lm_run(data_bin, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("lm") / "checkpoints"
+    log = run(lm_train_cmd(data_bin, save_dir, 100))
+    return save_dir, log
+
+
+def evaluated_tokens(log):
+    m = re.search(r"Evaluated ([0-9,]+) tokens", log)
+    assert m, log[-3000:]
+    return int(m.group(1).replace(",", ""))
+
+
+def eval_loss(log):
+    m = re.search(r"Loss \(base 2\): ([0-9.]+|nan|inf), Perplexity: ([0-9.]+|nan|inf)", log)
+    assert m, log[-3000:]
+    return float(m.group(1)), float(m.group(2))
+
+
+def test_training_learns_and_logs_step_metrics(lm_run, data_bin):
+    save_dir, log = lm_run
+    assert (save_dir / "checkpoint_last.pt").exists() and (save_dir / "checkpoint_best.pt").exists()
+    assert re.search(r"update_ms[ =][0-9.]+", log) and re.search(r"max_rss_mb[ =][0-9.]+", log)
+    ppls = valid_ppls(log)
+    assert len(ppls) >= 5, log[-3000:]
+    vocab = sum(1 for _ in open(data_bin / "dict.txt")) + 4
+    # the first validation (10 updates) is already below uniform; 100 updates must cut it well below that
+    assert ppls[0] < vocab * 1.5
+    assert ppls[-1] < 0.5 * ppls[0], ppls
+    assert ppls[-1] < vocab / 5, ppls
+
+
+def test_resume_from_checkpoint_last(lm_run, data_bin):
+    save_dir, _ = lm_run
+    log = run(lm_train_cmd(data_bin, save_dir, 110))
+    assert re.search(r"[Ll]oaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 100 updates\)", log), log[-3000:]
+    assert re.search(r"num_updates[ =]110", log), log[-3000:]
+
+
+@pytest.mark.parametrize("extra,tokens_per_sample", [
+    ([], TPS),
+    (["--context-window", TPS // 2], TPS),
+    ([], 8 * TPS),  # 8x the training length: every block is scored
+    (["--context-window", TPS], 8 * TPS),
+])
+def test_eval_lm_scores_every_token(lm_run, data_bin, extra, tokens_per_sample):
+    save_dir, _ = lm_run
+    log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling",
+               "--path", save_dir / "checkpoint_last.pt", "--gen-subset", "test", "--sample-break-mode", "none",
+               "--tokens-per-sample", tokens_per_sample, "--batch-size", 4, "--num-workers", 0, *extra])
+    assert evaluated_tokens(log) == split_tokens(data_bin, "test")
+    loss, ppl = eval_loss(log)
+    assert math.isfinite(loss) and 1 < ppl < 1000
+
+
+def test_masked_lm_trains(data_bin, tmp_path):
+    # 128 tokens: the longest sample line (112 pieces + eos + bos) fits one block in "complete" mode
+    log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
+               "--criterion", "masked_lm", "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete",
+               "--tokens-per-sample", 128, "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001",
+               "--max-update", 6, "--save-dir", tmp_path / "ck", "--log-format", "simple", "--log-interval", 2,
+               "--num-workers", 0, "--no-epoch-checkpoints", "--validate-interval-updates", 6])
+    losses = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)]
+    assert losses and all(math.isfinite(x) for x in losses), log[-3000:]
+    assert (tmp_path / "ck" / "checkpoint_last.pt").exists()
+
+
+def test_hydra_train_with_a_config_from_configs(data_bin, tmp_path):
+    log = run([cli("fairseq-hydra-train"), "--config-dir", ROOT / "configs", "--config-name", "tnn_lm_sample",
+               f"task.data={data_bin}", f"common.user_dir={USER_DIR}", f"checkpoint.save_dir={tmp_path / 'ck'}",
+               "optimization.max_update=4", f"hydra.run.dir={tmp_path / 'hydra'}"])
+    assert re.search(r"num_updates[ =]4", log), log[-3000:]
+    assert (tmp_path / "ck" / "checkpoint_last.pt").exists()
