@@ -68,7 +68,7 @@ def hilbert_causal_spectrum(k_real: torch.Tensor) -> torch.Tensor:
     return torch.fft.rfft(causal, n=size, dim=0)  # (N'+1, d)
 
 
-def _bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor) -> torch.Tensor:
+def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor) -> torch.Tensor:
     """k_real + i k_imag with the imaginary part multiplied by 0 at omega = 0 and pi."""
     ct = fft_dtype(k_real)
     kr, ki = k_real.to(ct), k_imag.to(ct)
@@ -94,7 +94,7 @@ def fd_bidirectional(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor
     omega = 0 and pi (its gradient there is exactly 0). Returns real (b, n, d) in x.dtype.
     """
     size = _check(x, k_real, k_imag)
-    return fft_conv(x, _bidirectional_spectrum(k_real, k_imag), size)
+    return fft_conv(x, fd_bidirectional_spectrum(k_real, k_imag), size)
 
 
 # ----------------------------------------------------------------------------

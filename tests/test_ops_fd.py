@@ -1,0 +1,157 @@
+"""FD-TNO ops: FFT paths against explicit-DFT dense references, forward and gradients."""
+import math
+
+import pytest
+import torch
+
+from fairseq_tnn.ops.fd import (
+    fd_bidirectional,
+    fd_bidirectional_ref,
+    fd_bidirectional_spectrum,
+    fd_causal,
+    fd_causal_ref,
+    fd_grid,
+    fd_spectrum_ref,
+    fd_time_kernel,
+    hilbert_causal_spectrum,
+)
+
+DTYPES = [torch.float32, torch.float64]
+LENGTHS = [1, 2, 7, 64, 513]
+# Max abs error relative to the reference's max abs value.
+TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
+
+
+def absmax(t):
+    return t.abs().max() if t.numel() else torch.zeros((), dtype=t.real.dtype)
+
+
+def assert_close_rel(actual, expected, tol):
+    scale = expected.abs().max().clamp_min(1e-30)
+    err = (actual - expected).abs().max()
+    assert err <= tol * scale, f"max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
+
+
+def make_inputs(n, dtype, d=3, b=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    size, _ = fd_grid(n)
+    x = torch.randn(b, n, d, generator=g, dtype=torch.float64).to(dtype)
+    k_real = torch.randn(size // 2 + 1, d, generator=g, dtype=torch.float64).to(dtype)
+    k_imag = torch.randn(size // 2 + 1, d, generator=g, dtype=torch.float64).to(dtype)
+    return x, k_real, k_imag
+
+
+def grads(fn, inputs, cotangent):
+    inputs = [t.detach().requires_grad_(True) for t in inputs]
+    y = fn(*inputs)
+    return y.detach(), torch.autograd.grad(y, inputs, cotangent)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 513, 1000])
+def test_grid(n):
+    size, omegas = fd_grid(n)
+    assert size % 2 == 0 and size >= 2 * n
+    assert omegas.dtype == torch.float32 and omegas.shape == (size // 2 + 1,)
+    assert omegas[0] == 0 and math.isclose(omegas[-1].item(), math.pi, rel_tol=1e-6)
+    steps = omegas.diff()
+    assert torch.allclose(steps, torch.full_like(steps, math.pi / (size // 2)), rtol=0, atol=1e-6)
+
+
+def test_grid_longer_is_finer():
+    (s1, o1), (s2, o2) = fd_grid(512), fd_grid(2048)
+    assert s2 > s1 and o2.numel() > o1.numel()
+    assert o1[-1] == o2[-1] and o1[0] == o2[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_causal_matches_ref(n, dtype):
+    x, k_real, _ = make_inputs(n, dtype)
+    g = torch.randn_like(x)
+    y, (gx, gk) = grads(fd_causal, [x, k_real], g)
+    y_ref, (gx_ref, gk_ref) = grads(fd_causal_ref, [x, k_real], g)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_close_rel(y, y_ref, TOL[dtype])
+    assert_close_rel(gx, gx_ref, TOL[dtype])
+    assert_close_rel(gk, gk_ref, TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_bidirectional_matches_ref(n, dtype):
+    x, k_real, k_imag = make_inputs(n, dtype)
+    g = torch.randn_like(x)
+    y, (gx, gr, gi) = grads(fd_bidirectional, [x, k_real, k_imag], g)
+    y_ref, (gx_ref, gr_ref, gi_ref) = grads(fd_bidirectional_ref, [x, k_real, k_imag], g)
+    assert y.dtype == dtype and not y.is_complex() and y.shape == x.shape
+    assert_close_rel(y, y_ref, TOL[dtype])
+    assert_close_rel(gx, gx_ref, TOL[dtype])
+    assert_close_rel(gr, gr_ref, TOL[dtype])
+    assert_close_rel(gi, gi_ref, TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", LENGTHS)
+def test_causal_spectrum(n, dtype):
+    _, k_real, _ = make_inputs(n, dtype)
+    size = 2 * (k_real.shape[0] - 1)
+    spec = hilbert_causal_spectrum(k_real)
+    assert spec.is_complex() and spec.shape == k_real.shape
+    # The real part is the given one; the implied kernel vanishes at negative lags.
+    assert_close_rel(spec.real, k_real, TOL[dtype])
+    kernel = torch.fft.irfft(spec, n=size, dim=0)  # (N, d)
+    assert absmax(kernel[size // 2 + 1 :]) <= TOL[dtype] * kernel.abs().max()
+    # Same kernel and spectrum from the explicit inverse / forward DFT.
+    kernel_ref = fd_time_kernel(k_real)
+    assert (kernel_ref[size // 2 + 1 :] == 0).all()
+    assert_close_rel(kernel, kernel_ref, TOL[dtype])
+    spec_ref = fd_spectrum_ref(kernel_ref)
+    assert_close_rel(torch.view_as_real(spec), torch.view_as_real(spec_ref), TOL[dtype])
+
+
+def test_causal_gradient_causality():
+    n = 7
+    x, k_real, _ = make_inputs(n, torch.float64, d=2, b=1)
+    x.requires_grad_(True)
+    y = fd_causal(x, k_real)
+    for i in range(n):
+        (gx,) = torch.autograd.grad(y[:, i].sum(), x, retain_graph=True)
+        assert absmax(gx[:, i + 1 :]) < 1e-12, f"y[{i}] depends on future x"
+        assert gx[:, : i + 1].abs().max() > 1e-3  # and it does depend on the past
+
+
+@pytest.mark.parametrize("n", [1, 7, 64])
+def test_bidirectional_forced_real_at_dc_and_nyquist(n):
+    _, k_real, k_imag = make_inputs(n, torch.float32)
+    spec = fd_bidirectional_spectrum(k_real, k_imag)
+    assert spec.imag[0].eq(0).all() and spec.imag[-1].eq(0).all()
+    assert torch.equal(spec.real, k_real) and torch.equal(spec.imag[1:-1], k_imag[1:-1])
+    x, k_real, k_imag = make_inputs(n, torch.float32)
+    k_imag.requires_grad_(True)
+    (gi,) = torch.autograd.grad(fd_bidirectional(x, k_real, k_imag).square().sum(), k_imag)
+    assert gi[0].eq(0).all() and gi[-1].eq(0).all()
+    if n > 1:
+        assert gi[1:-1].abs().max() > 0
+
+
+@pytest.mark.parametrize("n", [64, 513])
+@pytest.mark.parametrize("causal", [True, False])
+def test_bf16_input(n, causal):
+    x, k_real, k_imag = make_inputs(n, torch.float32)
+    x16 = x.to(torch.bfloat16)
+    args = (k_real,) if causal else (k_real, k_imag)
+    fn = fd_causal if causal else fd_bidirectional
+    y16 = fn(x16, *args)
+    y32 = fn(x16.float(), *args)
+    assert y16.dtype == torch.bfloat16
+    # The FFTs run in float32 on the same (bf16-representable) input, so the only
+    # difference is rounding the output to bf16's 8-bit significand: <= 2^-9 |y|.
+    assert_close_rel(y16.float(), y32, 2.0**-8)
+
+
+def test_bad_shapes():
+    x, k_real, k_imag = make_inputs(7, torch.float32)
+    with pytest.raises(ValueError, match="k_real"):
+        fd_causal(x, k_real[:-1])
+    with pytest.raises(ValueError, match="k_imag"):
+        fd_bidirectional(x, k_real, k_imag[:, :1])

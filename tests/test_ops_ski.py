@@ -1,0 +1,253 @@
+"""SKI-TNO ops: fast path against the dense reference, interpolation, f, and Theorem 1."""
+
+import pytest
+import torch
+
+from fairseq_tnn.ops.ski import (
+    inducing_points,
+    interp_matrix,
+    interp_weights,
+    piecewise_linear,
+    ski_approx_dense,
+    ski_kernel,
+    ski_lowrank_dense,
+    ski_tno,
+    ski_tno_ref,
+    time_warp,
+)
+from fairseq_tnn.ops.toeplitz import toeplitz_dense
+
+DTYPES = [torch.float32, torch.float64]
+# Max abs error relative to the reference's max abs value.
+TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
+# (n, r, m): n = 1, n = 2, n < r (rank reduced to n), r = 2, m = 1, m = 17 > n, n = 512.
+CASES = [
+    (1, 4, 3),
+    (2, 2, 1),
+    (2, 8, 17),
+    (5, 8, 3),
+    (31, 4, 17),
+    (64, 2, 5),
+    (100, 7, 1),
+    (512, 32, 17),
+]
+
+
+def assert_close_rel(actual, expected, tol):
+    scale = expected.abs().max().clamp_min(1e-30)
+    err = (actual - expected).abs().max()
+    assert err <= tol * scale, f"max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
+
+
+def make_inputs(n, r, m, dtype, d=3, b=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(b, n, d, generator=g, dtype=torch.float64).to(dtype)
+    conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
+    knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
+    return x, conv_weight, knots
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,r,m", CASES)
+def test_ski_tno_matches_ref(n, r, m, dtype):
+    x, conv_weight, knots = make_inputs(n, r, m, dtype)
+    inputs = [t.requires_grad_(True) for t in (x, conv_weight, knots)]
+    g = torch.randn(x.shape, dtype=dtype)
+    y = ski_tno(*inputs, lam=0.9)
+    grads = torch.autograd.grad(y, inputs, g)
+    y_ref = ski_tno_ref(*inputs, lam=0.9)
+    grads_ref = torch.autograd.grad(y_ref, inputs, g)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_close_rel(y, y_ref, TOL[dtype])
+    for name, a, b in zip(("x", "conv_weight", "knots"), grads, grads_ref):
+        assert a.shape == b.shape, name
+        assert_close_rel(a, b, TOL[dtype])
+
+
+def test_sparse_tap_convention():
+    # Tap k multiplies lag i - j = (m-1)/2 - k, i.e. x[i + k - (m-1)/2].
+    n, m = 9, 5
+    x = torch.zeros(1, n, 1)
+    x[0, 4, 0] = 1.0
+    conv_weight = torch.arange(1.0, m + 1)[None]  # taps 1..5
+    knots = torch.zeros(4, 1)
+    y = ski_tno(x, conv_weight, knots, lam=0.5)[0, :, 0]
+    # y[i] = w[4 - i + 2]: y[2] = w[4] = 5, ..., y[6] = w[0] = 1.
+    assert torch.equal(y, torch.tensor([0, 0, 5, 4, 3, 2, 1, 0, 0.0]))
+
+
+def test_bf16_input():
+    x, conv_weight, knots = make_inputs(256, 16, 17, torch.float32)
+    x16 = x.to(torch.bfloat16)
+    y16 = ski_tno(x16, conv_weight, knots, lam=0.99)
+    y32 = ski_tno(x16.float(), conv_weight, knots, lam=0.99)
+    assert y16.dtype == torch.bfloat16
+    # Computed in float32 on the same input; only the output rounding (2^-9 relative) differs.
+    assert_close_rel(y16.float(), y32, 2.0**-8)
+
+
+# ----------------------------------------------------------------------------
+# Interpolation weights
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,r", [(1, 4), (2, 2), (5, 8), (31, 4), (100, 7), (512, 32), (2048, 32)])
+def test_interp_weights(n, r):
+    w = interp_matrix(n, r, dtype=torch.float64)
+    r_eff = min(r, n)
+    assert w.shape == (n, r_eff)
+    assert torch.allclose(w.sum(1), torch.ones(n, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert (w >= 0).all()
+    assert ((w != 0).sum(1) <= 2).all()
+    # Interpolating positions 0..n-1 from the inducing points reproduces them (linear exactness).
+    p = inducing_points(n, r)
+    assert p.shape == (r_eff,) and p[0] == 0 and p[-1] == n - 1
+    assert torch.allclose(w @ p, torch.arange(n, dtype=torch.float64), rtol=0, atol=1e-9)
+    index, weight = interp_weights(n, r, dtype=torch.float64)
+    assert index.shape == weight.shape == (n, 2)
+    assert (index[:, 1] - index[:, 0] <= 1).all() and index.min() >= 0 and index.max() < r_eff
+
+
+def test_interp_identity_at_inducing_points():
+    n, r = 31, 4  # h = 10: inducing points at positions 0, 10, 20, 30
+    w = interp_matrix(n, r)
+    for k in range(r):
+        row = torch.zeros(r)
+        row[k] = 1.0
+        assert torch.equal(w[10 * k], row)
+    assert torch.equal(w[15], torch.tensor([0.0, 0.5, 0.5, 0.0]))
+
+
+@pytest.mark.parametrize("n,r", [(1, 4), (3, 8), (8, 8), (20, 32)])
+def test_rank_reduced_to_n_gives_identity(n, r):
+    assert torch.equal(interp_matrix(n, r), torch.eye(n))
+
+
+# ----------------------------------------------------------------------------
+# f, the time warp and A
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("r", [2, 5, 32])
+def test_piecewise_linear(r):
+    d = 3
+    knots = torch.randn(2 * r, d, dtype=torch.float64)
+    grid = torch.arange(-r, r + 1, dtype=torch.float64) / r  # knot positions
+    f = piecewise_linear(knots, grid)
+    assert f.shape == (2 * r + 1, d)
+    assert torch.equal(f[r], torch.zeros(d))  # f(0) = 0 exactly
+    expect = torch.cat([knots[:r], torch.zeros(1, d, dtype=torch.float64), knots[r:]])
+    assert torch.allclose(f, expect, rtol=0, atol=1e-12)  # exact at knots
+    mid = (grid[:-1] + grid[1:]) / 2
+    assert torch.allclose(piecewise_linear(knots, mid), (expect[:-1] + expect[1:]) / 2, atol=1e-12)
+    # Any query shape; differentiable in knots.
+    xq = torch.rand(4, 5, dtype=torch.float64) * 2 - 1
+    knots.requires_grad_(True)
+    out = piecewise_linear(knots, xq)
+    assert out.shape == (4, 5, d)
+    (gk,) = torch.autograd.grad(out.sum(), knots)
+    # Each query's weights sum to 1; the share on the fixed knot at 0 has no parameter.
+    on_zero = (1.0 - (xq * r).abs()).clamp_min(0.0).sum()
+    assert torch.allclose(gk.sum(0), (xq.numel() - on_zero).expand(d))
+
+
+def test_time_warp():
+    t = torch.tensor([-3.0, -1.0, 0.0, 1.0, 2.5], dtype=torch.float64)
+    x = time_warp(t, 0.5)
+    expect = torch.tensor([-0.125, -0.5, 0.0, 0.5, 0.5**2.5], dtype=torch.float64)
+    assert torch.allclose(x, expect, rtol=1e-15, atol=0)
+    assert time_warp(torch.tensor([0.0]), 0.99)[0] == 0
+
+
+@pytest.mark.parametrize("n,r", [(1, 4), (3, 8), (512, 32)])
+def test_ski_kernel_is_a(n, r):
+    knots = torch.randn(2 * r, 2, dtype=torch.float64)
+    pos, neg = ski_kernel(n, knots, 0.9)
+    r_eff = min(r, n)
+    assert pos.shape == (r_eff, 2) and neg.shape == (r_eff - 1, 2)
+    assert (pos[0] == 0).all()  # A has zero diagonal since x(0) = 0 and f(0) = 0
+    p = inducing_points(n, r)
+    a = piecewise_linear(knots, time_warp(p[:, None] - p[None, :], 0.9)).permute(2, 0, 1)
+    assert torch.allclose(toeplitz_dense(pos, neg), a, rtol=0, atol=1e-12)
+
+
+def test_ski_lowrank_dense_matches_approx_dense():
+    n, r, lam = 40, 6, 0.95
+    knots = torch.randn(2 * r, 1, dtype=torch.float64)
+    dense = ski_lowrank_dense(n, knots, lam)[0]
+
+    def kfun(t):
+        return piecewise_linear(knots, time_warp(t, lam))[..., 0]
+
+    assert torch.allclose(dense, ski_approx_dense(n, r, kfun), rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------
+# Theorem 1: SKI error for a smooth kernel
+# ----------------------------------------------------------------------------
+
+
+def test_theorem1_ski_error_decreases_with_rank():
+    # T[i, j] = k(i - j) with k(t) = exp(-(t/s)^2), L = max |k''| = 2 / s^2 (at t = 0).
+    # Linear interpolation on a grid of spacing h errs by at most L h^2 / 8 (the
+    # paper's |psi_1| / 2! <= h^2 / 8 times L). With A[a, b] = k(p_a - p_b) exact,
+    #   (W A W^T - T)[i, j] = sum_a W[i, a] (sum_b W[j, b] k(p_a - p_b) - k(p_a - j))
+    #                        + (sum_a W[i, a] k(p_a - j) - k(i - j)):
+    # the second term interpolates t -> k(t - j) in i, the first is a convex
+    # combination (W >= 0, rows sum to 1) of interpolation errors in j, so every
+    # entry is within 2 L h^2 / 8 = L h^2 / 4, and ||E||_2 <= sqrt(||E||_1 ||E||_inf)
+    # <= n L h^2 / 4. Theorem 1 bounds the same O(h^2) interpolation error (in
+    # Frobenius form sqrt(nr) L h^2 / 8 per factor), plus the Nystrom term, which is
+    # zero here because A is sampled from k exactly.
+    n, s = 256, 32.0
+    lip2 = 2.0 / s**2
+
+    def kfun(t):
+        return torch.exp(-((t / s) ** 2))
+
+    i = torch.arange(n, dtype=torch.float64)
+    t = kfun(i[:, None] - i[None, :])
+    errors = []
+    for r in (4, 8, 16, 32):
+        h = (n - 1) / (r - 1)
+        e = ski_approx_dense(n, r, kfun) - t
+        entry_bound = lip2 * h**2 / 4
+        assert e.abs().max() <= entry_bound * (1 + 1e-9), r
+        err = torch.linalg.matrix_norm(e, ord=2).item()
+        assert err <= n * entry_bound, r
+        errors.append(err)
+    assert all(a > b for a, b in zip(errors, errors[1:])), errors
+    # Second-order convergence: halving h (roughly) divides the error by about 4.
+    assert errors[-2] / errors[-1] > 3.0, errors
+    assert errors[-1] < 0.05 * torch.linalg.matrix_norm(t, ord=2).item()
+
+
+# ----------------------------------------------------------------------------
+# Errors on bad input
+# ----------------------------------------------------------------------------
+
+
+def test_bad_rank():
+    x, conv_weight, _ = make_inputs(16, 2, 3, torch.float32)
+    with pytest.raises(ValueError, match=r"r.*>= 2.*r=1"):
+        ski_tno(x, conv_weight, torch.zeros(2, 3), lam=0.9)
+    with pytest.raises(ValueError, match=r"r=1"):
+        interp_weights(16, 1)
+    with pytest.raises(ValueError, match=r"2r, d"):
+        ski_tno(x, conv_weight, torch.zeros(5, 3), lam=0.9)
+
+
+@pytest.mark.parametrize("m", [0, 2, 16])
+def test_bad_taps(m):
+    x, _, knots = make_inputs(16, 4, 3, torch.float32)
+    with pytest.raises(ValueError, match=rf"odd.*m={m}"):
+        ski_tno(x, torch.zeros(3, m), knots, lam=0.9)
+
+
+@pytest.mark.parametrize("lam", [1.0, 0.0, -0.5, 1.5])
+def test_bad_lam(lam):
+    x, conv_weight, knots = make_inputs(16, 4, 3, torch.float32)
+    with pytest.raises(ValueError, match=r"0 < lam < 1"):
+        ski_tno(x, conv_weight, knots, lam=lam)
+    with pytest.raises(ValueError, match=r"lam"):
+        ski_tno_ref(x, conv_weight, knots, lam=lam)
