@@ -72,18 +72,21 @@ class TnnDecoder(FairseqDecoder):
 class TnnLanguageModel(FairseqLanguageModel):
     @classmethod
     def build_model(cls, cfg: TnnLmConfig, task):
-        validate_block_config(cfg, "decoder_embed_dim", "decoder_layers")
+        validate_block_config(cfg, "decoder_embed_dim", "decoder_layers", causal=True)
         return cls(TnnDecoder(cfg, task.target_dictionary))
+
+
+LM_BASE = dict(
+    decoder_embed_dim=512, decoder_layers=7, norm_position="pre", norm_type="simplermsnorm", expand_ratio=3,
+    gtu_activation="silu", glu_activation="silu", tno_type="tnn", rpe_dim=64, rpe_layers=6, rpe_activation="relu",
+    rpe_norm_type="simplermsnorm", decay=0.99, dropout=0.1, share_decoder_input_output_embed=True,
+    no_scale_embedding=False)
+TINY = dict(decoder_embed_dim=64, decoder_layers=2, rpe_dim=16, rpe_layers=2, glu_dim=64, dropout=0.0)
 
 
 def lm_base(args, **preset):
     """Published causal LM configuration (FACTS.md section 1), overridable by any flag."""
-    set_defaults(args, **preset)
-    set_defaults(
-        args, decoder_embed_dim=512, decoder_layers=7, norm_position="pre", norm_type="simplermsnorm",
-        expand_ratio=3, gtu_activation="silu", glu_activation="silu", tno_type="tnn", rpe_dim=64,
-        rpe_layers=6, rpe_activation="relu", rpe_norm_type="simplermsnorm", decay=0.99, dropout=0.1,
-        share_decoder_input_output_embed=True, no_scale_embedding=False)
+    set_defaults(args, **{**LM_BASE, **preset})
 
 
 @register_model_architecture("tnn_lm", "tnn_lm_wt103")
@@ -98,7 +101,19 @@ def tnn_lm_wt103_rpe3(args):
     lm_base(args, rpe_layers=3)
 
 
+@register_model_architecture("tnn_lm", "fd_tnn_lm_wt103")
+def fd_tnn_lm_wt103(args):
+    """The SKI paper's causal FD-TNN (val/test ppl 23.97 / 24.56): RPE of the frequency, 3 layers, no decay."""
+    lm_base(args, tno_type="fd", rpe_layers=3)
+
+
 @register_model_architecture("tnn_lm", "tnn_lm_tiny")
 def tnn_lm_tiny(args):
     """A small TNN LM for tests and the CPU demo."""
-    lm_base(args, decoder_embed_dim=64, decoder_layers=2, rpe_dim=16, rpe_layers=2, glu_dim=64, dropout=0.0)
+    lm_base(args, **TINY)
+
+
+@register_model_architecture("tnn_lm", "fd_tnn_lm_tiny")
+def fd_tnn_lm_tiny(args):
+    """A small causal FD-TNN for tests and the CPU demo."""
+    lm_base(args, **TINY, tno_type="fd")

@@ -112,7 +112,7 @@ class TnnMaskedLMModel(FairseqEncoderModel):
 
     @classmethod
     def build_model(cls, cfg: TnnMlmConfig, task):
-        validate_block_config(cfg, "encoder_embed_dim", "encoder_layers")
+        validate_block_config(cfg, "encoder_embed_dim", "encoder_layers", causal=False)
         return cls(cfg, TnnEncoder(cfg, task.source_dictionary))
 
     def forward(self, src_tokens, src_lengths=None, features_only: bool = False, return_all_hiddens: bool = False,
@@ -143,14 +143,17 @@ class TnnMaskedLMModel(FairseqEncoderModel):
                     self.register_classification_head(head, out.size(0), inner.size(0))
 
 
+MLM_BASE = dict(
+    encoder_embed_dim=768, encoder_layers=12, norm_position="post", norm_type="simplermsnorm",
+    layernorm_embedding=True, no_scale_embedding=True, expand_ratio=3, gtu_activation="silu",
+    glu_activation="silu", tno_type="tnn", rpe_dim=64, rpe_layers=6, rpe_activation="relu",
+    rpe_norm_type="simplermsnorm", decay=0.99, ski_rank=32, ski_taps=17, dropout=0.1, pooler_dropout=0.0)
+TINY = dict(encoder_embed_dim=64, encoder_layers=2, rpe_dim=16, rpe_layers=2, glu_dim=64, dropout=0.0)
+
+
 def mlm_base(args, **preset):
     """Published bidirectional configuration (FACTS.md section 1), overridable by any flag."""
-    set_defaults(args, **preset)
-    set_defaults(
-        args, encoder_embed_dim=768, encoder_layers=12, norm_position="post", norm_type="simplermsnorm",
-        layernorm_embedding=True, no_scale_embedding=True, expand_ratio=3, gtu_activation="silu",
-        glu_activation="silu", tno_type="tnn", rpe_dim=64, rpe_layers=6, rpe_activation="relu",
-        rpe_norm_type="simplermsnorm", decay=0.99, dropout=0.1, pooler_dropout=0.0)
+    set_defaults(args, **{**MLM_BASE, **preset})
 
 
 @register_model_architecture("tnn_mlm", "tnn_mlm_wt103")
@@ -159,7 +162,31 @@ def tnn_mlm_wt103(args):
     mlm_base(args)
 
 
+@register_model_architecture("tnn_mlm", "fd_tnn_mlm_wt103")
+def fd_tnn_mlm_wt103(args):
+    """Bidirectional FD-TNN: complex frequency response from a 3-layer RPE (one FFT fewer than TNN)."""
+    mlm_base(args, tno_type="fd", rpe_layers=3)
+
+
+@register_model_architecture("tnn_mlm", "ski_tnn_mlm_wt103")
+def ski_tnn_mlm_wt103(args):
+    """SKI-TNN as in the authors' Wikitext runs: r = 32 inducing points, m = 17 taps, lambda = 0.99."""
+    mlm_base(args, tno_type="ski", ski_rank=32, ski_taps=17, decay=0.99)
+
+
 @register_model_architecture("tnn_mlm", "tnn_mlm_tiny")
 def tnn_mlm_tiny(args):
     """A small bidirectional TNN for tests."""
-    mlm_base(args, encoder_embed_dim=64, encoder_layers=2, rpe_dim=16, rpe_layers=2, glu_dim=64, dropout=0.0)
+    mlm_base(args, **TINY)
+
+
+@register_model_architecture("tnn_mlm", "fd_tnn_mlm_tiny")
+def fd_tnn_mlm_tiny(args):
+    """A small bidirectional FD-TNN for tests."""
+    mlm_base(args, **TINY, tno_type="fd")
+
+
+@register_model_architecture("tnn_mlm", "ski_tnn_mlm_tiny")
+def ski_tnn_mlm_tiny(args):
+    """A small SKI-TNN for tests: r = 8, m = 5."""
+    mlm_base(args, **TINY, tno_type="ski", ski_rank=8, ski_taps=5)
