@@ -62,24 +62,47 @@ def test_resume_from_checkpoint_last(lm_run, data_bin):
 ])
 def test_eval_lm_scores_every_token(lm_run, data_bin, extra, tokens_per_sample):
     save_dir, _ = lm_run
-    log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling",
-               "--path", save_dir / "checkpoint_last.pt", "--gen-subset", "test", "--sample-break-mode", "none",
-               "--tokens-per-sample", tokens_per_sample, "--batch-size", 4, "--num-workers", 0, *extra])
+    log = eval_lm(data_bin, save_dir / "checkpoint_last.pt", tokens_per_sample, *extra)
     assert evaluated_tokens(log) == split_tokens(data_bin, "test")
     loss, ppl = eval_loss(log)
     assert math.isfinite(loss) and 1 < ppl < 1000
 
 
-def test_masked_lm_trains(data_bin, tmp_path):
+def eval_lm(data_bin, checkpoint, tokens_per_sample, *extra):
+    return run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling",
+                "--path", checkpoint, "--gen-subset", "test", "--sample-break-mode", "none",
+                "--tokens-per-sample", tokens_per_sample, "--batch-size", 4, "--num-workers", 0, *extra])
+
+
+def test_fd_tnn_lm_trains_and_extrapolates(data_bin, tmp_path):
+    save_dir = tmp_path / "ck"
+    log = run([cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", "fd_tnn_lm_tiny", "--tokens-per-sample", TPS,
+               "--batch-size", 8, "--max-update", 30, "--save-dir", save_dir, "--no-epoch-checkpoints",
+               "--validate-interval-updates", 10])
+    ppls = valid_ppls(log)
+    assert len(ppls) >= 3 and ppls[-1] < ppls[0], ppls
+    log = eval_lm(data_bin, save_dir / "checkpoint_last.pt", 8 * TPS)
+    assert evaluated_tokens(log) == split_tokens(data_bin, "test")
+    assert math.isfinite(eval_loss(log)[0])
+
+
+@pytest.mark.parametrize("arch", ["tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"])
+def test_masked_lm_trains_and_validates_at_8x_length(data_bin, tmp_path, arch):
     # 128 tokens: the longest sample line (112 pieces + eos + bos) fits one block in "complete" mode
     log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
-               "--criterion", "masked_lm", "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete",
+               "--criterion", "masked_lm", "--arch", arch, "--sample-break-mode", "complete",
                "--tokens-per-sample", 128, "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001",
                "--max-update", 6, "--save-dir", tmp_path / "ck", "--log-format", "simple", "--log-interval", 2,
                "--num-workers", 0, "--no-epoch-checkpoints", "--validate-interval-updates", 6])
     losses = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)]
     assert losses and all(math.isfinite(x) for x in losses), log[-3000:]
     assert (tmp_path / "ck" / "checkpoint_last.pt").exists()
+    # the checkpoint loads and scores blocks 8x the training length
+    log = run([cli("fairseq-validate"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
+               "--path", tmp_path / "ck" / "checkpoint_last.pt", "--valid-subset", "valid", "--batch-size", 2,
+               "--num-workers", 0, "--model-overrides", "{'tokens_per_sample': 1024, 'sample_break_mode': 'none'}"])
+    m = re.search(r"valid on 'valid' subset \| loss ([0-9.]+|nan|inf) .*\| wpb ([0-9.]+)", log)
+    assert m and math.isfinite(float(m.group(1))), log[-3000:]
 
 
 def test_hydra_train_with_a_config_from_configs(data_bin, tmp_path):
