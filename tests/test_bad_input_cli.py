@@ -31,3 +31,16 @@ def test_masked_model_refuses_causal_task_and_reverse(data_bin, tmp_path):
                "--save-dir", tmp_path / "ck", "--optimizer", "adam", "--lr", "0.001"], expect_ok=False)
     assert "is a causal language model" in log and "--task tnn_language_modeling" in log
     assert "begin training" not in log
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--arch", "ski_tnn_mlm_tiny", "--ski-rank", "1"], "--ski-rank=1"),
+    (["--arch", "ski_tnn_mlm_tiny", "--ski-taps", "16"], "--ski-taps=16"),
+    (["--arch", "ski_tnn_mlm_tiny", "--decay", "1.0"], "--decay=1.0"),
+])
+def test_bad_ski_option_stops_before_training(data_bin, tmp_path, args, message):
+    log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
+               "--criterion", "masked_lm", "--max-update", 1, "--batch-size", 2, "--tokens-per-sample", 128,
+               "--save-dir", tmp_path / "ck", "--optimizer", "adam", "--lr", "0.001", *args], expect_ok=False)
+    assert message in log, log[-2000:]
+    assert "begin training" not in log
