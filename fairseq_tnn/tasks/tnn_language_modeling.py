@@ -5,7 +5,8 @@
   Where a model does have a limit, a block longer than it is an error naming
   the option, never a silently skipped block (fairseq's default).
 - Wall time and peak memory of every update are logged (see step_metrics).
-- Only causal language models are accepted.
+- Only causal language models are accepted; bad data stops with a clear message
+  (see data_checks).
 """
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageM
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from .data_checks import check_split, check_tokens_per_sample, split_path
 from .step_metrics import StepMetricsMixin
 
 
@@ -42,6 +44,15 @@ def check_blocks_fit(dataset, max_positions, split: str):
 
 @register_task("tnn_language_modeling", dataclass=TnnLanguageModelingConfig)
 class TnnLanguageModelingTask(StepMetricsMixin, LanguageModelingTask):
+    def __init__(self, args, dictionary, output_dictionary=None, targets=None):
+        check_tokens_per_sample(args.tokens_per_sample)
+        super().__init__(args, dictionary, output_dictionary, targets)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        check_split(split_path(self.args.data, split, epoch), self.dictionary, self.args.tokens_per_sample,
+                    str(self.args.sample_break_mode))
+        return super().load_dataset(split, epoch, combine, **kwargs)
+
     def build_model(self, cfg, from_checkpoint=False):
         cls = model_class(cfg)
         if cls is not None and not issubclass(cls, FairseqLanguageModel):

@@ -6,6 +6,7 @@ from fairseq.models import FairseqLanguageModel
 from fairseq.tasks import register_task
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
+from .data_checks import check_split, check_tokens_per_sample, split_path
 from .step_metrics import StepMetricsMixin
 from .tnn_language_modeling import model_class
 
@@ -17,6 +18,16 @@ class TnnMaskedLMConfig(MaskedLMConfig):
 
 @register_task("tnn_masked_lm", dataclass=TnnMaskedLMConfig)
 class TnnMaskedLMTask(StepMetricsMixin, MaskedLMTask):
+    def __init__(self, cfg, dictionary=None):
+        check_tokens_per_sample(cfg.tokens_per_sample, minimum=2)  # one position is the <s> token
+        super().__init__(cfg, dictionary)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        # blocks are tokens_per_sample - 1 tokens plus <s>
+        check_split(split_path(self.cfg.data, split, epoch), self.source_dictionary, self.cfg.tokens_per_sample,
+                    str(self.cfg.sample_break_mode), reserved=1)
+        return super().load_dataset(split, epoch, combine, **kwargs)
+
     def build_model(self, cfg, from_checkpoint=False):
         cls = model_class(cfg)
         if cls is not None and issubclass(cls, FairseqLanguageModel):

@@ -1,0 +1,55 @@
+"""Checks on a binarised split before a task uses it, so that bad data stops with a
+clear message instead of a crash deep in a stack trace or a silently wrong number.
+
+- an empty split is an error;
+- token ids beyond the dictionary (data binarised with another dict.txt) are an error;
+- with a sentence-respecting ``--sample-break-mode`` (complete, complete_doc, eos), a line
+  longer than one block is an error (fairseq would silently skip it in training and
+  abort validation);
+- a split shorter than one block is fine: it is one short block, scored in full.
+"""
+import os
+
+import numpy as np
+from fairseq import utils
+from fairseq.data import data_utils
+
+
+def split_path(data: str, split: str, epoch: int = 1) -> str:
+    paths = utils.split_paths(data)
+    return os.path.join(paths[(epoch - 1) % len(paths)], split)
+
+
+def check_tokens_per_sample(value: int, minimum: int = 1):
+    if not isinstance(value, int) or value < minimum:
+        raise ValueError(f"--tokens-per-sample={value!r} is invalid: must be an integer >= {minimum}")
+
+
+def check_split(path: str, dictionary, tokens_per_sample: int, break_mode: str, reserved: int = 0):
+    """Validate the binarised split at ``path`` (no extension). ``reserved``: tokens the
+    task adds to each block (1 for the masked LM's <s>)."""
+    dataset = data_utils.load_indexed_dataset(path, None)
+    if dataset is None:
+        raise FileNotFoundError(f"dataset not found: {path}.bin / {path}.idx (run fairseq-preprocess first)")
+    if len(dataset) == 0 or int(dataset.sizes.sum()) == 0:
+        raise ValueError(f"the split {path}.bin is empty: it has no tokens; re-run fairseq-preprocess on a non-empty "
+                         "text file or remove the split from --valid-subset / --gen-subset")
+    buffer = getattr(dataset, "_bin_buffer", None)
+    index = getattr(dataset, "_index", None)
+    if buffer is not None and index is not None:
+        top = int(np.frombuffer(buffer, dtype=index.dtype).max())
+        if top >= len(dictionary):
+            raise ValueError(
+                f"{path}.bin holds token id {top} but the dictionary has only {len(dictionary)} symbols: the data "
+                "was binarised with a different dict.txt; binarise it with this dictionary (fairseq-preprocess "
+                "--srcdict) or use the data-bin it came with")
+    if break_mode in ("complete", "complete_doc", "eos"):
+        limit = tokens_per_sample - reserved
+        longest = int(dataset.sizes.max())
+        if longest > limit:
+            line = int(np.argmax(dataset.sizes)) + 1
+            raise ValueError(
+                f"--tokens-per-sample={tokens_per_sample} is too small for --sample-break-mode {break_mode}: line {line} "
+                f"of {path} has {longest} tokens (eos included) and a block holds at most {limit}; raise "
+                f"--tokens-per-sample to at least {longest + reserved}, or use --sample-break-mode none")
+    return dataset
