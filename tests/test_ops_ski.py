@@ -251,3 +251,42 @@ def test_bad_lam(lam):
         ski_tno(x, conv_weight, knots, lam=lam)
     with pytest.raises(ValueError, match=r"lam"):
         ski_tno_ref(x, conv_weight, knots, lam=lam)
+
+
+# ----------------------------------------------------------------------------
+# Channel-major layout and the blocked band
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,r,m", [(1, 4, 3), (5, 8, 3), (31, 4, 17), (100, 7, 1), (512, 32, 17)])
+def test_channel_major_matches_ref(n, r, m, dtype):
+    x, conv_weight, knots = make_inputs(n, r, m, dtype)
+    xt = x.permute(2, 0, 1).contiguous()  # (d, b, n)
+    inputs = [t.requires_grad_(True) for t in (xt, conv_weight, knots)]
+    g = torch.randn(xt.shape, dtype=dtype)
+    y = ski_tno(*inputs, lam=0.9, layout="dbn")
+    y_ref = ski_tno_ref(*inputs, lam=0.9, layout="dbn")
+    assert y.shape == xt.shape
+    assert_close_rel(y, y_ref, TOL[dtype])
+    assert_close_rel(y.permute(1, 2, 0), ski_tno(x, conv_weight, knots, lam=0.9), TOL[dtype])
+    for a, b in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(y_ref, inputs, g)):
+        assert_close_rel(a, b, TOL[dtype])
+
+
+@pytest.mark.parametrize("n,m,block", [(1, 17, 32), (7, 5, 4), (32, 17, 32), (33, 17, 32), (100, 3, 8), (96, 31, 16)])
+def test_band_conv_is_torchs_depthwise_conv(n, m, block):
+    """The blocked-GEMM band equals F.conv1d (centred taps, zero padding), forward and gradients,
+    for lengths that are and are not multiples of the block and taps wider than the sequence."""
+    import torch.nn.functional as F
+
+    from fairseq_tnn.ops.ski import band_conv
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 3, n, generator=g, dtype=torch.float64, requires_grad=True)  # (d, R, n)
+    w = torch.randn(4, m, generator=g, dtype=torch.float64, requires_grad=True)
+    y = band_conv(x, w, block=block)
+    y_ref = F.conv1d(x.transpose(0, 1), w[:, None, :], padding=(m - 1) // 2, groups=4).transpose(0, 1)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    cot = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(y, (x, w), cot), torch.autograd.grad(y_ref, (x, w), cot)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

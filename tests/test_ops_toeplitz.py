@@ -82,3 +82,76 @@ def test_bad_shapes_are_refused():
         toeplitz_fft(x, torch.randn(4, 2))
     with pytest.raises(ValueError, match="neg"):
         toeplitz_fft(x, torch.randn(5, 2), torch.randn(5, 2))
+
+
+# ----------------------------------------------------------------------------
+# Channel-major layout ("dbn": x (d, *batch, n)) and the hand-written backward passes
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 513])
+def test_channel_major_matches_dense_forward_and_gradients(n, causal, dtype):
+    x, pos, neg = _inputs(n, 3, dtype, causal)
+    xt = x.detach().permute(2, 0, 1).contiguous().requires_grad_(True)  # (d, b, n)
+    post = pos.detach().t().contiguous().requires_grad_(True)  # (d, n)
+    negt = None if neg is None else neg.detach().t().contiguous().requires_grad_(True)
+    leaves = [t for t in (xt, post, negt) if t is not None]
+    y_fast = toeplitz_fft(xt, post, negt, layout="dbn")
+    y_ref = toeplitz_ref(xt, post, negt, layout="dbn")
+    assert y_fast.shape == xt.shape
+    scale = y_ref.abs().max().clamp(min=1)
+    torch.testing.assert_close(y_fast / scale, y_ref / scale, **TOL[dtype])
+    # the same operator as the default layout
+    torch.testing.assert_close(y_fast.permute(1, 2, 0), toeplitz_fft(x, pos, neg).detach(), **TOL[dtype])
+    grad_out = torch.randn_like(y_ref)
+    g_fast = torch.autograd.grad(y_fast, leaves, grad_out)
+    g_ref = torch.autograd.grad(y_ref, leaves, grad_out)
+    for a, b in zip(g_fast, g_ref):
+        if b.numel() == 0:
+            continue
+        s = b.abs().max().clamp(min=1)
+        torch.testing.assert_close(a / s, b / s, **TOL[dtype])
+
+
+def test_channel_major_takes_extra_batch_dims():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 2, 4, 10, generator=g, dtype=torch.float64)  # (d, b1, b2, n)
+    pos, neg = torch.randn(3, 10, generator=g, dtype=torch.float64), torch.randn(3, 9, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(toeplitz_fft(x, pos, neg, layout="dbn"), toeplitz_ref(x, pos, neg, layout="dbn"))
+
+
+@pytest.mark.parametrize("size", [8, 9, 16])
+@pytest.mark.parametrize("length", [1, 4, 8])
+def test_kernel_rfft_backward_is_torchs(size, length):
+    """The hand-written rfft backward (one real inverse FFT) equals torch's generic one."""
+    from fairseq_tnn.ops.toeplitz import KernelRfft
+    if length > size:
+        return
+    k = torch.randn(3, length, dtype=torch.float64, requires_grad=True)
+    cot = torch.randn(3, size // 2 + 1, dtype=torch.complex128)
+    (g_fast,) = torch.autograd.grad(KernelRfft.apply(k, size), k, cot)
+    (g_ref,) = torch.autograd.grad(torch.fft.rfft(k, n=size), k, cot)
+    torch.testing.assert_close(g_fast, g_ref, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: torch.view_as_real(KernelRfft.apply(t, size)), (k,))
+
+
+@pytest.mark.parametrize("size", [8, 9, 16])
+def test_spectral_conv_backward_is_torchs(size):
+    """SpectralConv's gradients (input, and the complex spectrum in torch's convention) equal autograd's."""
+    from fairseq_tnn.ops.toeplitz import SpectralConv
+    n = 5
+    x = torch.randn(3, 2, n, dtype=torch.float64, requires_grad=True)
+    spec = torch.randn(3, 1, size // 2 + 1, dtype=torch.complex128, requires_grad=True)
+    cot = torch.randn(3, 2, n, dtype=torch.float64)
+    y = SpectralConv.apply(x, spec, size)
+    y_ref = torch.fft.irfft(torch.fft.rfft(x, n=size) * spec, n=size)[..., :n]
+    torch.testing.assert_close(y, y_ref)
+    for a, b in zip(torch.autograd.grad(y, (x, spec), cot), torch.autograd.grad(y_ref, (x, spec), cot)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_bad_layout_is_refused():
+    with pytest.raises(ValueError, match="layout"):
+        toeplitz_fft(torch.randn(1, 5, 2), torch.randn(5, 2), layout="nbd")

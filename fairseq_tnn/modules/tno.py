@@ -8,26 +8,48 @@ Every TNO variant has the same interface and is built by ``build_tno`` from the
   through the discrete Hilbert transform, bidirectional through a complex response.
 - ``ski``: the SKI paper's SKI-TNO (section 3.2): m-tap depthwise convolution plus
   the asymmetric SKI low-rank part W A W^T with an inverse time warp; bidirectional only.
+
+``forward(x)`` takes (batch, n, d); ``forward(x, layout="dbn")`` takes channel-major
+(d, batch, n) activations, the layout every TNO here prefers (attribute ``layout``):
+the TNN layer then feeds them straight from its input projection, with no transposes.
 """
 import math
-from typing import Dict
+from typing import Dict, Tuple
 
 import torch
 from torch import nn
 
-from ..ops.fd import fd_bidirectional, fd_causal, fd_grid
+from ..ops.fd import fd_bidirectional_spectrum, fd_grid, hilbert_causal_spectrum
 from ..ops.ski import ski_tno
-from ..ops.toeplitz import toeplitz_fft
+from ..ops.toeplitz import KernelRfft, check_layout, fft_conv, fft_dtype, next_fast_len
 from .rpe import Rpe
+
+
+def _length(x: torch.Tensor, layout: str) -> int:
+    check_layout(layout)
+    return x.shape[1] if layout == "bnd" else x.shape[-1]
+
+
+def _conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str) -> torch.Tensor:
+    """Apply a (d, size // 2 + 1) spectrum to x in either layout."""
+    return fft_conv(x, spectrum if layout == "dbn" else spectrum.t(), size, layout)
 
 
 class TnnTno(nn.Module):
     """The TNO of Qin et al. (2023): T_ij = lambda^|i-j| * RPE(i-j), applied by FFT.
 
     The RPE sees the raw integer lag; it is evaluated once per forward for all
-    lags in one batched call (n lags causal, 2n-1 bidirectional). The decay
+    lags in one batched call (n lags causal, 2n-1 bidirectional), its last
+    Linear producing the kernel channel-major with the decay folded in
+    (``Rpe.channel_major``); one real FFT of the kernel per forward. The decay
     lambda is a fixed hyperparameter (not trained); lag 0 is undecayed.
+
+    ``forward(x, layout)``: x (b, n, d) for ``"bnd"`` or (d, *batch, n) for
+    ``"dbn"`` (channel-major, ``layout`` below is the one it prefers: its FFTs
+    run along the contiguous last dim).
     """
+
+    layout = "dbn"
 
     def __init__(self, dim: int, causal: bool, rpe_dim: int = 64, rpe_layers: int = 6,
                  rpe_activation: str = "relu", decay: float = 0.99, norm_type: str = "simplermsnorm"):
@@ -39,16 +61,38 @@ class TnnTno(nn.Module):
     def kernel(self, n: int, device=None):
         """Kernel coefficients (pos (n, d), neg (n-1, d) or None) for length n."""
         lags = torch.arange(-(n - 1) if not self.causal else 0, n, device=device, dtype=torch.float32)
-        coef = self.rpe(lags)  # (m, d)
-        if self.decay < 1.0:
-            coef = coef * torch.exp(lags.abs() * math.log(self.decay)).to(coef.dtype).unsqueeze(-1)
+        coef = self.rpe.channel_major(lags, self._decay(lags)).t()  # (m, d)
         if self.causal:
             return coef, None
         return coef[n - 1:], coef[: n - 1].flip(0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        pos, neg = self.kernel(x.shape[1], x.device)
-        return toeplitz_fft(x, pos, neg)  # (b, n, d)
+    def _decay(self, lags: torch.Tensor):
+        if self.decay >= 1.0:
+            return None
+        return torch.exp(lags.abs() * math.log(self.decay))
+
+    def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
+        """(d, size // 2 + 1) spectrum of the circulant embedding for length n, and size."""
+        size = next_fast_len(2 * n - 1)  # no wrap-around for lags up to n - 1 either way
+        if self.causal:
+            lags = torch.arange(n, device=device, dtype=torch.float32)
+            k = self.rpe.channel_major(lags, self._decay(lags))  # (d, n), zero-padded by the FFT
+        else:
+            # the RPE is evaluated straight at the circulant's first column: lags 0 .. n-1, then
+            # zeros (padding slots, RPE input 0, scaled by 0), then lags -(n-1) .. -1
+            t = torch.arange(size, device=device)
+            lags = torch.where(t < n, t, t - size)
+            valid = (t < n) | (t > size - n)
+            lags = torch.where(valid, lags, torch.zeros_like(lags)).to(torch.float32)
+            scale = self._decay(lags)
+            if not bool(valid.all()):
+                scale = valid.to(torch.float32) if scale is None else scale * valid
+            k = self.rpe.channel_major(lags, scale)  # (d, size)
+        return KernelRfft.apply(k.to(fft_dtype(k)), size), size
+
+    def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
+        spec, size = self.spectrum(_length(x, layout), x.device)
+        return _conv(x, spec, size, layout)
 
 
 class FdTno(nn.Module):
@@ -59,8 +103,11 @@ class FdTno(nn.Module):
     (section 3.3.2): the RPE outputs 2d values, real and imaginary parts, the
     imaginary part forced to 0 at omega = 0 and pi. No decay bias: the smoothness
     of the RPE's activation sets the kernel's decay (section 4.2). A longer
-    sequence samples the same MLP on a finer grid over [0, pi].
+    sequence samples the same MLP on a finer grid over [0, pi]. Layouts as for
+    ``TnnTno``; the RPE's output is produced channel-major.
     """
+
+    layout = "dbn"
 
     def __init__(self, dim: int, causal: bool, rpe_dim: int = 64, rpe_layers: int = 3,
                  rpe_activation: str = "relu", norm_type: str = "simplermsnorm"):
@@ -68,13 +115,17 @@ class FdTno(nn.Module):
         self.causal = causal
         self.rpe = Rpe(dim if causal else 2 * dim, rpe_dim, rpe_layers, rpe_activation, norm_type)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _, omegas = fd_grid(x.shape[1], x.device)
-        k = self.rpe(omegas)  # (N'+1, d) causal, (N'+1, 2d) bidirectional
+    def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
+        size, omegas = fd_grid(n, device)
+        k = self.rpe.channel_major(omegas)  # (d, N'+1) causal, (2d, N'+1) bidirectional
         if self.causal:
-            return fd_causal(x, k)
-        k_real, k_imag = k.chunk(2, dim=-1)
-        return fd_bidirectional(x, k_real, k_imag)
+            return hilbert_causal_spectrum(k, layout="dbn"), size
+        k_real, k_imag = k.chunk(2, dim=0)
+        return fd_bidirectional_spectrum(k_real, k_imag, layout="dbn"), size
+
+    def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
+        spec, size = self.spectrum(_length(x, layout), x.device)
+        return _conv(x, spec, size, layout)
 
 
 class SkiTno(nn.Module):
@@ -84,7 +135,11 @@ class SkiTno(nn.Module):
     (2r, d) are the values of the piecewise-linear f on [-1, 1] (r knots per side,
     f(0) = 0), evaluated at x(t) = sign(t) lambda^|t| of the inducing-point lags.
     When a sequence is shorter than r the rank drops to n (W becomes the identity).
+    Layouts as for ``TnnTno`` (channel-major preferred: the band and W run as GEMMs
+    over (d * batch, n) rows).
     """
+
+    layout = "dbn"
 
     def __init__(self, dim: int, causal: bool, rank: int = 32, taps: int = 17, decay: float = 0.99):
         super().__init__()
@@ -95,8 +150,8 @@ class SkiTno(nn.Module):
         self.conv_weight = nn.Parameter(torch.empty(dim, taps).uniform_(-taps ** -0.5, taps ** -0.5))
         self.knots = nn.Parameter(torch.randn(2 * rank, dim) * rank ** -0.5)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ski_tno(x, self.conv_weight, self.knots, self.decay)
+    def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
+        return ski_tno(x, self.conv_weight, self.knots, self.decay, layout=layout)
 
 
 # Per TNO type: the config fields it uses and their defaults (None in a config = this default).

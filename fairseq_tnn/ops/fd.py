@@ -18,7 +18,11 @@ same interval [0, pi] on a finer grid (this is how FD-TNN extrapolates).
   where a real kernel's spectrum is real. One FFT fewer than TNN's TNO: the
   kernel is never transformed.
 
-Fast paths use torch.fft; the ``*_ref`` functions build the time kernel by an
+Every op also takes ``layout="dbn"`` (channel-major, see ``toeplitz.py``): x
+(d, *batch, n) and spectra (d, N'+1), FFTs along the contiguous last dimension.
+
+Fast paths use torch.fft (with the hand-written backward passes of
+``toeplitz.py``); the ``*_ref`` functions build the time kernel by an
 explicit inverse DFT (a dense cos/sin matrix) and multiply by dense Toeplitz
 matrices. FFTs and references compute in float32 (float64 for float64 input)
 and cast the output back to ``x.dtype``.
@@ -28,7 +32,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .toeplitz import fft_conv, fft_dtype, next_fast_len, toeplitz_dense
+from .toeplitz import KernelRfft, check_layout, fft_conv, fft_dtype, next_fast_len, toeplitz_dense
 
 
 def fd_grid(n: int, device=None) -> Tuple[int, torch.Tensor]:
@@ -50,51 +54,63 @@ def _causal_fold(size: int, device, dtype) -> torch.Tensor:
     return fold
 
 
-def hilbert_causal_spectrum(k_real: torch.Tensor) -> torch.Tensor:
+def hilbert_causal_spectrum(k_real: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
     """H = k_real - i Hilbert{k_real}: the spectrum of the causal kernel with real part k_real.
 
-    k_real: (N'+1, d) real, on the grid of ``fd_grid``. Returns complex (N'+1, d)
-    in complex64 (complex128 for float64 input). irfft(k_real) is a real even
-    sequence e of length N = 2N'; keeping e[0] and e[N/2], doubling e[1:N/2] and
-    zeroing e[N/2+1:] gives a causal sequence whose rfft has real part exactly
-    k_real (to round-off): cos is even, so e[t] + e[N-t] = 2 e[t].
+    k_real: (N'+1, d) real (``dbn``: (d, N'+1)), on the grid of ``fd_grid``.
+    Returns complex of the same shape in complex64 (complex128 for float64
+    input). irfft(k_real) is a real even sequence e of length N = 2N'; keeping
+    e[0] and e[N/2], doubling e[1:N/2] and zeroing e[N/2+1:] gives a causal
+    sequence whose rfft has real part exactly k_real (to round-off): cos is
+    even, so e[t] + e[N-t] = 2 e[t]. The zeroed half is never materialised:
+    the rfft zero-pads its input of length N/2 + 1.
     """
+    check_layout(layout)
     kr = k_real.to(fft_dtype(k_real))
-    size = 2 * (kr.shape[0] - 1)
+    kr = kr.t() if layout == "bnd" else kr  # (d, N'+1)
+    size = 2 * (kr.shape[-1] - 1)
     if size < 2:
-        raise ValueError(f"k_real must have N'+1 >= 2 rows, got shape {tuple(k_real.shape)}")
-    even = torch.fft.irfft(kr, n=size, dim=0)  # (N, d), even sequence
-    causal = even * _causal_fold(size, kr.device, kr.dtype)[:, None]  # (N, d), zero at t > N/2
-    return torch.fft.rfft(causal, n=size, dim=0)  # (N'+1, d)
+        raise ValueError(f"k_real must have N'+1 >= 2 frequencies, got shape {tuple(k_real.shape)}")
+    even = torch.fft.irfft(kr, n=size)  # (d, N), even sequence
+    causal = even[..., : size // 2 + 1] * _causal_fold(size, kr.device, kr.dtype)[: size // 2 + 1]
+    spec = KernelRfft.apply(causal, size)  # (d, N'+1)
+    return spec.t() if layout == "bnd" else spec
 
 
-def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor) -> torch.Tensor:
-    """k_real + i k_imag with the imaginary part multiplied by 0 at omega = 0 and pi."""
+def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
+    """k_real + i k_imag with the imaginary part multiplied by 0 at omega = 0 and pi.
+
+    Shapes (N'+1, d), or (d, N'+1) for ``dbn``."""
+    check_layout(layout)
     ct = fft_dtype(k_real)
     kr, ki = k_real.to(ct), k_imag.to(ct)
-    mask = torch.ones(ki.shape[0], device=ki.device, dtype=ct)
+    freq_dim = 0 if layout == "bnd" else -1
+    mask = torch.ones(ki.shape[freq_dim], device=ki.device, dtype=ct)
     mask[0] = 0.0
     mask[-1] = 0.0
-    return torch.complex(kr, ki * mask[:, None])  # (N'+1, d); d/d k_imag is 0 at both ends
+    mask = mask[:, None] if layout == "bnd" else mask
+    return torch.complex(kr, ki * mask)  # d / d k_imag is 0 at both ends
 
 
-def fd_causal(x: torch.Tensor, k_real: torch.Tensor) -> torch.Tensor:
+def fd_causal(x: torch.Tensor, k_real: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
     """Causal FD-TNO: y = irfft(rfft(x, N) * H, N)[:n], H from ``hilbert_causal_spectrum``.
 
-    x: (b, n, d); k_real: (N'+1, d) with N' = next_fast_len(n). Returns (b, n, d) in x.dtype.
+    ``bnd``: x (b, n, d), k_real (N'+1, d); ``dbn``: x (d, *batch, n), k_real (d, N'+1);
+    N' = next_fast_len(n). Returns x's shape in x.dtype.
     """
-    size = _check(x, k_real)
-    return fft_conv(x, hilbert_causal_spectrum(k_real), size)
+    size = _check(x, k_real, layout=layout)
+    return fft_conv(x, hilbert_causal_spectrum(k_real, layout), size, layout)
 
 
-def fd_bidirectional(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor) -> torch.Tensor:
+def fd_bidirectional(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
     """Bidirectional FD-TNO: y = irfft(rfft(x, N) * (k_real + i k_imag), N)[:n].
 
-    x: (b, n, d); k_real, k_imag: (N'+1, d). The imaginary part is taken as 0 at
-    omega = 0 and pi (its gradient there is exactly 0). Returns real (b, n, d) in x.dtype.
+    ``bnd``: x (b, n, d), k_real and k_imag (N'+1, d); ``dbn``: x (d, *batch, n),
+    k_real and k_imag (d, N'+1). The imaginary part is taken as 0 at omega = 0
+    and pi (its gradient there is exactly 0). Returns real, x's shape, x.dtype.
     """
-    size = _check(x, k_real, k_imag)
-    return fft_conv(x, fd_bidirectional_spectrum(k_real, k_imag), size)
+    size = _check(x, k_real, k_imag, layout)
+    return fft_conv(x, fd_bidirectional_spectrum(k_real, k_imag, layout), size, layout)
 
 
 # ----------------------------------------------------------------------------
@@ -149,28 +165,45 @@ def _toeplitz_from_kernel(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor
     return y.to(x.dtype)
 
 
-def fd_causal_ref(x: torch.Tensor, k_real: torch.Tensor) -> torch.Tensor:
+def _bnd(t: Optional[torch.Tensor], layout: str) -> Optional[torch.Tensor]:
+    """A ``dbn`` kernel (d, F) as the references' (F, d)."""
+    return t.t() if (t is not None and layout == "dbn") else t
+
+
+def _ref_apply(x: torch.Tensor, kernel: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "bnd":
+        return _toeplitz_from_kernel(x, kernel)
+    d, n = x.shape[0], x.shape[-1]
+    xb = x.reshape(d, -1, n).permute(1, 2, 0)  # (batch, n, d)
+    return _toeplitz_from_kernel(xb, kernel).permute(2, 0, 1).reshape(x.shape)
+
+
+def fd_causal_ref(x: torch.Tensor, k_real: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
     """Dense reference for ``fd_causal`` (explicit inverse DFT, O(n^2 d))."""
-    _check(x, k_real)
-    return _toeplitz_from_kernel(x, fd_time_kernel(k_real))
+    _check(x, k_real, layout=layout)
+    return _ref_apply(x, fd_time_kernel(_bnd(k_real, layout)), layout)
 
 
-def fd_bidirectional_ref(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor) -> torch.Tensor:
+def fd_bidirectional_ref(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
     """Dense reference for ``fd_bidirectional`` (explicit inverse DFT, O(n^2 d))."""
-    _check(x, k_real, k_imag)
-    return _toeplitz_from_kernel(x, fd_time_kernel(k_real, k_imag))
+    _check(x, k_real, k_imag, layout)
+    return _ref_apply(x, fd_time_kernel(_bnd(k_real, layout), _bnd(k_imag, layout)), layout)
 
 
-def _check(x: torch.Tensor, k_real: torch.Tensor, k_imag: Optional[torch.Tensor] = None) -> int:
+def _check(x: torch.Tensor, k_real: torch.Tensor, k_imag: Optional[torch.Tensor] = None, layout: str = "bnd") -> int:
     """Validate shapes; return the FFT size N."""
-    n, d = x.shape[-2], x.shape[-1]
+    check_layout(layout)
+    if layout == "bnd":
+        n, d = x.shape[-2], x.shape[-1]
+    else:
+        d, n = x.shape[0], x.shape[-1]
     size = 2 * next_fast_len(n)
-    want = (size // 2 + 1, d)
+    want = (size // 2 + 1, d) if layout == "bnd" else (d, size // 2 + 1)
     if tuple(k_real.shape) != want:
         raise ValueError(
-            f"k_real must have shape (N'+1, d) = {want} for n={n} (N' = next_fast_len(n)), "
+            f"k_real must have shape {want} for n={n} and layout {layout!r} (N' = next_fast_len(n)), "
             f"got {tuple(k_real.shape)}"
         )
     if k_imag is not None and tuple(k_imag.shape) != want:
-        raise ValueError(f"k_imag must have shape (N'+1, d) = {want} for n={n}, got {tuple(k_imag.shape)}")
+        raise ValueError(f"k_imag must have shape {want} for n={n}, got {tuple(k_imag.shape)}")
     return size

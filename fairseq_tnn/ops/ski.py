@@ -25,17 +25,23 @@ Paper section 3.2 (Algorithm 1). For each channel c the n x n Toeplitz matrix is
 ``knots`` (2r, d) holds the learned values: rows 0..r-1 at x = -1 .. -1/r, rows
 r..2r-1 at x = 1/r .. 1. The number of knots per side is the rank r.
 
-The fast path applies W^T and W as dense matmuls and A_c by an FFT of size
-O(r) (``toeplitz_fft``); ``ski_tno_ref`` builds every matrix densely from
-independent formulas (hat functions for W and f). Computation is in float32
-(float64 for float64 input); the output is cast to ``x.dtype``.
+The fast path runs channel-major (``layout="dbn"``: x (d, *batch, n); the
+default ``"bnd"`` (b, n, d) is transposed to it): the band by batched GEMMs
+over blocks of the sequence (``BlockedBand``), W^T and W as dense matmuls and
+A_c as a dense r x r batched matmul (r is small). ``ski_tno_ref`` builds every
+matrix densely from independent formulas (hat functions for W and f).
+Computation is in float32 (float64 for float64 input); the output is cast to
+``x.dtype``.
 """
+import functools
 from typing import Callable, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 
-from .toeplitz import fft_dtype, toeplitz_fft
+from torch.autograd.function import once_differentiable
+
+from .toeplitz import check_layout, fft_dtype, toeplitz_dense, toeplitz_fft
 
 
 # ----------------------------------------------------------------------------
@@ -152,51 +158,158 @@ def _warped_lags(n: int, r_eff: int, lam: float, device) -> torch.Tensor:
 
 
 def ski_kernel(n: int, knots: torch.Tensor, lam: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """pos (r_eff, d) and neg (r_eff - 1, d): the coefficients of the Toeplitz A per channel."""
+    """pos (r_eff, d) and neg (r_eff - 1, d): the coefficients of the Toeplitz A per channel.
+
+    f is linear in its knots, so pos and neg are fixed (n, r, lam)-dependent matrices times
+    ``knots`` (``_kernel_matrices``, cached): two small GEMMs per call instead of a dozen ops."""
     r = _rank_of(knots)
+    _check_lam(lam)
+    m_pos, m_neg = _kernel_matrices(n, r, float(lam), knots.device, knots.dtype)
+    return m_pos @ knots, m_neg @ knots
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_matrices(n: int, r: int, lam: float, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(r_eff, 2r) and (r_eff - 1, 2r): piecewise_linear at the warped lags of A, as matrices."""
     r_eff = min(r, n)
-    vals = piecewise_linear(knots, _warped_lags(n, r_eff, lam, knots.device))  # (2 r_eff - 1, d)
-    return vals[r_eff - 1 :], vals[: r_eff - 1].flip(0)
+    eye = torch.eye(2 * r, dtype=torch.float64, device=device)
+    vals = piecewise_linear(eye, _warped_lags(n, r_eff, lam, device))  # (2 r_eff - 1, 2r)
+    return vals[r_eff - 1:].to(dtype).contiguous(), vals[: r_eff - 1].flip(0).to(dtype).contiguous()
+
+
+@functools.lru_cache(maxsize=64)
+def _interp_matrix_cached(n: int, r: int, device, dtype) -> torch.Tensor:
+    """``interp_matrix`` for the fast path (read-only; built once per length)."""
+    return interp_matrix(n, r, device=device, dtype=dtype)
 
 
 # ----------------------------------------------------------------------------
 # The operator
 # ----------------------------------------------------------------------------
 
+BAND_BLOCK = 16  # block length of the banded GEMM (see ``band_conv``; 16 measured fastest of 16 .. 128)
 
-def _sparse_conv(x: torch.Tensor, conv_weight: torch.Tensor) -> torch.Tensor:
-    """Depthwise centred convolution, x (b, n, d), conv_weight (d, m) -> (b, n, d)."""
+
+def band_matrix(conv_weight: torch.Tensor, block: int) -> torch.Tensor:
+    """(d, block + m - 1, block) per-channel band blocks: K[c, q, p] = w[c, q - p] for 0 <= q - p < m.
+
+    Row q of a block's window is position (block start - h + q), column p is
+    output position (block start + p), h = (m - 1) / 2. Built as a Hankel view
+    of the zero-padded taps, flipped (a Toeplitz matrix), so autograd carries
+    dL/dK back to the m taps by summing its diagonals.
+    """
     d, m = conv_weight.shape
-    y = F.conv1d(x.transpose(1, 2), conv_weight[:, None, :], padding=(m - 1) // 2, groups=d)  # (b, d, n)
-    return y.transpose(1, 2)
+    rows = block + m - 1
+    v = torch.cat([conv_weight.new_zeros(d, block - 1), conv_weight, conv_weight.new_zeros(d, rows - m)], dim=1)
+    return v.unfold(1, block, 1).flip(-1)  # (d, rows, block): v[q + block - 1 - p] = w[q - p]
 
 
-def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: float) -> torch.Tensor:
+def _windows(x: torch.Tensor, block: int, h: int) -> torch.Tensor:
+    """x (d, R, n), n a multiple of block -> (d, R * n / block, block + 2h): each block with
+    h neighbours on either side, zeros beyond the ends of each row (pad, then one copy of
+    the overlapping unfold view: faster than assembling the pieces by strided copies)."""
+    d = x.shape[0]
+    xp = F.pad(x, (h, h)) if h else x
+    # contiguous: with one row (batch 1) reshape would return the overlapping view itself, which
+    # torch's bmm cannot hand to BLAS and multiplies matrix by matrix, copying each (10x slower)
+    return xp.unfold(-1, block + 2 * h, block).contiguous().view(d, -1, block + 2 * h)
+
+
+class BlockedBand(torch.autograd.Function):
+    """y = Band x per channel, channel-major x (d, R, n), by one batched GEMM per pass.
+
+    The sequence is cut into blocks of B positions; each block of y is its
+    window of B + 2h inputs times the (B + 2h, B) band block K of its channel:
+    one ``bmm`` over the d channels of (R n / B, B + 2h) @ (B + 2h, B). No
+    transposes, 2 (B + 2h) flops per output instead of m, but at GEMM speed,
+    where torch's depthwise conv1d runs at a few GFLOP/s and its weight
+    gradient far slower. Backward: dL/dx is the band with reversed taps
+    (K flipped in both dims) applied to dL/dy the same way; dL/dK is
+    windows(x)^T @ dL/dy, one more bmm.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, k: torch.Tensor, h: int) -> torch.Tensor:
+        d, rows, n = x.shape
+        block = k.shape[-1]
+        ctx.h = h
+        ctx.save_for_backward(x, k)
+        return torch.bmm(_windows(x, block, h), k).view(d, rows, n)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, k = ctx.saved_tensors
+        h, block = ctx.h, k.shape[-1]
+        d, rows, n = x.shape
+        grad = grad.contiguous()
+        gk = gx = None
+        if ctx.needs_input_grad[1]:
+            gk = torch.bmm(_windows(x, block, h).transpose(1, 2), grad.view(d, -1, block))  # (d, B + 2h, B)
+        if ctx.needs_input_grad[0]:
+            gx = torch.bmm(_windows(grad, block, h), k.flip(1, 2)).view(d, rows, n)
+        return gx, gk, None
+
+
+def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOCK) -> torch.Tensor:
+    """Centred depthwise convolution, channel-major: x (d, R, n), conv_weight (d, m) -> (d, R, n).
+
+    Same result as ``F.conv1d(x.transpose(0, 1), conv_weight[:, None], padding=(m-1)//2, groups=d)``
+    (tap k multiplies x[i + k - (m-1)/2], zeros beyond the ends).
+    """
+    d, m = conv_weight.shape
+    h = (m - 1) // 2
+    n = x.shape[-1]
+    block = max(block, h)
+    pad = -n % block
+    xp = F.pad(x, (0, pad)) if pad else x.contiguous()
+    y = BlockedBand.apply(xp, band_matrix(conv_weight, block), h)
+    return y[..., :n] if pad else y
+
+
+def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: float,
+            layout: str = "bnd") -> torch.Tensor:
     """SKI-TNO: y = Band x + W A W^T x per channel (see the module docstring).
 
-    x: (b, n, d); conv_weight: (d, m), m odd; knots: (2r, d), r >= 2; 0 < lam < 1.
-    Returns (b, n, d) in x.dtype; computes in float32 (float64 for float64 x).
+    x: (b, n, d) (``layout="dbn"``: (d, *batch, n)); conv_weight: (d, m), m odd;
+    knots: (2r, d), r >= 2; 0 < lam < 1. Returns x's shape in x.dtype; computes
+    in float32 (float64 for float64 x).
 
-    W^T and W are applied as dense (n, r_eff) matmuls. Measured on CPU (2 cores,
-    torch 2.13, b=4, d=1536, r=32, float32, forward + backward, median of 7;
-    timings on that shared machine were noisy to ~20%): the low-rank part took
-    35 ms / 124 ms at n = 512 / 2048 with dense matmuls, against 63 ms / 618 ms
-    with the sparse form (index_add for W^T x, two index_selects for W z) and
-    43 ms / 243 ms with einsum. The sparse part uses torch's depthwise conv1d
-    (~200 ms / ~900 ms) rather than a sum of m shifted slices (275 ms / 5600 ms)
-    or unfold + einsum (970 ms / 6200 ms).
+    Everything runs channel-major ((d, batch, n), the layout the TNN layer
+    produces, so ``dbn`` needs no copies): the band by batched GEMMs over
+    blocks (``BlockedBand``), W^T x and W z as single dense GEMMs of the
+    (d * batch, n) activations with the (n, r) interpolation matrix, A z by an
+    FFT of size O(r) (torch's CPU bmm of d tiny r x r matrices loops over the
+    channels and was 20x slower).
+
+    Measured on CPU (2 cores, torch 2.13, b=4, d=1536, r=32, float32, forward +
+    backward): the dense W matmuls beat the sparse form (index_add for W^T x,
+    two index_selects for W z) and einsum; for the band, torch's depthwise
+    conv1d took ~200 ms at n = 512 (its weight gradient dominating), a sum of
+    m shifted slices and unfold + einsum were slower still, and oneDNN's
+    channels-last depthwise conv is fast forward but its weight gradient is
+    not; the blocked GEMM costs a few times the bare data movement.
     """
-    _check(x, conv_weight, knots, lam)
-    n = x.shape[1]
+    check_layout(layout)
+    _check(x, conv_weight, knots, lam, layout)
     ct = fft_dtype(x)
-    xc = x.to(ct)
-    y = _sparse_conv(xc, conv_weight.to(ct))  # (b, n, d)
+    if layout == "bnd":
+        xc = x.to(ct).permute(2, 0, 1)  # (d, b, n)
+    else:
+        xc = x.to(ct)
+    d, n = xc.shape[0], xc.shape[-1]
+    xc = xc.reshape(d, -1, n)  # (d, R, n), R = batch
+    rows = xc.shape[1]
+    y = band_conv(xc, conv_weight.to(ct))  # (d, R, n)
+    r = knots.shape[0] // 2
     pos, neg = ski_kernel(n, knots.to(ct), lam)  # (r_eff, d), (r_eff - 1, d)
-    w = interp_matrix(n, knots.shape[0] // 2, device=x.device, dtype=ct)  # (n, r_eff)
-    z = torch.matmul(w.t(), xc)  # (b, r_eff, d) = W^T x
-    z = toeplitz_fft(z, pos, neg)  # (b, r_eff, d) = A W^T x, FFT of size O(r)
-    y = y + torch.matmul(w, z)  # (b, n, d)
-    return y.to(x.dtype)
+    w = _interp_matrix_cached(n, r, x.device, ct)  # (n, r_eff)
+    z = torch.mm(xc.reshape(d * rows, n), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
+    az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r)
+    y = y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
+    if layout == "bnd":
+        return y.view(d, x.shape[0], n).permute(1, 2, 0).to(x.dtype)
+    return y.view(x.shape).to(x.dtype)
 
 
 # ----------------------------------------------------------------------------
@@ -261,19 +374,26 @@ def _band_dense(n: int, conv_weight: torch.Tensor) -> torch.Tensor:
     return band
 
 
-def ski_tno_ref(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: float) -> torch.Tensor:
+def ski_tno_ref(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: float,
+                layout: str = "bnd") -> torch.Tensor:
     """Dense reference for ``ski_tno``: y = (Band + W A W^T) x per channel, O(n^2 d)."""
-    _check(x, conv_weight, knots, lam)
+    check_layout(layout)
+    _check(x, conv_weight, knots, lam, layout)
     ct = fft_dtype(x)
-    n = x.shape[1]
+    n = x.shape[1] if layout == "bnd" else x.shape[-1]
     t = _band_dense(n, conv_weight.to(ct)) + ski_lowrank_dense(n, knots.to(ct), lam)  # (d, n, n)
+    if layout == "dbn":
+        return torch.einsum("cij,c...j->c...i", t, x.to(ct)).to(x.dtype)
     return torch.einsum("cij,bjc->bic", t, x.to(ct)).to(x.dtype)
 
 
-def _check(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: Union[float, torch.Tensor]) -> None:
-    if x.dim() != 3:
+def _check(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: Union[float, torch.Tensor],
+           layout: str = "bnd") -> None:
+    if layout == "bnd" and x.dim() != 3:
         raise ValueError(f"x must have shape (b, n, d), got {tuple(x.shape)}")
-    d = x.shape[-1]
+    if layout == "dbn" and x.dim() < 2:
+        raise ValueError(f"x must have shape (d, *batch, n) for layout 'dbn', got {tuple(x.shape)}")
+    d = x.shape[-1] if layout == "bnd" else x.shape[0]
     if conv_weight.dim() != 2 or conv_weight.shape[0] != d:
         raise ValueError(f"conv_weight must have shape (d, m) with d={d}, got {tuple(conv_weight.shape)}")
     _check_taps(conv_weight.shape[1])

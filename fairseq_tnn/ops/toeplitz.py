@@ -8,22 +8,38 @@ Shapes: ``x`` is (batch, n, d); a kernel is given by its coefficients per lag,
 
 ``neg=None`` means a causal (lower-triangular) matrix.
 
+Layouts. Every op takes ``layout="bnd"`` (the default above) or ``layout="dbn"``,
+channel-major: ``x`` is (d, *batch, n) and the kernels are (d, n) / (d, n-1), so
+the FFTs run along the contiguous last dimension. On CPU that is the biggest
+lever (an FFT along a strided dimension copies the data twice), and a layer can
+produce (d, batch, n) activations straight from its input projection (one GEMM
+with a transposed operand), so nothing is ever transposed.
+
 ``toeplitz_fft`` embeds T in a circulant matrix of a fast FFT size >= 2n - 1 and
 multiplies in the frequency domain in O(n log n); ``toeplitz_ref`` builds the
 dense n x n matrices explicitly. Both have the same signature and the tests
 compare them, forward and gradients. FFTs always run in float32 (or float64)
 even under fp16/bf16 autocast: cuFFT's half precision only supports powers of
 two and its round-off is too large for long kernels.
+
+The FFT products have hand-written backward passes (``SpectralConv``,
+``KernelRfft``): torch's generic rfft backward runs a full complex-to-complex
+FFT, about 4x the cost of the real one, and materialises zero-padded copies.
+The backward of y = irfft(rfft(x) * S)[:n] is another such product, with the
+conjugate spectrum, so it costs one rfft and one irfft, like the forward.
 """
 from typing import Optional
 
 import torch
+from torch.autograd.function import once_differentiable
+
+LAYOUTS = ("bnd", "dbn")
 
 
 def next_fast_len(m: int) -> int:
     """Smallest integer >= m whose only prime factors are 2, 3 and 5.
 
-    pocketfft (CPU) and cuFFT are fastest on such sizes; powers of two win
+    pocketfft / MKL (CPU) and cuFFT are fastest on such sizes; powers of two win
     ties because they are tried first at equal size.
     """
     if m <= 1:
@@ -47,8 +63,105 @@ def fft_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+
+
+def _half_weights(size: int, device, dtype) -> torch.Tensor:
+    """(size//2+1,) 1 at DC (and Nyquist for even size), 2 elsewhere: how often a bin occurs."""
+    w = torch.full((size // 2 + 1,), 2.0, device=device, dtype=dtype)
+    w[0] = 1.0
+    if size % 2 == 0:
+        w[-1] = 1.0
+    return w
+
+
+class KernelRfft(torch.autograd.Function):
+    """rfft(k, n=size) along the last dim, k (..., L) real with L <= size.
+
+    Backward: d/dk_t of Re <Kbar, K> is Re sum_m Kbar_m e^{+2 pi i m t / size}
+    (torch's convention: the gradient of a complex tensor is dL/dRe + i dL/dIm),
+    which is size * irfft(Kbar / w) with w the bin multiplicities: one real
+    inverse FFT instead of torch's complex one.
+    """
+
+    @staticmethod
+    def forward(ctx, k: torch.Tensor, size: int) -> torch.Tensor:
+        ctx.size, ctx.length = size, k.shape[-1]
+        return torch.fft.rfft(k, n=size)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        size = ctx.size
+        w = _half_weights(size, grad.device, grad.real.dtype)
+        gk = torch.fft.irfft(grad * (size / w), n=size)[..., : ctx.length]
+        return gk, None
+
+
+class SpectralConv(torch.autograd.Function):
+    """y = irfft(rfft(x, size) * spectrum, size)[..., :n] along the last dim.
+
+    x (..., n) real; spectrum complex, broadcastable to (..., size//2+1). With
+    S the spectrum, X = rfft(x) and G = rfft(dL/dy) (zero-padded to ``size``):
+
+        dL/dx = irfft(G * conj(S))[..., :n]        (the adjoint: correlation)
+        dL/dS = sum over broadcast dims of conj(X) * G * w / size
+
+    (w = bin multiplicities, torch's complex-gradient convention, as for
+    irfft's own backward). X is saved only when the spectrum needs a gradient.
+    Every pass over the activations counts (on CPU these ops are bound by
+    memory bandwidth): products are taken in place where a buffer is free, the
+    batch reduction of dL/dS reuses the saved X, and y is returned as a view of
+    the first n columns of the irfft buffer rather than copied.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
+        n = x.shape[-1]
+        xf = torch.fft.rfft(x, n=size)  # (..., size//2+1)
+        ctx.size, ctx.n = size, n
+        ctx.spectrum_shape = spectrum.shape
+        if ctx.needs_input_grad[1]:
+            ctx.save_for_backward(xf, spectrum)
+            prod = xf * spectrum
+        else:
+            ctx.save_for_backward(None, spectrum)
+            prod = xf.mul_(spectrum)
+        return torch.fft.irfft(prod, n=size)[..., :n]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        xf, spectrum = ctx.saved_tensors
+        size, n = ctx.size, ctx.n
+        gf = torch.fft.rfft(grad, n=size)
+        gx = gs = None
+        if ctx.needs_input_grad[1]:
+            gs = _reduce_conj_product(xf, gf, ctx.spectrum_shape)
+            gs = gs * (_half_weights(size, gs.device, gs.real.dtype) / size)
+        if ctx.needs_input_grad[0]:
+            gx = torch.fft.irfft(gf.mul_(spectrum.conj()), n=size)[..., :n]
+        return gx, gs, None
+
+
+def _reduce_conj_product(a: torch.Tensor, b: torch.Tensor, shape) -> torch.Tensor:
+    """sum of conj(a) * b over the dims where ``shape`` broadcasts (a, b of equal shape).
+
+    Overwrites ``a`` (the saved forward spectrum, not needed afterwards): conjugating and
+    multiplying in place, then summing, beat ``torch.linalg.vecdot`` (which materialises
+    the product and then clones it) by ~20%."""
+    return a.conj_physical_().mul_(b).sum_to_size(shape)
+
+
+def _to_last(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A kernel (n, d) in "bnd" is stored as (d, n) for the last-dim FFTs."""
+    return t.t() if layout == "bnd" else t
+
+
 def circulant_kernel(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int) -> torch.Tensor:
-    """First column (size, d) of the circulant matrix that embeds T."""
+    """First column (size, d) of the circulant matrix that embeds T (``bnd`` kernels)."""
     n, d = pos.shape
     pieces = [pos, pos.new_zeros(size - 2 * n + 1 if neg is not None else size - n, d)]
     if neg is not None:
@@ -56,33 +169,58 @@ def circulant_kernel(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int) 
     return torch.cat(pieces, dim=0)
 
 
-def kernel_spectrum(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int) -> torch.Tensor:
-    """rfft (size // 2 + 1, d) of the circulant embedding of T, in fp32/fp64."""
-    c = circulant_kernel(pos.to(fft_dtype(pos)), None if neg is None else neg.to(fft_dtype(pos)), size)
-    return torch.fft.rfft(c, n=size, dim=0)
+def kernel_spectrum(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int, layout: str = "bnd") -> torch.Tensor:
+    """rfft of the circulant embedding of T, in complex64/128.
 
-
-def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
-    """y = first n rows of irfft(rfft(x, size) * spectrum), in x's dtype.
-
-    x: (batch, n, d); spectrum: (size // 2 + 1, d) complex.
+    ``bnd``: pos (n, d), neg (n-1, d) -> (size // 2 + 1, d); ``dbn``: pos (d, n),
+    neg (d, n-1) -> (d, size // 2 + 1).
     """
-    n = x.shape[-2]
-    xf = torch.fft.rfft(x.to(fft_dtype(x)), n=size, dim=-2)  # (b, size//2+1, d)
-    y = torch.fft.irfft(xf * spectrum, n=size, dim=-2)[..., :n, :]
-    return y.to(x.dtype)
+    check_layout(layout)
+    ct = fft_dtype(pos)
+    p = _to_last(pos, layout).to(ct)  # (d, n)
+    if neg is None:
+        spec = KernelRfft.apply(p, size)  # zero-padded to size inside the FFT
+    else:
+        q = _to_last(neg, layout).to(ct)  # (d, n-1)
+        n = p.shape[-1]
+        col = torch.cat([p, p.new_zeros(p.shape[0], size - 2 * n + 1), q.flip(-1)], dim=-1)  # (d, size)
+        spec = KernelRfft.apply(col, size)
+    return spec.t() if layout == "bnd" else spec
 
 
-def toeplitz_fft(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """T x by FFT. x: (b, n, d), pos: (n, d), neg: (n-1, d) or None (causal)."""
-    n = x.shape[-2]
-    _check(x, pos, neg)
+def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "bnd") -> torch.Tensor:
+    """y = first n of irfft(rfft(x, size) * spectrum), in x's dtype.
+
+    ``bnd``: x (..., n, d), spectrum (size // 2 + 1, d); ``dbn``: x (d, *batch, n),
+    spectrum (d, size // 2 + 1). The FFTs run along the last dimension in both
+    cases; ``bnd`` pays for the two transposing copies.
+    """
+    check_layout(layout)
+    ct = fft_dtype(x)
+    cdt = torch.complex128 if ct == torch.float64 else torch.complex64
+    spec = spectrum.to(cdt)
+    if layout == "bnd":
+        xt = x.to(ct).transpose(-1, -2)  # (..., d, n)
+        y = SpectralConv.apply(xt, spec.t(), size)  # spectrum (d, F) broadcasts over the leading dims
+        return y.transpose(-1, -2).to(x.dtype)
+    xc = x.to(ct)
+    spec = spec.reshape(spec.shape[0], *([1] * (x.dim() - 2)), spec.shape[-1])  # (d, 1.., F)
+    return SpectralConv.apply(xc, spec, size).to(x.dtype)
+
+
+def toeplitz_fft(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor] = None,
+                 layout: str = "bnd") -> torch.Tensor:
+    """T x by FFT. ``bnd``: x (b, n, d), pos (n, d), neg (n-1, d) or None (causal);
+    ``dbn``: x (d, *batch, n), pos (d, n), neg (d, n-1) or None."""
+    check_layout(layout)
+    n = x.shape[-2] if layout == "bnd" else x.shape[-1]
+    _check(x, pos, neg, layout)
     size = next_fast_len(2 * n - 1)  # no wrap-around for lags up to n-1 either way
-    return fft_conv(x, kernel_spectrum(pos, neg, size), size)
+    return fft_conv(x, kernel_spectrum(pos, neg, size, layout), size, layout)
 
 
 def toeplitz_dense(pos: torch.Tensor, neg: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The explicit (d, n, n) Toeplitz matrices."""
+    """The explicit (d, n, n) Toeplitz matrices (``bnd`` kernels: pos (n, d), neg (n-1, d))."""
     n, d = pos.shape
     lag = torch.arange(n, device=pos.device)
     lag = lag[:, None] - lag[None, :]  # (n, n): i - j
@@ -92,16 +230,26 @@ def toeplitz_dense(pos: torch.Tensor, neg: Optional[torch.Tensor] = None) -> tor
     return coeffs[lag + n - 1].permute(2, 0, 1)  # (d, n, n)
 
 
-def toeplitz_ref(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor] = None) -> torch.Tensor:
+def toeplitz_ref(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor] = None,
+                 layout: str = "bnd") -> torch.Tensor:
     """Dense reference for ``toeplitz_fft``: explicit matrices, O(n^2 d)."""
-    _check(x, pos, neg)
+    check_layout(layout)
+    _check(x, pos, neg, layout)
+    if layout == "dbn":
+        t = toeplitz_dense(pos.t(), None if neg is None else neg.t())  # (d, n, n)
+        return torch.einsum("cij,c...j->c...i", t.to(x.dtype), x)
     t = toeplitz_dense(pos, neg)  # (d, n, n)
     return torch.einsum("cij,bjc->bic", t.to(x.dtype), x)
 
 
-def _check(x, pos, neg):
-    n, d = x.shape[-2], x.shape[-1]
-    if pos.shape != (n, d):
-        raise ValueError(f"pos must have shape (n, d) = {(n, d)}, got {tuple(pos.shape)}")
-    if neg is not None and neg.shape != (n - 1, d):
-        raise ValueError(f"neg must have shape (n-1, d) = {(n - 1, d)}, got {tuple(neg.shape)}")
+def _check(x, pos, neg, layout="bnd"):
+    if layout == "bnd":
+        n, d = x.shape[-2], x.shape[-1]
+        want_pos, want_neg = (n, d), (n - 1, d)
+    else:
+        d, n = x.shape[0], x.shape[-1]
+        want_pos, want_neg = (d, n), (d, n - 1)
+    if tuple(pos.shape) != want_pos:
+        raise ValueError(f"pos must have shape {want_pos} for layout {layout!r}, got {tuple(pos.shape)}")
+    if neg is not None and tuple(neg.shape) != want_neg:
+        raise ValueError(f"neg must have shape {want_neg} for layout {layout!r}, got {tuple(neg.shape)}")

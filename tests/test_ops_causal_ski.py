@@ -1,0 +1,64 @@
+"""Causal SKI (the paper's appendix, benchmark-only): both implementations against the dense
+lower-triangular reference, forward and every gradient."""
+import pytest
+import torch
+
+from fairseq_tnn.ops.ski_causal import ski_causal_cumsum, ski_causal_local, ski_causal_tno_ref
+
+TOL = {torch.float32: 3e-5, torch.float64: 1e-11}
+# (n, r, m): n = 1, n < r (rank reduced to n), r = 2, m = 1, m > n, segments of unequal length, n = 512
+CASES = [(1, 4, 3), (2, 2, 1), (5, 8, 3), (31, 4, 17), (64, 2, 5), (100, 7, 1), (257, 32, 17), (512, 32, 17)]
+IMPLS = [ski_causal_cumsum, ski_causal_local]
+
+
+def assert_close_rel(actual, expected, tol):
+    scale = expected.abs().max().clamp_min(1e-30)
+    err = (actual - expected).abs().max()
+    assert err <= tol * scale, f"max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
+
+
+def make_inputs(n, r, m, dtype, d=3, b=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(d, b, n, generator=g, dtype=torch.float64).to(dtype)
+    conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
+    knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
+    return x, conv_weight, knots
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n,r,m", CASES)
+def test_causal_ski_matches_dense_reference(impl, n, r, m, dtype):
+    x, conv_weight, knots = make_inputs(n, r, m, dtype)
+    inputs = [t.requires_grad_(True) for t in (x, conv_weight, knots)]
+    g = torch.randn(x.shape, dtype=dtype)
+    y = impl(*inputs, lam=0.9)
+    grads = torch.autograd.grad(y, inputs, g)
+    y_ref = ski_causal_tno_ref(*inputs, lam=0.9)
+    grads_ref = torch.autograd.grad(y_ref, inputs, g)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert_close_rel(y, y_ref, TOL[dtype])
+    for name, a, b in zip(("x", "conv_weight", "knots"), grads, grads_ref):
+        assert a.shape == b.shape, name
+        assert_close_rel(a, b, TOL[dtype])
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=lambda f: f.__name__)
+def test_causal_ski_ignores_the_future(impl):
+    x, conv_weight, knots = make_inputs(60, 8, 17, torch.float64, b=1)
+    x.requires_grad_(True)
+    y = impl(x, conv_weight, knots, lam=0.95)
+    i = 23
+    (gx,) = torch.autograd.grad(y[:, 0, i].sum(), x)
+    assert gx[:, 0, i + 1:].abs().max() < 1e-12
+    assert gx[:, 0, : i + 1].abs().max() > 1e-3
+
+
+def test_reference_is_the_lower_triangle_of_the_bidirectional_operator():
+    from fairseq_tnn.ops.ski import ski_tno_ref
+    x, conv_weight, knots = make_inputs(40, 6, 5, torch.float64)
+    full = ski_tno_ref(x, conv_weight, knots, 0.9, layout="dbn")
+    causal = ski_causal_tno_ref(x, conv_weight, knots, 0.9)
+    # the last position sees the whole sequence either way
+    torch.testing.assert_close(causal[..., -1], full[..., -1], rtol=0, atol=1e-12)
+    assert (causal[..., :-1] - full[..., :-1]).abs().max() > 1e-6
