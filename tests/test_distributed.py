@@ -1,0 +1,296 @@
+"""Multi-process CPU training through fairseq_tnn.launch: one real data-parallel run, rank 0 alone
+writes checkpoints, per-update losses equal one process with --update-freq 2, and resuming works on
+torch >= 2.6 (rank 0 broadcasts the checkpoint). Then the launcher's command lines and errors."""
+import fractions
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from conftest import LM_TRAIN, cli, run
+from fairseq_tnn import compat, launch
+
+# 2 ranks x 4 sequences x 64 tokens per update, or 1 rank x 4 x 64 x --update-freq 2. fairseq shuffles
+# the list of batches with the same seed on every rank; rank r takes batches r, r + 2, r + 4, ...
+# (ShardedIterator) and --update-freq 2 takes them in consecutive pairs (GroupedIterator), so update
+# k sees batches 2k and 2k + 1 in both runs.
+TRAIN = [*LM_TRAIN, "--arch", "tnn_lm_tiny", "--tokens-per-sample", 64, "--batch-size", 4, "--log-interval", 1,
+         "--no-epoch-checkpoints", "--disable-validation"]
+FIRST, RESUMED = 6, 8  # updates in the first 2-process run, and after resuming it
+
+# Installed as sitecustomize in the launched processes: records every write under TNN_WATCH_DIR
+# with the rank (from --distributed-rank) of the process that made it.
+WRITE_RECORDER = """
+import os, sys
+
+def _record(event, args):
+    if event == "open":
+        path, mode, flags = args
+        writing = any(c in mode for c in "wax+") if isinstance(mode, str) else bool(flags & (os.O_WRONLY | os.O_RDWR))
+    elif event in ("os.rename", "os.replace", "shutil.copyfile"):
+        path, writing = args[1], True
+    elif event == "os.mkdir":
+        path, writing = args[0], True
+    else:
+        return
+    if writing and str(path).startswith(os.environ["TNN_WATCH_DIR"]):
+        rank = sys.argv[sys.argv.index("--distributed-rank") + 1] if "--distributed-rank" in sys.argv else "?"
+        with open(os.environ["TNN_WRITES_LOG"], "a") as log:
+            log.write(f"{rank} {event} {path}\\n")
+
+if "TNN_WATCH_DIR" in os.environ:
+    sys.addaudithook(_record)
+"""
+
+
+def train_inner(log):
+    """{update: (loss, bsz)} from rank 0's per-update log lines."""
+    out = {}
+    for line in log.splitlines():
+        if "| train_inner |" in line and not line.startswith("[rank"):
+            fields = dict(re.findall(r"(\w+)=([0-9.]+)", line))
+            out[int(fields["num_updates"])] = (float(fields["loss"]), int(fields["bsz"]))
+    return out
+
+
+def launch_2_procs(data_bin, save_dir, max_update, hook_dir):
+    writes = hook_dir / f"writes_{max_update}.txt"
+    env = {"OMP_NUM_THREADS": "1", "TNN_WATCH_DIR": str(save_dir), "TNN_WRITES_LOG": str(writes),
+           "PYTHONPATH": os.pathsep.join(p for p in [str(hook_dir), os.environ.get("PYTHONPATH", "")] if p)}
+    log = run([cli("python"), "-m", "fairseq_tnn.launch", "--nproc", 2, "--cpu", "--",
+               data_bin, *TRAIN, "--max-update", max_update, "--save-dir", save_dir], env=env)
+    return log, writes.read_text().splitlines() if writes.exists() else []
+
+
+@pytest.fixture(scope="module")
+def hook_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("hook")
+    (path / "sitecustomize.py").write_text(WRITE_RECORDER)
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_procs(data_bin, hook_dir, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("dist") / "checkpoints"
+    log, writes = launch_2_procs(data_bin, save_dir, FIRST, hook_dir)
+    first = save_dir / f"checkpoint_after_{FIRST}.pt"
+    first.write_bytes((save_dir / "checkpoint_last.pt").read_bytes())  # the resume test overwrites _last
+    return save_dir, log, writes, first
+
+
+@pytest.fixture(scope="module")
+def one_proc(data_bin, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("single") / "checkpoints"
+    log = run([cli("fairseq-train"), data_bin, *TRAIN, "--update-freq", 2, "--max-update", RESUMED,
+               "--save-dir", save_dir, "--save-interval-updates", FIRST])
+    return save_dir, log
+
+
+def assert_only_rank_0_wrote(writes, save_dir):
+    assert writes, "the write recorder saw nothing: is it installed?"
+    assert {w.split()[0] for w in writes} == {"0"}, writes
+    assert any(w.endswith(str(save_dir / "checkpoint_last.pt")) for w in writes), writes
+
+
+def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc):
+    save_dir, log, writes, first = two_procs
+    assert "training on 2 devices" in log, log[-3000:]
+    assert "[rank 1]" in log and "distributed init (rank 1)" in log  # rank 1 ran, its lines are prefixed
+    assert_only_rank_0_wrote(writes, save_dir)
+    assert sorted(p.name for p in save_dir.iterdir()) == ["checkpoint_after_6.pt", "checkpoint_last.pt"]
+
+    dist, single = train_inner(log), train_inner(one_proc[1])
+    assert sorted(dist) == list(range(1, FIRST + 1)), log[-3000:]
+    for update, (loss, bsz) in dist.items():
+        # fairseq logs losses rounded to 3 decimals: one rounding step is ~1e-4 of a loss of ~12
+        assert bsz == single[update][1] == 8
+        assert loss == pytest.approx(single[update][0], abs=1.1e-3), (update, dist, single)
+    # the parameters after 6 updates agree to round-off (all-reduce vs. accumulation order)
+    a = torch.load(first, map_location="cpu")["model"]
+    b = torch.load(one_proc[0] / f"checkpoint_1_{FIRST}.pt", map_location="cpu")["model"]
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin, hook_dir):
+    save_dir = two_procs[0]
+    log, writes = launch_2_procs(data_bin, save_dir, RESUMED, hook_dir)
+    assert re.search(rf"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ {FIRST} updates\)", log), log[-3000:]
+    assert "Unsupported global" not in log and "Traceback" not in log
+    resumed, single = train_inner(log), train_inner(one_proc[1])
+    assert sorted(resumed) == list(range(FIRST + 1, RESUMED + 1)), log[-3000:]
+    for update, (loss, _) in resumed.items():  # it continues exactly where the uninterrupted run goes
+        assert loss == pytest.approx(single[update][0], abs=1.1e-3), (update, resumed, single)
+    assert_only_rank_0_wrote(writes, save_dir)
+
+
+def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(one_proc, data_bin, tmp_path):
+    """Every process of a 2-rank run is SIGKILLed (as when a node dies or the job is cancelled) between the
+    interval checkpoints at 3 and 6; the same command started again resumes from checkpoint_last."""
+    save_dir = tmp_path / "checkpoints"
+    cmd = [cli("python"), "-m", "fairseq_tnn.launch", "--nproc", "2", "--cpu", "--", str(data_bin),
+           *map(str, TRAIN), "--max-update", str(RESUMED), "--save-interval-updates", "3", "--save-dir", str(save_dir)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)  # the launcher and its ranks share one process group
+    seen = []
+    try:
+        for line in proc.stdout:
+            seen.append(line)
+            if "| train_inner |" in line and not line.startswith("[rank") and "num_updates=5," in line:
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    first = "".join(seen)
+    assert proc.returncode == -signal.SIGKILL and "num_updates=5," in first, first[-3000:]
+    assert "checkpoint_1_3.pt" in first and "checkpoint_1_6.pt" not in first
+
+    log = run(cmd, env={"OMP_NUM_THREADS": "1"})
+    assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ 3 updates\)", log), log[-3000:]
+    resumed, single = train_inner(log), train_inner(one_proc[1])
+    assert sorted(resumed) == list(range(4, RESUMED + 1)), log[-3000:]
+    for update, (loss, _) in resumed.items():  # the uninterrupted run: 1 process, --update-freq 2
+        assert loss == pytest.approx(single[update][0], abs=1.1e-3), (update, resumed, single)
+
+
+def test_old_style_checkpoint_loads_and_weights_only_stays_on(two_procs, data_bin, tmp_path):
+    from fairseq import checkpoint_utils, options
+    from fairseq.distributed import utils as distributed_utils
+
+    assert distributed_utils._broadcast_object_slow is compat.broadcast_object_slow
+    # a pre-hydra checkpoint: the configuration as an argparse.Namespace under "args"
+    state = torch.load(two_procs[3], map_location="cpu")
+    state["args"] = options.parse_args_and_arch(options.get_training_parser(), input_args=[
+        str(data_bin), "--task", "tnn_language_modeling", "--arch", "tnn_lm_tiny", "--criterion", "cross_entropy",
+        "--tokens-per-sample", "64", "--optimizer", "adam", "--lr-scheduler", "inverse_sqrt"])
+    state["cfg"] = None
+    torch.save(state, tmp_path / "old.pt")
+    loaded = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "old.pt"))
+    assert loaded["cfg"].model._name == "tnn_lm_tiny"
+    # other classes are still refused by torch.load's weights_only default
+    torch.save({"x": fractions.Fraction(1, 3)}, tmp_path / "other.pt")
+    with pytest.raises(Exception, match="Unsupported global"):
+        torch.load(tmp_path / "other.pt")
+
+
+# The launcher, in process: command lines, refused input, failures and signals.
+
+def dry_run(capsys, *argv):
+    assert launch.main([str(a) for a in argv]) == 0
+    return [line.split() for line in capsys.readouterr().out.splitlines()]
+
+
+def expected_rank_flags(n, rank, port):
+    return ["--cpu", "--distributed-world-size", str(n), "--distributed-rank", str(rank),
+            "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
+            "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+
+
+def test_dry_run_cpu_prints_one_command_per_rank(capsys, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(6)))
+    lines = dry_run(capsys, "--nproc", 3, "--cpu", "--port", 23456, "--dry-run", "--", "data-bin/x", "--arch", "tnn_lm_tiny")
+    assert len(lines) == 3
+    for rank, words in enumerate(lines):
+        assert words[:4] == ["OMP_NUM_THREADS=2", sys.executable, "-m", "fairseq_cli.train"]
+        assert words[4:7] == ["data-bin/x", "--arch", "tnn_lm_tiny"]
+        assert words[7:] == expected_rank_flags(3, rank, 23456)
+
+
+def test_dry_run_variants(capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the user: left alone
+    # --cpu among fairseq's arguments means CPU; a CPU-capable --ddp-backend is kept
+    (r0, r1) = dry_run(capsys, "--nproc", 2, "--port", 1234, "--dry-run", "--", "d", "--cpu", "--ddp-backend", "no_c10d")
+    assert r0[:3] == [sys.executable, "-m", "fairseq_cli.train"]
+    assert r1[3:] == ["d", "--cpu", "--ddp-backend", "no_c10d", "--distributed-world-size", "2", "--distributed-rank",
+                      "1", "--distributed-init-method", "tcp://127.0.0.1:1234", "--distributed-no-spawn",
+                      "--distributed-backend", "gloo"]
+    assert len(dry_run(capsys, "--nproc", 2, "--dry-run", "--", "--cpu", "d")) == 2  # --cpu is a flag, d is data
+    # GPUs: one fairseq-train that spawns the ranks itself
+    (gpu,) = dry_run(capsys, "--nproc", 4, "--gpu", "--port", 1234, "--dry-run", "--", "d")
+    assert gpu[3:] == ["d", "--distributed-world-size", "4", "--distributed-init-method", "tcp://127.0.0.1:1234"]
+    # one process: fairseq-train unchanged (plus --cpu on CPU)
+    assert dry_run(capsys, "--nproc", 1, "--cpu", "--dry-run", "--", "d")[0][3:] == ["d", "--cpu"]
+    assert dry_run(capsys, "--nproc", 1, "--gpu", "--dry-run", "--", "d")[0][3:] == ["d"]
+    # fairseq-hydra-train: the same settings as overrides; a free port when none is given
+    (h0, h1) = dry_run(capsys, "--nproc", 2, "--cpu", "--hydra", "--dry-run", "--", "--config-name", "c")
+    assert h0[2] == "fairseq_cli.hydra_train" and h1[3:6] == ["--config-name", "c", "common.cpu=true"]
+    port = int(h1[8].rpartition(":")[2])
+    assert h1[6:] == ["distributed_training.distributed_world_size=2", "distributed_training.distributed_rank=1",
+                      f"distributed_training.distributed_init_method=tcp://127.0.0.1:{port}",
+                      "distributed_training.distributed_no_spawn=true", "distributed_training.distributed_backend=gloo",
+                      "distributed_training.ddp_backend=legacy_ddp"]
+    assert h0[8] == h1[8] and 0 < port < 65536
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--nproc", "0", "--", "d"], "--nproc must be at least 1"),
+    (["--nproc", "-2", "--", "d"], "--nproc must be at least 1"),
+    (["--nproc", "two", "--", "d"], "argument --nproc: invalid int value"),
+    (["--cpu", "--", "d"], "required: --nproc"),
+    (["--nproc", "2", "d"], "missing '--'"),
+    (["--nproc", "2", "--"], "no fairseq-train arguments after '--'"),
+    (["--nproc", "2", "--port", "70000", "--", "d"], "--port must be in 1..65535"),
+    (["--nproc", "2", "--cpu", "--gpu", "--", "d"], "not allowed with argument"),
+    (["--nproc", "2", "--cpu", "--", "d", "--distributed-world-size", "2"], "--distributed-world-size is set by the launcher"),
+    (["--nproc", "2", "--cpu", "--", "d", "--distributed-rank=1"], "--distributed-rank is set by the launcher"),
+    (["--nproc", "2", "--cpu", "--hydra", "--", "distributed_training.distributed_port=9"],
+     "distributed_training.distributed_port is set by the launcher"),
+    (["--nproc", "2", "--cpu", "--", "d", "--ddp-backend", "pytorch_ddp"], "--ddp-backend pytorch_ddp does not work on CPU"),
+    (["--nproc", "2", "--cpu", "--", "d", "--distributed-backend", "nccl"], "--distributed-backend nccl does not work on CPU"),
+    (["--nproc", "2", "--gpu", "--", "d", "--cpu"], "--gpu contradicts --cpu"),
+    (["--nproc", "2", "--cpu", "--hydra", "--", "common.cpu=false"], "common.cpu=false among the fairseq arguments"),
+])
+def test_bad_launcher_input_is_refused(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--dry-run", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m fairseq_tnn.launch --nproc N") and message in err, err
+
+
+def python(code):
+    return [sys.executable, "-c", code]
+
+
+def test_a_failing_rank_stops_the_others_and_sets_the_exit_status(capsys):
+    start = time.monotonic()
+    status = launch.run([python("import time; time.sleep(60)"),
+                         python("import sys; print('rank one fails'); sys.exit(3)")], {})
+    assert status == 3 and time.monotonic() - start < launch.STOP_GRACE_S
+    out, err = capsys.readouterr()
+    assert "[rank 1] rank one fails" in out and "rank 1 exited with status 3" in err
+
+
+def test_sigterm_is_passed_on_to_every_rank(tmp_path):
+    wait_for_signal = ("import signal, sys, time, pathlib\n"
+                       "def stop(signum, frame):\n"
+                       "    pathlib.Path(sys.argv[1]).write_text(str(signum)); sys.exit(0)\n"
+                       "signal.signal(signal.SIGTERM, stop)\n"
+                       "pathlib.Path(sys.argv[1] + '.ready').touch()\n"
+                       "time.sleep(60)\n")
+    got = [tmp_path / f"rank{r}" for r in range(2)]
+
+    def terminate_launcher_when_ready():
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if all(p.with_name(p.name + ".ready").exists() for p in got):  # launch.run is running
+                os.kill(os.getpid(), signal.SIGTERM)  # caught by its handler, passed on to the ranks
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=terminate_launcher_when_ready, daemon=True).start()
+    start = time.monotonic()
+    status = launch.run([python(wait_for_signal) + [str(p)] for p in got], {})
+    assert status == 128 + signal.SIGTERM and time.monotonic() - start < launch.STOP_GRACE_S
+    assert [p.read_text() for p in got] == [str(int(signal.SIGTERM))] * 2
