@@ -1,49 +1,73 @@
 #!/usr/bin/env bash
-# The main job on the bundled sample corpus, CPU only:
-# set up .venv, binarise data/sample, train a small causal TNN LM for a few minutes,
-# then score it with fairseq-eval-lm and print validation and test perplexity.
+# The main job: a miniature of the paper's causal experiment on the bundled sample corpus, CPU only.
+# Sets up .venv, binarises data/sample, trains a small TNN and a small FD-TNN causal LM side by side with
+# the paper's recipe (scripts/train.sh, shortened), then for both: validation/test perplexity (Table 1
+# layout), perplexity against evaluation length up to 16x the training length in one plot
+# (scripts/eval_extrapolation.sh), validation perplexity against updates and wall-clock time, and the
+# median wall time of one training update (scripts/plot_training.py).
 #
-# Environment (defaults): ARCH (tnn_lm_tiny), MAX_UPDATE (300), TOKENS_PER_SAMPLE (128),
-#   BATCH_SIZE (16), LR (0.003), WORK (<repo>/demo-run), EXTRA_ARGS (more fairseq-train flags).
-#   A finished run in WORK is reused; FORCE=1 starts it again from scratch.
+# Environment (defaults): MODELS ("tnn_lm_tiny fd_tnn_lm_tiny"), MAX_UPDATE (300), TOKENS_PER_SAMPLE (128),
+#   BATCH_SIZE (16), LR (0.003), WARMUP_UPDATES (50), LENGTHS ("128 256 512 1024 2048"),
+#   WORK (<repo>/demo-run). A finished training run in WORK is reused and an interrupted one resumed;
+#   FORCE=1 deletes WORK's runs and results and starts again from scratch.
+# Outputs in WORK: checkpoints/<model>/ (train.log, checkpoints), results/demo/ (extrapolation.{json,md,png},
+#   table.md), results/demo/training{,-wall}.png and training.{csv,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+usage="usage: bash scripts/demo.sh   (no arguments; settings are environment variables, see the header)"
+[[ $# -eq 0 ]] || { echo "$usage" >&2; exit 2; }
 bash "$ROOT/scripts/setup.sh"
 BIN="$ROOT/.venv/bin"
-ARCH="${ARCH:-tnn_lm_tiny}"
+MODELS="${MODELS:-tnn_lm_tiny fd_tnn_lm_tiny}"
 MAX_UPDATE="${MAX_UPDATE:-300}"
 TPS="${TOKENS_PER_SAMPLE:-128}"
+BATCH="${BATCH_SIZE:-16}"
+LENGTHS="${LENGTHS:-128 256 512 1024 2048}"
 WORK="${WORK:-$ROOT/demo-run}"
+[[ "$WORK" == /* ]] || WORK="$PWD/$WORK"
 DATA="$ROOT/data-bin/sample"
-CKPT="$WORK/checkpoints/$ARCH"
+RESULTS="$WORK/results/demo"
 
 bash "$ROOT/scripts/preprocess.sh" "$ROOT/data/sample" "$DATA"
-if [[ "${FORCE:-0}" == 1 ]]; then rm -rf "$CKPT" "$WORK/train-$ARCH.log"; fi
+if [[ "${FORCE:-0}" == 1 ]]; then rm -rf "$WORK/checkpoints" "$WORK/results"; fi
 mkdir -p "$WORK"
 
-echo "demo: training $ARCH for $MAX_UPDATE updates on CPU (log: $WORK/train-$ARCH.log)"
-# shellcheck disable=SC2086
-"$BIN/fairseq-train" "$DATA" --user-dir "$ROOT/fairseq_tnn" --cpu \
-  --task tnn_language_modeling --arch "$ARCH" --criterion cross_entropy \
-  --tokens-per-sample "$TPS" --sample-break-mode none --batch-size "${BATCH_SIZE:-16}" \
-  --optimizer adam --adam-betas '(0.9, 0.98)' --weight-decay 0.01 --clip-norm 1.0 \
-  --lr "${LR:-0.003}" --lr-scheduler inverse_sqrt --warmup-updates 50 --warmup-init-lr 1e-7 \
-  --max-update "$MAX_UPDATE" --validate-interval-updates 50 --save-interval-updates 100 \
-  --keep-interval-updates 1 --no-epoch-checkpoints --save-dir "$CKPT" \
-  --log-format simple --log-interval 25 --seed 1 ${EXTRA_ARGS:-} 2>&1 | tee "$WORK/train-$ARCH.log" \
-  | grep -E "valid on|train_inner|done training|Error|error" || true
-[[ -f "$CKPT/checkpoint_last.pt" ]] || { echo "demo: training failed, see $WORK/train-$ARCH.log" >&2; exit 1; }
-
-declare -A PPL
-for split in valid test; do
-  "$BIN/fairseq-eval-lm" "$DATA" --user-dir "$ROOT/fairseq_tnn" --cpu --task tnn_language_modeling \
-    --path "$CKPT/checkpoint_last.pt" --gen-subset "$split" --tokens-per-sample "$TPS" \
-    --sample-break-mode none --context-window $((TPS / 2)) --batch-size 8 \
-    > "$WORK/eval-$split.log" 2>&1 || { cat "$WORK/eval-$split.log" >&2; exit 1; }
-  PPL[$split]=$(grep -oE "Perplexity: [0-9.]+" "$WORK/eval-$split.log" | awk '{print $2}')
+ckpts=(); logs=()
+for arch in $MODELS; do
+  dir="$WORK/checkpoints/$arch"
+  ckpts+=("$arch=$dir/checkpoint_last.pt"); logs+=("$dir/train.log")
+  if [[ -f "$dir/checkpoint_last.pt" ]] && grep -q "done training" "$dir/stdout.log" 2>/dev/null; then
+    echo "demo: reusing the finished run in $dir"
+    continue
+  fi
+  resume=0; [[ -f "$dir/checkpoint_last.pt" ]] && resume=1
+  echo "demo: training $arch for $MAX_UPDATE updates of $BATCH x $TPS tokens on CPU (log: $dir/stdout.log)"
+  mkdir -p "$dir"
+  CPU=1 NPROC=1 SAVE_ROOT="$WORK/checkpoints" RESUME="$resume" FORCE=$((1 - resume)) MAX_UPDATE="$MAX_UPDATE" \
+    TOKENS_PER_SAMPLE="$TPS" SEQS_PER_UPDATE="$BATCH" BATCH_PER_GPU="$BATCH" LR="${LR:-0.003}" \
+    WARMUP_UPDATES="${WARMUP_UPDATES:-50}" VALIDATE_INTERVAL_UPDATES=50 SAVE_INTERVAL_UPDATES=100 \
+    KEEP_INTERVAL_UPDATES=1 LOG_INTERVAL=25 NUM_WORKERS=0 \
+    bash "$ROOT/scripts/train.sh" "$arch" "$DATA" --weight-decay 0.01 > "$dir/stdout.log.part" 2>&1 \
+    || { tail -n 30 "$dir/stdout.log.part" >&2; echo "demo: training $arch failed, see $dir/stdout.log.part" >&2; exit 1; }
+  mv "$dir/stdout.log.part" "$dir/stdout.log"
 done
-first=$(grep -m1 "valid on 'valid'" "$WORK/train-$ARCH.log" | grep -oE "ppl [0-9.]+" | awk '{print $2}')
+
+echo "demo: evaluating at $LENGTHS tokens (trained at $TPS), every block scored"
+FORCE=1 CPU=1 DATA="$DATA" LENGTHS="$LENGTHS" TABLE_TOKENS="$TPS" TRAIN_TOKENS="$TPS" NAME=demo \
+  RESULTS_ROOT="$WORK/results" bash "$ROOT/scripts/eval_extrapolation.sh" "${ckpts[@]}" 2> "$WORK/eval.log" \
+  || { tail -n 30 "$WORK/eval.log" >&2; exit 1; }
+"$BIN/python" "$ROOT/scripts/plot_training.py" "${logs[@]}" --out "$RESULTS/training.png" --force \
+  > "$WORK/training-summary.txt" 2> /dev/null
+
 echo
-echo "demo: $ARCH, $MAX_UPDATE updates of ${BATCH_SIZE:-16} x $TPS tokens; vocabulary $(wc -l < "$DATA/dict.txt") + 4 symbols"
-echo "demo: validation perplexity after the first 50 updates: $first"
-echo "demo: fairseq-eval-lm (context window $((TPS / 2))): valid perplexity ${PPL[valid]}, test perplexity ${PPL[test]}"
+echo "demo: $MODELS, $MAX_UPDATE updates of $BATCH x $TPS tokens each; vocabulary $(wc -l < "$DATA/dict.txt") + 4 symbols"
+echo "demo: validation and test perplexity (context window 0, blocks of $TPS):"
+cat "$RESULTS/table.md"
+echo
+echo "demo: test perplexity against evaluation length (trained at $TPS):"
+cat "$RESULTS/extrapolation.md"
+echo
+echo "demo: training (validation perplexity at the last update, median wall time of one update):"
+sed 's/^/  /' "$WORK/training-summary.txt"
+echo
+echo "demo: plots: $RESULTS/extrapolation.png $RESULTS/training.png $RESULTS/training-wall.png"

@@ -15,6 +15,8 @@
 #                space-separated book abbreviations, as printed by the `bible`
 #                program (defaults: "Ge Psa John Rom" / "Dan" / "Rev")
 #   VOCAB_SIZE   sentencepiece vocabulary size (default: 2000)
+#   FORCE        1 replaces the files of an existing OUT_DIR (without it the
+#                script refuses before any work)
 #
 # What it does:
 #   1. `apt-get download bible-kjv-text bible-kjv` into a temp dir (runs
@@ -51,6 +53,10 @@ TEST_BOOKS="${TEST_BOOKS:-Rev}"
 VOCAB_SIZE="${VOCAB_SIZE:-2000}"
 
 die() { echo "make_sample_data.sh: error: $*" >&2; exit 1; }
+[[ $# -eq 0 ]] || { echo "usage: bash scripts/make_sample_data.sh   (no arguments; settings are environment variables)" >&2; exit 2; }
+if [[ -f "$OUT_DIR/train.bpe" && "${FORCE:-0}" != 1 ]]; then
+    die "$OUT_DIR already holds a corpus; refusing to overwrite it (FORCE=1 rebuilds it, or set OUT_DIR)"
+fi
 
 command -v apt-get >/dev/null || die "apt-get not found (needs a Debian/Ubuntu system)"
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found"

@@ -7,6 +7,7 @@
 # Environment: PYTHON (default python3), VENV (default <repo>/.venv),
 #              TORCH_VERSION (default 2.13.0; a GPU machine gets CUDA from the same line).
 set -euo pipefail
+[[ $# -eq 0 ]] || { echo "usage: bash scripts/setup.sh   (no arguments; settings are environment variables)" >&2; exit 2; }
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"
