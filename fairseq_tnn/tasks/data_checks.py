@@ -28,12 +28,16 @@ def check_tokens_per_sample(value: int, minimum: int = 1):
 def check_split(path: str, dictionary, tokens_per_sample: int, break_mode: str, reserved: int = 0):
     """Validate the binarised split at ``path`` (no extension). ``reserved``: tokens the
     task adds to each block (1 for the masked LM's <s>)."""
+    empty = ValueError(f"the split {path}.bin is empty: it has no tokens; re-run fairseq-preprocess on a non-empty "
+                       "text file or remove the split from --valid-subset / --gen-subset")
+    # fairseq cannot even open an empty .bin (numpy refuses to mmap it): check its size first
+    if os.path.isfile(path + ".bin") and os.path.getsize(path + ".bin") == 0:
+        raise empty
     dataset = data_utils.load_indexed_dataset(path, None)
     if dataset is None:
         raise FileNotFoundError(f"dataset not found: {path}.bin / {path}.idx (run fairseq-preprocess first)")
     if len(dataset) == 0 or int(dataset.sizes.sum()) == 0:
-        raise ValueError(f"the split {path}.bin is empty: it has no tokens; re-run fairseq-preprocess on a non-empty "
-                         "text file or remove the split from --valid-subset / --gen-subset")
+        raise empty
     buffer = getattr(dataset, "_bin_buffer", None)
     index = getattr(dataset, "_index", None)
     if buffer is not None and index is not None:

@@ -1,0 +1,222 @@
+"""Issue 6: faults, bad data and numbers, proven by injecting them."""
+import hashlib
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+
+import pytest
+import torch
+
+from conftest import LM_TRAIN, ROOT, USER_DIR, cli, run, split_tokens
+
+TPS = 64
+
+
+def lm_cmd(data_bin, save_dir, max_update=16, arch="tnn_lm_tiny", *extra):
+    return [cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", arch, "--tokens-per-sample", TPS,
+            "--batch-size", 8, "--max-update", max_update, "--save-dir", save_dir, "--log-interval", 1,
+            "--save-interval-updates", 6, "--no-epoch-checkpoints", "--disable-validation", *extra]
+
+
+def mlm_cmd(data_bin, save_dir, max_update=16, *extra):
+    return [cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
+            "--criterion", "masked_lm", "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete",
+            "--tokens-per-sample", 128, "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001",
+            "--max-update", max_update, "--save-dir", save_dir, "--log-format", "simple", "--log-interval", 1,
+            "--save-interval-updates", 6, "--no-epoch-checkpoints", "--disable-validation", "--seed", 1,
+            "--num-workers", 0, *extra]
+
+
+def losses_by_update(log):
+    """{update: loss} from fairseq's per-update train_inner lines (3 decimals, as logged)."""
+    out = {}
+    for line in log.splitlines():
+        if "train_inner" in line:
+            loss = re.search(r"loss=([0-9.]+)", line)
+            upd = re.search(r"num_updates=(\d+)", line)
+            if loss and upd:
+                out[int(upd.group(1))] = float(loss.group(1))
+    return out
+
+
+def kill_at(cmd, update):
+    """Start cmd, SIGKILL it as soon as it logs `update`; return what it printed."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=ROOT, env=env)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if f"num_updates={update}," in line:
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "".join(seen[-30:])
+    return "".join(seen)
+
+
+@pytest.mark.parametrize("kind", ["causal", "masked"])
+def test_sigkill_then_resume_matches_an_uninterrupted_run(data_bin, tmp_path, kind):
+    make = (lambda d: lm_cmd(data_bin, d)) if kind == "causal" else (lambda d: mlm_cmd(data_bin, d))
+    reference = losses_by_update(run(make(tmp_path / "ref")))
+    assert sorted(reference) == list(range(1, 17))
+    first = kill_at(make(tmp_path / "run"), 9)  # between the interval checkpoints at 6 and 12
+    assert "checkpoint_1_6.pt" in first
+    resumed_log = run(make(tmp_path / "run"))
+    assert re.search(r"[Ll]oaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 6 updates\)", resumed_log), resumed_log[-2000:]
+    resumed = losses_by_update(resumed_log)
+    assert sorted(resumed) == list(range(7, 17))
+    for update, loss in resumed.items():
+        assert loss == pytest.approx(reference[update], abs=1.5e-3), (update, loss, reference[update])
+
+
+def sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def finished_run(data_bin, tmp_path_factory):
+    save_dir = tmp_path_factory.mktemp("finished") / "ck"
+    run(lm_cmd(data_bin, save_dir, 12))
+    return save_dir
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble"])
+def test_unreadable_checkpoint_is_named_and_nothing_is_lost(data_bin, finished_run, tmp_path, damage):
+    save_dir = tmp_path / "ck"
+    shutil.copytree(finished_run, save_dir)
+    last = save_dir / "checkpoint_last.pt"
+    data = last.read_bytes()
+    if damage == "truncate":
+        last.write_bytes(data[: len(data) // 2])
+    else:
+        last.write_bytes(data[:100] + os.urandom(len(data) - 200) + data[-100:])
+    before = {p.name: sha(p) for p in save_dir.iterdir()}
+    log = run(lm_cmd(data_bin, save_dir, 20), expect_ok=False)
+    assert f"cannot read checkpoint {last}" in log, log[-2000:]
+    assert "--restore-file" in log and "checkpoint_1_12.pt" in log
+    assert {p.name: sha(p) for p in save_dir.iterdir()} == before  # nothing modified or deleted
+    log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling",
+               "--path", last, "--tokens-per-sample", TPS], expect_ok=False)
+    assert f"cannot read checkpoint {last}" in log, log[-2000:]
+    # the suggested older checkpoint does resume
+    log = run(lm_cmd(data_bin, save_dir, 14, "tnn_lm_tiny", "--restore-file", save_dir / "checkpoint_1_12.pt"))
+    assert re.search(r"num_updates=14", log)
+
+
+def test_checkpoint_from_before_an_option_existed_still_loads(data_bin, finished_run, tmp_path):
+    """Config fields added later must default to the old behaviour: drop some from a saved cfg."""
+    state = torch.load(finished_run / "checkpoint_last.pt", weights_only=False)
+    for key in ("norm_position", "tno_type", "rpe_norm_type", "ski_rank", "ski_taps", "glu_dim"):
+        state["cfg"]["model"].pop(key, None)
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    logs = [run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling",
+                 "--path", p, "--tokens-per-sample", TPS, "--gen-subset", "valid"])
+            for p in (finished_run / "checkpoint_last.pt", old)]
+    ppl = [re.search(r"Perplexity: ([0-9.]+)", log).group(1) for log in logs]
+    assert ppl[0] == ppl[1]
+
+
+def test_same_seed_gives_identical_losses(data_bin, tmp_path):
+    a = losses_by_update(run(lm_cmd(data_bin, tmp_path / "a", 8, "fd_tnn_lm_tiny")))
+    b = losses_by_update(run(lm_cmd(data_bin, tmp_path / "b", 8, "fd_tnn_lm_tiny")))
+    assert len(a) == 8 and a == b
+
+
+# ---------------------------------------------------------------- bad data
+
+
+def make_corpus(tmp_path, train, valid, test):
+    src = tmp_path / "text"
+    src.mkdir()
+    for name, lines in (("train", train), ("valid", valid), ("test", test)):
+        (src / f"{name}.bpe").write_text("".join(line + "\n" for line in lines))
+    dest = tmp_path / "bin"
+    run(["bash", ROOT / "scripts/preprocess.sh", src, dest], env={"FAIRSEQ_PREPROCESS": cli("fairseq-preprocess")})
+    return dest
+
+
+def sample_lines(split, n):
+    with open(ROOT / "data/sample" / f"{split}.bpe") as f:
+        return [next(f).rstrip("\n") for _ in range(n)]
+
+
+def test_empty_split_is_a_clear_error(tmp_path):
+    data = make_corpus(tmp_path, sample_lines("train", 200), [], sample_lines("test", 20))
+    log = run(lm_cmd(data, tmp_path / "ck", 2)[:-1], expect_ok=False)  # with validation
+    assert "valid.bin is empty" in log, log[-2000:]
+
+
+def test_split_shorter_than_one_block_is_scored_in_full(finished_run, tmp_path):
+    data = make_corpus(tmp_path, sample_lines("train", 200), sample_lines("valid", 1), sample_lines("test", 1))
+    shutil.copy(tmp_path / "bin" / "dict.txt", tmp_path / "dict.txt")
+    n = split_tokens(data, "test")
+    assert n < TPS
+    # a model trained on this tiny corpus, evaluated on the short split
+    run(lm_cmd(data, tmp_path / "ck", 2))
+    log = run([cli("fairseq-eval-lm"), data, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling",
+               "--path", tmp_path / "ck" / "checkpoint_last.pt", "--tokens-per-sample", TPS])
+    assert f"Evaluated {n} tokens" in log
+    assert math.isfinite(float(re.search(r"Loss \(base 2\): ([0-9.]+)", log).group(1)))
+
+
+@pytest.mark.parametrize("task", ["causal", "masked"])
+def test_line_longer_than_a_block_in_complete_mode_is_a_clear_error(data_bin, tmp_path, task):
+    if task == "causal":
+        cmd = lm_cmd(data_bin, tmp_path / "ck", 2) + ["--sample-break-mode", "complete"]
+    else:
+        cmd = mlm_cmd(data_bin, tmp_path / "ck", 2) + ["--tokens-per-sample", 64]
+    log = run(cmd, expect_ok=False)
+    assert re.search(r"--tokens-per-sample=64 is too small for --sample-break-mode complete: line \d+ of .* has \d+ "
+                     r"tokens", log), log[-2000:]
+    assert "begin training" not in log
+
+
+def test_data_binarised_with_another_dictionary_is_a_clear_error(data_bin, tmp_path):
+    other = tmp_path / "bin"
+    shutil.copytree(data_bin, other)
+    lines = (other / "dict.txt").read_text().splitlines()
+    (other / "dict.txt").write_text("\n".join(lines[:100]) + "\n")
+    log = run(lm_cmd(other, tmp_path / "ck", 2), expect_ok=False)
+    assert re.search(r"holds token id \d+ but the dictionary has only 104 symbols", log), log[-2000:]
+
+
+# ---------------------------------------------------------------- numbers
+
+
+ALL_ARCHS = ["tnn_lm_wt103", "tnn_lm_wt103_rpe3", "fd_tnn_lm_wt103", "tnn_mlm_wt103", "fd_tnn_mlm_wt103",
+             "ski_tnn_mlm_wt103"]
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_every_architecture_evaluates_at_14336_tokens(arch):
+    """28x the paper's training length, the published layer sizes (fewer layers to fit CI), finite loss."""
+    from test_models import build
+    layers = {"decoder_layers": 1} if "_lm_" in arch else {"encoder_layers": 1}
+    torch.manual_seed(0)
+    model = build(arch, vocab=1000, **layers).eval()
+    tokens = torch.randint(4, 1000, (1, 14336))
+    with torch.no_grad():
+        logits, _ = model(tokens)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]).float(), tokens.view(-1))
+    assert logits.shape[:2] == (1, 14336) and math.isfinite(loss.item())
+
+
+@pytest.mark.parametrize("tno,causal", [("tnn", True), ("tnn", False), ("fd", True), ("fd", False), ("ski", False)])
+def test_bf16_autocast_stays_close_to_fp32(tno, causal):
+    """FFTs run in fp32 under autocast; the stated tolerance covers bf16 projections (8-bit mantissa)."""
+    from argparse import Namespace
+
+    from fairseq_tnn.modules.tno import build_tno
+    torch.manual_seed(0)
+    op = build_tno(tno, 96, causal, Namespace())
+    x = torch.randn(2, 700, 96)
+    ref = op(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = op(x.bfloat16())
+    rel = ((low.float() - ref).norm() / ref.norm()).item()
+    assert rel < 3e-2, rel
