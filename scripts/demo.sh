@@ -7,10 +7,10 @@
 # median wall time of one training update (scripts/plot_training.py).
 #
 # Environment (defaults): MODELS ("tnn_lm_tiny fd_tnn_lm_tiny"), MAX_UPDATE (300), TOKENS_PER_SAMPLE (128),
-#   BATCH_SIZE (16), LR (0.003), WARMUP_UPDATES (50), LENGTHS ("128 256 512 1024 2048"),
+#   BATCH_SIZE (16), LR (0.003), WARMUP_UPDATES (50), LOG_INTERVAL (25), LENGTHS ("128 256 512 1024 2048"),
 #   WORK (<repo>/demo-run). A finished training run in WORK is reused and an interrupted one resumed;
 #   FORCE=1 deletes WORK's runs and results and starts again from scratch.
-# Outputs in WORK: checkpoints/<model>/ (train.log, checkpoints), results/demo/ (extrapolation.{json,md,png},
+# Outputs in WORK: checkpoints/<model>/ (train.log, checkpoints), logs/<model>.out, results/demo/ (extrapolation.{json,md,png},
 #   table.md), results/demo/training{,-wall}.png and training.{csv,json}.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,33 +28,35 @@ WORK="${WORK:-$ROOT/demo-run}"
 DATA="$ROOT/data-bin/sample"
 RESULTS="$WORK/results/demo"
 
-bash "$ROOT/scripts/preprocess.sh" "$ROOT/data/sample" "$DATA"
-if [[ "${FORCE:-0}" == 1 ]]; then rm -rf "$WORK/checkpoints" "$WORK/results"; fi
 mkdir -p "$WORK"
+FORCE=0 bash "$ROOT/scripts/preprocess.sh" "$ROOT/data/sample" "$DATA" > "$WORK/preprocess.log" 2>&1 \
+  || { cat "$WORK/preprocess.log" >&2; exit 1; }
+if [[ "${FORCE:-0}" == 1 ]]; then rm -rf "$WORK/checkpoints" "$WORK/results" "$WORK/logs"; fi
 
 ckpts=(); logs=()
 for arch in $MODELS; do
   dir="$WORK/checkpoints/$arch"
   ckpts+=("$arch=$dir/checkpoint_last.pt"); logs+=("$dir/train.log")
-  if [[ -f "$dir/checkpoint_last.pt" ]] && grep -q "done training" "$dir/stdout.log" 2>/dev/null; then
+  out="$WORK/logs/$arch.out"  # fairseq-train's output (train.sh keeps the run directory for the run itself)
+  if [[ -f "$dir/checkpoint_last.pt" ]] && grep -q "done training" "$out" 2>/dev/null; then
     echo "demo: reusing the finished run in $dir"
     continue
   fi
   resume=0; [[ -f "$dir/checkpoint_last.pt" ]] && resume=1
-  echo "demo: training $arch for $MAX_UPDATE updates of $BATCH x $TPS tokens on CPU (log: $dir/stdout.log)"
-  mkdir -p "$dir"
+  echo "demo: training $arch for $MAX_UPDATE updates of $BATCH x $TPS tokens on CPU (log: $out)"
+  mkdir -p "$WORK/logs"
   CPU=1 NPROC=1 SAVE_ROOT="$WORK/checkpoints" RESUME="$resume" FORCE=$((1 - resume)) MAX_UPDATE="$MAX_UPDATE" \
     TOKENS_PER_SAMPLE="$TPS" SEQS_PER_UPDATE="$BATCH" BATCH_PER_GPU="$BATCH" LR="${LR:-0.003}" \
     WARMUP_UPDATES="${WARMUP_UPDATES:-50}" VALIDATE_INTERVAL_UPDATES=50 SAVE_INTERVAL_UPDATES=100 \
-    KEEP_INTERVAL_UPDATES=1 LOG_INTERVAL=25 NUM_WORKERS=0 \
-    bash "$ROOT/scripts/train.sh" "$arch" "$DATA" --weight-decay 0.01 > "$dir/stdout.log.part" 2>&1 \
-    || { tail -n 30 "$dir/stdout.log.part" >&2; echo "demo: training $arch failed, see $dir/stdout.log.part" >&2; exit 1; }
-  mv "$dir/stdout.log.part" "$dir/stdout.log"
+    KEEP_INTERVAL_UPDATES=1 LOG_INTERVAL="${LOG_INTERVAL:-25}" NUM_WORKERS=0 \
+    bash "$ROOT/scripts/train.sh" "$arch" "$DATA" --weight-decay 0.01 > "$out.part" 2>&1 \
+    || { tail -n 30 "$out.part" >&2; echo "demo: training $arch failed, see $out.part" >&2; exit 1; }
+  mv "$out.part" "$out"
 done
 
 echo "demo: evaluating at $LENGTHS tokens (trained at $TPS), every block scored"
 FORCE=1 CPU=1 DATA="$DATA" LENGTHS="$LENGTHS" TABLE_TOKENS="$TPS" TRAIN_TOKENS="$TPS" NAME=demo \
-  RESULTS_ROOT="$WORK/results" bash "$ROOT/scripts/eval_extrapolation.sh" "${ckpts[@]}" 2> "$WORK/eval.log" \
+  RESULTS_ROOT="$WORK/results" bash "$ROOT/scripts/eval_extrapolation.sh" "${ckpts[@]}" > "$WORK/eval.log" 2>&1 \
   || { tail -n 30 "$WORK/eval.log" >&2; exit 1; }
 "$BIN/python" "$ROOT/scripts/plot_training.py" "${logs[@]}" --out "$RESULTS/training.png" --force \
   > "$WORK/training-summary.txt" 2> /dev/null
@@ -67,7 +69,7 @@ echo
 echo "demo: test perplexity against evaluation length (trained at $TPS):"
 cat "$RESULTS/extrapolation.md"
 echo
-echo "demo: training (validation perplexity at the last update, median wall time of one update):"
+echo "demo: training (validation perplexity at the first and the last validation, median wall time of one update):"
 sed 's/^/  /' "$WORK/training-summary.txt"
 echo
 echo "demo: plots: $RESULTS/extrapolation.png $RESULTS/training.png $RESULTS/training-wall.png"

@@ -124,8 +124,8 @@ def extrapolation_markdown(args, models, results):
 
 
 def table_markdown(args, table):
-    lines = [f"Wikitext-103 causal LM (as the paper's Table 1): fairseq-eval-lm at {args.table_tokens} tokens per "
-             f"block, context window {args.table_context_window}.", "",
+    lines = [f"Causal LM on {Path(args.data).name} (laid out as the paper's Table 1): fairseq-eval-lm at "
+             f"{args.table_tokens} tokens per block, context window {args.table_context_window}.", "",
              "| Architecture | PPL (val) | PPL (test) | Params (m) |", "|---|---:|---:|---:|"]
     for row in table:
         lines.append(f"| {row['model']} | {fmt(row['valid_ppl'])} | {fmt(row['test_ppl'])} | {fmt(row['params_m'])} |")

@@ -184,8 +184,9 @@ def main(argv=None):
         runs[label] = points
         step_ms[label] = median(step_times(log))
         step = "" if step_ms[label] is None else f"; median update time {step_ms[label]:.1f} ms"
-        print(f"{label}: {len(points)} validations, last at update {points[-1]['num_updates']}: ppl {points[-1]['ppl']}"
-              f"{step}")
+        first, last = points[0], points[-1]
+        print(f"{label}: {len(points)} validations, ppl {first['ppl']} at update {first['num_updates']}, "
+              f"{last['ppl']} at update {last['num_updates']}{step}")
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot(runs, "num_updates", "updates", outputs["updates"], args)

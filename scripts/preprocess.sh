@@ -13,9 +13,13 @@ FAIRSEQ_PREPROCESS="${FAIRSEQ_PREPROCESS:-$ROOT/.venv/bin/fairseq-preprocess}"
 for split in train valid test; do
   [[ -f "$SRC/$split.bpe" ]] || { echo "preprocess: missing $SRC/$split.bpe ($usage)" >&2; exit 2; }
 done
-if [[ -f "$DEST/dict.txt" && "${FORCE:-0}" != 1 ]]; then
-  echo "preprocess: $DEST already binarised (FORCE=1 to redo)"
-  exit 0
+if [[ -f "$DEST/dict.txt" ]]; then
+  if [[ "${FORCE:-0}" != 1 ]]; then
+    echo "preprocess: $DEST already binarised (FORCE=1 to redo)"
+    exit 0
+  fi
+  # fairseq-preprocess refuses an existing dict.txt: remove just the files it writes
+  for f in dict.txt preprocess.log {train,valid,test}.{bin,idx}; do rm -f "$DEST/$f"; done
 fi
 "$FAIRSEQ_PREPROCESS" --only-source \
   --trainpref "$SRC/train.bpe" --validpref "$SRC/valid.bpe" --testpref "$SRC/test.bpe" \

@@ -4,6 +4,8 @@ import pytest
 import torch
 
 from fairseq_tnn.ops.ski_causal import ski_causal_cumsum, ski_causal_local, ski_causal_tno_ref
+from test_ops_ski import assert_close_rel
+from test_ops_ski import make_inputs as make_bnd_inputs
 
 TOL = {torch.float32: 3e-5, torch.float64: 1e-11}
 # (n, r, m): n = 1, n < r (rank reduced to n), r = 2, m = 1, m > n, segments of unequal length, n = 512
@@ -11,18 +13,10 @@ CASES = [(1, 4, 3), (2, 2, 1), (5, 8, 3), (31, 4, 17), (64, 2, 5), (100, 7, 1), 
 IMPLS = [ski_causal_cumsum, ski_causal_local]
 
 
-def assert_close_rel(actual, expected, tol):
-    scale = expected.abs().max().clamp_min(1e-30)
-    err = (actual - expected).abs().max()
-    assert err <= tol * scale, f"max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
-
-
-def make_inputs(n, r, m, dtype, d=3, b=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(d, b, n, generator=g, dtype=torch.float64).to(dtype)
-    conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
-    knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
-    return x, conv_weight, knots
+def make_inputs(n, r, m, dtype, **sizes):
+    """test_ops_ski's inputs, x channel-major (d, b, n) as the causal variants take it."""
+    x, conv_weight, knots = make_bnd_inputs(n, r, m, dtype, **sizes)
+    return x.permute(2, 0, 1).contiguous(), conv_weight, knots
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda f: f.__name__)

@@ -595,3 +595,36 @@ def test_make_sample_data_refuses_to_overwrite_the_corpus():
     rc, _, err = sh(["bash", SCRIPTS / "make_sample_data.sh"])
     assert rc == 1 and "refusing to overwrite" in err and "FORCE=1" in err, err
     assert {p.name: p.read_bytes() for p in (ROOT / "data" / "sample").iterdir()} == before
+
+
+def test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports(tmp_path):
+    """README command 1, shortened: both models trained, the Table-1 rows, the extrapolation table and plot,
+    the training curves and step times; a second run reuses the finished runs."""
+    env = {"WORK": str(tmp_path / "demo"), "MAX_UPDATE": "6", "TOKENS_PER_SAMPLE": "32", "BATCH_SIZE": "4",
+           "LENGTHS": "32 64", "WARMUP_UPDATES": "2", "LOG_INTERVAL": "2"}
+    out, _ = ok(["bash", SCRIPTS / "demo.sh"], env, timeout=900)
+    results = tmp_path / "demo" / "results" / "demo"
+    report = json.loads((results / "extrapolation.json").read_text())
+    assert [(r["model"], r["length"]) for r in report["results"]] == \
+        [(m, L) for m in ("tnn_lm_tiny", "fd_tnn_lm_tiny") for L in (32, 64)]
+    assert all(r["evaluated_tokens"] == r["expected_tokens"] for r in report["results"])
+    for model in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
+        assert re.search(rf"^\| {model} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out  # table.md
+        assert re.search(rf"^  {model}: 1 validations, ppl [0-9.]+ at update 6, [0-9.]+ at update 6; median update time [0-9.]+ ms$",
+                         out, re.M), out
+    for png in ("extrapolation.png", "training.png", "training-wall.png"):
+        assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again, _ = ok(["bash", SCRIPTS / "demo.sh"], env, timeout=900)
+    assert again.count("demo: reusing the finished run") == 2
+
+
+def test_preprocess_skips_a_binarised_dir_and_redoes_it_with_force(tmp_path):
+    dest = tmp_path / "bin"
+    env = {"FAIRSEQ_PREPROCESS": cli("fairseq-preprocess")}
+    ok(["bash", SCRIPTS / "preprocess.sh", ROOT / "data" / "sample", dest], env)
+    before = (dest / "train.bin").read_bytes()
+    (dest / "train.bin").write_bytes(b"damaged")
+    out, _ = ok(["bash", SCRIPTS / "preprocess.sh", ROOT / "data" / "sample", dest], env)
+    assert "already binarised (FORCE=1 to redo)" in out and (dest / "train.bin").read_bytes() == b"damaged"
+    ok(["bash", SCRIPTS / "preprocess.sh", ROOT / "data" / "sample", dest], {**env, "FORCE": "1"})
+    assert (dest / "train.bin").read_bytes() == before
