@@ -163,6 +163,17 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(one_
         assert loss == pytest.approx(single[update][0], abs=1.1e-3), (update, resumed, single)
 
 
+def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tmp_path):
+    """Stock fairseq ignores torchrun's environment on CPU: both processes would train alone and write the
+    same checkpoint files. The plugin's tasks refuse that, naming the launcher to use."""
+    save_dir = tmp_path / "checkpoints"
+    log = run([cli("torchrun"), "--nproc-per-node", 2, cli("fairseq-train"), data_bin, *TRAIN, "--max-update", 2,
+               "--save-dir", save_dir], expect_ok=False)
+    assert "started as rank 0 of WORLD_SIZE=2" in log and "python -m fairseq_tnn.launch --nproc N --cpu" in log, log[-3000:]
+    assert "training on 1 devices" not in log
+    assert not list(save_dir.glob("*.pt"))
+
+
 def test_old_style_checkpoint_loads_and_weights_only_stays_on(two_procs, data_bin, tmp_path):
     from fairseq import checkpoint_utils, options
     from fairseq.distributed import utils as distributed_utils

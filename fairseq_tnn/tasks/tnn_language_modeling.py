@@ -15,6 +15,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageM
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from ..launch import check_joined
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from .step_metrics import StepMetricsMixin
 
@@ -46,6 +47,7 @@ def check_blocks_fit(dataset, max_positions, split: str):
 class TnnLanguageModelingTask(StepMetricsMixin, LanguageModelingTask):
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         check_tokens_per_sample(args.tokens_per_sample)
+        check_joined()
         super().__init__(args, dictionary, output_dictionary, targets)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):

@@ -6,6 +6,7 @@ from fairseq.models import FairseqLanguageModel
 from fairseq.tasks import register_task
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
+from ..launch import check_joined
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from .step_metrics import StepMetricsMixin
 from .tnn_language_modeling import model_class
@@ -20,6 +21,7 @@ class TnnMaskedLMConfig(MaskedLMConfig):
 class TnnMaskedLMTask(StepMetricsMixin, MaskedLMTask):
     def __init__(self, cfg, dictionary=None):
         check_tokens_per_sample(cfg.tokens_per_sample, minimum=2)  # one position is the <s> token
+        check_joined()
         super().__init__(cfg, dictionary)
 
     def load_dataset(self, split, epoch=1, combine=False, **kwargs):
