@@ -243,6 +243,19 @@ def test_sbatch_root_from_submit_dir_when_slurm_runs_a_spool_copy(data_bin, tmp_
     assert rc == 2 and "cannot find the repository" in err
 
 
+def test_sbatch_requeued_job_continues_its_run_and_a_new_job_refuses_it(data_bin, tmp_path):
+    run_dir = tmp_path / "tnn_lm_wt103"
+    run_dir.mkdir()
+    (run_dir / "checkpoint_last.pt").write_bytes(b"precious")
+    env = {"DRY_RUN": "1", "DATA": str(data_bin), "SAVE_ROOT": str(tmp_path), "SLURM_NNODES": "1",
+           "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "5"}
+    rc, out, err = sh(["bash", SLURM / "tnn_lm_wt103.sbatch"], env)
+    assert rc == 1 and "already exists; refusing to overwrite it" in err and out == ""
+    out, err = ok(["bash", SLURM / "tnn_lm_wt103.sbatch"], {**env, "SLURM_RESTART_COUNT": "1"})
+    assert "RESUME=1: continuing the run" in err and out.startswith("srun ")
+    assert (run_dir / "checkpoint_last.pt").read_bytes() == b"precious"
+
+
 def test_sbatch_outside_slurm_refuses(data_bin):
     rc, out, err = sh(["bash", SLURM / "tnn_lm_wt103.sbatch"], {"DATA": str(data_bin)})
     assert rc == 2 and "not inside a SLURM job" in err and out == ""
