@@ -46,24 +46,6 @@ CPU_CHOICES = {"distributed_backend": ("gloo",), "ddp_backend": ("legacy_ddp", "
 STOP_GRACE_S = 10.0  # after asking the ranks to stop, how long before killing them
 
 
-def check_joined():
-    """Refuse a process that a launcher (torchrun, torch.distributed.launch) started as one of N ranks but
-    that fairseq did not join into a distributed run. On CPU, stock fairseq ignores torchrun's environment
-    unless given per-rank flags, so each process would train alone and all would write the same checkpoint
-    files. Called by the plugin's tasks, after fairseq has (or has not) initialised torch.distributed."""
-    import torch.distributed as dist
-
-    world = os.environ.get("WORLD_SIZE", "1")
-    if not world.isdigit() or int(world) <= 1 or (dist.is_available() and dist.is_initialized()):
-        return
-    raise RuntimeError(
-        f"this process was started as rank {os.environ.get('RANK', '?')} of WORLD_SIZE={world} (torchrun or "
-        "torch.distributed.launch), but fairseq did not join the processes into one distributed run: each would "
-        "train alone and all would write the same checkpoints. On CPU, launch with "
-        "'python -m fairseq_tnn.launch --nproc N --cpu -- <fairseq-train arguments>'; on GPUs, use "
-        "'fairseq-train ... --distributed-world-size N' or torchrun with one process per visible GPU.")
-
-
 def parse_args(argv):
     parser = argparse.ArgumentParser(
         prog="python -m fairseq_tnn.launch", usage=USAGE,

@@ -305,3 +305,8 @@ def test_sigterm_is_passed_on_to_every_rank(tmp_path):
     status = launch.run([python(wait_for_signal) + [str(p)] for p in got], {})
     assert status == 128 + signal.SIGTERM and time.monotonic() - start < launch.STOP_GRACE_S
     assert [p.read_text() for p in got] == [str(int(signal.SIGTERM))] * 2
+
+
+def test_launcher_module_runs_without_import_warnings():
+    log = run([cli("python"), "-m", "fairseq_tnn.launch", "--nproc", 2, "--cpu", "--dry-run", "--", "data"])
+    assert "Warning" not in log and log.count("fairseq_cli.train data") == 2, log

@@ -15,8 +15,8 @@ from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageM
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
-from ..launch import check_joined
 from .data_checks import check_split, check_tokens_per_sample, split_path
+from .launch_check import check_joined
 from .step_metrics import StepMetricsMixin
 
 

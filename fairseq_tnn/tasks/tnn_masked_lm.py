@@ -6,8 +6,8 @@ from fairseq.models import FairseqLanguageModel
 from fairseq.tasks import register_task
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
-from ..launch import check_joined
 from .data_checks import check_split, check_tokens_per_sample, split_path
+from .launch_check import check_joined
 from .step_metrics import StepMetricsMixin
 from .tnn_language_modeling import model_class
 
