@@ -103,8 +103,21 @@ class TnnEncoder(FairseqEncoder):
         return UNLIMITED_POSITIONS
 
 
+NOT_FOR_EVAL_LM = (
+    "this checkpoint is a bidirectional masked language model (tnn_mlm): fairseq-eval-lm scores causal language "
+    "models, and a bidirectional model would see the tokens it predicts. Score its masked-token loss with "
+    "fairseq-validate DATA --user-dir <fairseq_tnn> --task tnn_masked_lm --path CHECKPOINT (at any length with "
+    "--model-overrides \"{'tokens_per_sample': L, 'sample_break_mode': 'none'}\")")
+
+
 @register_model("tnn_mlm", dataclass=TnnMlmConfig)
 class TnnMaskedLMModel(FairseqEncoderModel):
+    @property
+    def supported_targets(self):
+        # asked only by fairseq's language_modeling task (fairseq-eval-lm's default), which would score this
+        # model as a causal LM: a perplexity near 1, silently wrong
+        raise ValueError(NOT_FOR_EVAL_LM)
+
     def __init__(self, cfg: TnnMlmConfig, encoder: TnnEncoder):
         super().__init__(encoder)
         self.cfg = cfg

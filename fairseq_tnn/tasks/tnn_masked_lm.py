@@ -6,6 +6,7 @@ from fairseq.models import FairseqLanguageModel
 from fairseq.tasks import register_task
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
+from ..models.tnn_mlm import NOT_FOR_EVAL_LM
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from .launch_check import check_joined
 from .step_metrics import StepMetricsMixin
@@ -29,6 +30,10 @@ class TnnMaskedLMTask(StepMetricsMixin, MaskedLMTask):
         check_split(split_path(self.cfg.data, split, epoch), self.source_dictionary, self.cfg.tokens_per_sample,
                     str(self.cfg.sample_break_mode), reserved=1)
         return super().load_dataset(split, epoch, combine, **kwargs)
+
+    def eval_lm_dataloader(self, *args, **kwargs):
+        """fairseq-eval-lm with --task tnn_masked_lm: refused, naming the command that scores a masked model."""
+        raise ValueError(NOT_FOR_EVAL_LM)
 
     def build_model(self, cfg, from_checkpoint=False):
         cls = model_class(cfg)
