@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import LM_TRAIN, cli, run
+from conftest import LM_TRAIN, USER_DIR, cli, run
 from fairseq_tnn import compat, launch
 
 # 2 ranks x 4 sequences x 64 tokens per update, or 1 rank x 4 x 64 x --update-freq 2. fairseq shuffles
@@ -131,12 +131,27 @@ def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin
     assert_only_rank_0_wrote(writes, save_dir)
 
 
-def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(one_proc, data_bin, tmp_path):
+MASKED_TRAIN = ["--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm", "--criterion", "masked_lm",
+                "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete", "--tokens-per-sample", 128,
+                "--batch-size", 4, "--optimizer", "adam", "--lr", "0.001", "--log-format", "simple",
+                "--log-interval", 1, "--seed", 1, "--num-workers", 0, "--no-epoch-checkpoints", "--disable-validation"]
+
+
+@pytest.mark.parametrize("kind", ["causal", "masked"])
+def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data_bin, tmp_path, kind):
     """Every process of a 2-rank run is SIGKILLed (as when a node dies or the job is cancelled) between the
-    interval checkpoints at 3 and 6; the same command started again resumes from checkpoint_last."""
-    save_dir = tmp_path / "checkpoints"
-    cmd = [cli("python"), "-m", "fairseq_tnn.launch", "--nproc", "2", "--cpu", "--", str(data_bin),
-           *map(str, TRAIN), "--max-update", str(RESUMED), "--save-interval-updates", "3", "--save-dir", str(save_dir)]
+    interval checkpoints at 3 and 6; the same command started again resumes from checkpoint_last, and its
+    losses equal those of an uninterrupted 2-process run."""
+    train = TRAIN if kind == "causal" else MASKED_TRAIN
+
+    def command(save_dir):
+        return [cli("python"), "-m", "fairseq_tnn.launch", "--nproc", "2", "--cpu", "--", str(data_bin),
+                *map(str, train), "--max-update", str(RESUMED), "--save-interval-updates", "3",
+                "--save-dir", str(save_dir)]
+
+    reference = train_inner(run(command(tmp_path / "reference"), env={"OMP_NUM_THREADS": "1"}))
+    assert sorted(reference) == list(range(1, RESUMED + 1))
+    cmd = command(tmp_path / "checkpoints")
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)  # the launcher and its ranks share one process group
@@ -157,10 +172,10 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(one_
 
     log = run(cmd, env={"OMP_NUM_THREADS": "1"})
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ 3 updates\)", log), log[-3000:]
-    resumed, single = train_inner(log), train_inner(one_proc[1])
+    resumed = train_inner(log)
     assert sorted(resumed) == list(range(4, RESUMED + 1)), log[-3000:]
-    for update, (loss, _) in resumed.items():  # the uninterrupted run: 1 process, --update-freq 2
-        assert loss == pytest.approx(single[update][0], abs=1.1e-3), (update, resumed, single)
+    for update, (loss, _) in resumed.items():
+        assert loss == pytest.approx(reference[update][0], abs=1.1e-3), (update, resumed, reference)
 
 
 def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tmp_path):
