@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fairseq_tnn.ops.ski_causal import ski_causal_cumsum, ski_causal_local, ski_causal_tno_ref
-from test_ops_ski import assert_close_rel
+from test_ops_ski import assert_matches_reference
 from test_ops_ski import make_inputs as make_bnd_inputs
 
 TOL = {torch.float32: 3e-5, torch.float64: 1e-11}
@@ -23,18 +23,7 @@ def make_inputs(n, r, m, dtype, **sizes):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n,r,m", CASES)
 def test_causal_ski_matches_dense_reference(impl, n, r, m, dtype):
-    x, conv_weight, knots = make_inputs(n, r, m, dtype)
-    inputs = [t.requires_grad_(True) for t in (x, conv_weight, knots)]
-    g = torch.randn(x.shape, dtype=dtype)
-    y = impl(*inputs, lam=0.9)
-    grads = torch.autograd.grad(y, inputs, g)
-    y_ref = ski_causal_tno_ref(*inputs, lam=0.9)
-    grads_ref = torch.autograd.grad(y_ref, inputs, g)
-    assert y.dtype == dtype and y.shape == x.shape
-    assert_close_rel(y, y_ref, TOL[dtype])
-    for name, a, b in zip(("x", "conv_weight", "knots"), grads, grads_ref):
-        assert a.shape == b.shape, name
-        assert_close_rel(a, b, TOL[dtype])
+    assert_matches_reference(impl, ski_causal_tno_ref, make_inputs(n, r, m, dtype), TOL[dtype])
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda f: f.__name__)

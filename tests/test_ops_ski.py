@@ -50,18 +50,23 @@ def make_inputs(n, r, m, dtype, d=3, b=2, seed=0):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,r,m", CASES)
 def test_ski_tno_matches_ref(n, r, m, dtype):
-    x, conv_weight, knots = make_inputs(n, r, m, dtype)
-    inputs = [t.requires_grad_(True) for t in (x, conv_weight, knots)]
-    g = torch.randn(x.shape, dtype=dtype)
-    y = ski_tno(*inputs, lam=0.9)
+    assert_matches_reference(ski_tno, ski_tno_ref, make_inputs(n, r, m, dtype), TOL[dtype])
+
+
+def assert_matches_reference(fast, reference, inputs, tol):
+    """fast(x, conv_weight, knots) equals reference(...): the output and the gradients of all three."""
+    inputs = [t.requires_grad_(True) for t in inputs]
+    x = inputs[0]
+    g = torch.randn(x.shape, dtype=x.dtype)
+    y = fast(*inputs, lam=0.9)
     grads = torch.autograd.grad(y, inputs, g)
-    y_ref = ski_tno_ref(*inputs, lam=0.9)
+    y_ref = reference(*inputs, lam=0.9)
     grads_ref = torch.autograd.grad(y_ref, inputs, g)
-    assert y.dtype == dtype and y.shape == x.shape
-    assert_close_rel(y, y_ref, TOL[dtype])
+    assert y.dtype == x.dtype and y.shape == x.shape
+    assert_close_rel(y, y_ref, tol)
     for name, a, b in zip(("x", "conv_weight", "knots"), grads, grads_ref):
         assert a.shape == b.shape, name
-        assert_close_rel(a, b, TOL[dtype])
+        assert_close_rel(a, b, tol)
 
 
 def test_sparse_tap_convention():
