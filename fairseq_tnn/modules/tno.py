@@ -21,18 +21,17 @@ from torch import nn
 
 from ..ops.fd import fd_bidirectional_spectrum, fd_grid, hilbert_causal_spectrum
 from ..ops.ski import ski_tno
-from ..ops.toeplitz import KernelRfft, check_layout, fft_conv, fft_dtype, next_fast_len
+from ..ops.toeplitz import KernelRfft, fft_conv, fft_dtype, next_fast_len, seq_shape, swap_kernel_layout
 from .rpe import Rpe
 
 
 def _length(x: torch.Tensor, layout: str) -> int:
-    check_layout(layout)
-    return x.shape[1] if layout == "bnd" else x.shape[-1]
+    return seq_shape(x, layout)[0]
 
 
 def _conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str) -> torch.Tensor:
     """Apply a (d, size // 2 + 1) spectrum to x in either layout."""
-    return fft_conv(x, spectrum if layout == "dbn" else spectrum.t(), size, layout)
+    return fft_conv(x, swap_kernel_layout(spectrum, layout), size, layout)
 
 
 class TnnTno(nn.Module):

@@ -32,7 +32,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from .toeplitz import KernelRfft, check_layout, fft_conv, fft_dtype, next_fast_len, toeplitz_dense
+from .toeplitz import (KernelRfft, check_layout, fft_conv, fft_dtype, next_fast_len, seq_shape, swap_kernel_layout,
+                       toeplitz_dense)
 
 
 def fd_grid(n: int, device=None) -> Tuple[int, torch.Tensor]:
@@ -67,14 +68,14 @@ def hilbert_causal_spectrum(k_real: torch.Tensor, layout: str = "bnd") -> torch.
     """
     check_layout(layout)
     kr = k_real.to(fft_dtype(k_real))
-    kr = kr.t() if layout == "bnd" else kr  # (d, N'+1)
+    kr = swap_kernel_layout(kr, layout)  # (d, N'+1)
     size = 2 * (kr.shape[-1] - 1)
     if size < 2:
         raise ValueError(f"k_real must have N'+1 >= 2 frequencies, got shape {tuple(k_real.shape)}")
     even = torch.fft.irfft(kr, n=size)  # (d, N), even sequence
     causal = even[..., : size // 2 + 1] * _causal_fold(size, kr.device, kr.dtype)[: size // 2 + 1]
     spec = KernelRfft.apply(causal, size)  # (d, N'+1)
-    return spec.t() if layout == "bnd" else spec
+    return swap_kernel_layout(spec, layout)
 
 
 def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
@@ -192,11 +193,7 @@ def fd_bidirectional_ref(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Te
 
 def _check(x: torch.Tensor, k_real: torch.Tensor, k_imag: Optional[torch.Tensor] = None, layout: str = "bnd") -> int:
     """Validate shapes; return the FFT size N."""
-    check_layout(layout)
-    if layout == "bnd":
-        n, d = x.shape[-2], x.shape[-1]
-    else:
-        d, n = x.shape[0], x.shape[-1]
+    n, d = seq_shape(x, layout)
     size = 2 * next_fast_len(n)
     want = (size // 2 + 1, d) if layout == "bnd" else (d, size // 2 + 1)
     if tuple(k_real.shape) != want:

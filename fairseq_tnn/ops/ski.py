@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from torch.autograd.function import once_differentiable
 
-from .toeplitz import check_layout, fft_dtype, toeplitz_dense, toeplitz_fft
+from .toeplitz import check_layout, fft_dtype, seq_shape, toeplitz_dense, toeplitz_fft
 
 
 # ----------------------------------------------------------------------------
@@ -380,7 +380,7 @@ def ski_tno_ref(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor,
     check_layout(layout)
     _check(x, conv_weight, knots, lam, layout)
     ct = fft_dtype(x)
-    n = x.shape[1] if layout == "bnd" else x.shape[-1]
+    n, _ = seq_shape(x, layout)
     t = _band_dense(n, conv_weight.to(ct)) + ski_lowrank_dense(n, knots.to(ct), lam)  # (d, n, n)
     if layout == "dbn":
         return torch.einsum("cij,c...j->c...i", t, x.to(ct)).to(x.dtype)
@@ -393,7 +393,7 @@ def _check(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam:
         raise ValueError(f"x must have shape (b, n, d), got {tuple(x.shape)}")
     if layout == "dbn" and x.dim() < 2:
         raise ValueError(f"x must have shape (d, *batch, n) for layout 'dbn', got {tuple(x.shape)}")
-    d = x.shape[-1] if layout == "bnd" else x.shape[0]
+    _, d = seq_shape(x, layout)
     if conv_weight.dim() != 2 or conv_weight.shape[0] != d:
         raise ValueError(f"conv_weight must have shape (d, m) with d={d}, got {tuple(conv_weight.shape)}")
     _check_taps(conv_weight.shape[1])

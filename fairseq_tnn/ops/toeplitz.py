@@ -28,7 +28,7 @@ FFT, about 4x the cost of the real one, and materialises zero-padded copies.
 The backward of y = irfft(rfft(x) * S)[:n] is another such product, with the
 conjugate spectrum, so it costs one rfft and one irfft, like the forward.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -155,18 +155,26 @@ def _reduce_conj_product(a: torch.Tensor, b: torch.Tensor, shape) -> torch.Tenso
     return a.conj_physical_().mul_(b).sum_to_size(shape)
 
 
-def _to_last(t: torch.Tensor, layout: str) -> torch.Tensor:
-    """A kernel (n, d) in "bnd" is stored as (d, n) for the last-dim FFTs."""
+def seq_shape(x: torch.Tensor, layout: str) -> Tuple[int, int]:
+    """(n, d) of activations x: (..., n, d) for ``bnd``, (d, *batch, n) for ``dbn``."""
+    check_layout(layout)
+    return (x.shape[-2], x.shape[-1]) if layout == "bnd" else (x.shape[-1], x.shape[0])
+
+
+def swap_kernel_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """A 2-D kernel or spectrum between the two layouts: (F, d) for ``bnd``, (d, F) for ``dbn``.
+
+    Transposed for ``bnd``, unchanged for ``dbn``, so the same call converts either way: to the
+    channel-major form the last-dim FFTs use, and back."""
     return t.t() if layout == "bnd" else t
 
 
-def circulant_kernel(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int) -> torch.Tensor:
-    """First column (size, d) of the circulant matrix that embeds T (``bnd`` kernels)."""
-    n, d = pos.shape
-    pieces = [pos, pos.new_zeros(size - 2 * n + 1 if neg is not None else size - n, d)]
-    if neg is not None:
-        pieces.append(neg.flip(0))  # lags -(n-1) ... -1 at the end
-    return torch.cat(pieces, dim=0)
+def circulant_column(pos: torch.Tensor, neg: torch.Tensor, size: int) -> torch.Tensor:
+    """First column (d, size) of the circulant matrix that embeds T: lags 0 .. n-1, zeros, lags -(n-1) .. -1.
+
+    pos (d, n), neg (d, n-1). (A causal T needs no column: its zero padding happens inside the FFT.)"""
+    n = pos.shape[-1]
+    return torch.cat([pos, pos.new_zeros(pos.shape[0], size - 2 * n + 1), neg.flip(-1)], dim=-1)
 
 
 def kernel_spectrum(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int, layout: str = "bnd") -> torch.Tensor:
@@ -177,15 +185,12 @@ def kernel_spectrum(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int, l
     """
     check_layout(layout)
     ct = fft_dtype(pos)
-    p = _to_last(pos, layout).to(ct)  # (d, n)
+    p = swap_kernel_layout(pos, layout).to(ct)  # (d, n)
     if neg is None:
         spec = KernelRfft.apply(p, size)  # zero-padded to size inside the FFT
     else:
-        q = _to_last(neg, layout).to(ct)  # (d, n-1)
-        n = p.shape[-1]
-        col = torch.cat([p, p.new_zeros(p.shape[0], size - 2 * n + 1), q.flip(-1)], dim=-1)  # (d, size)
-        spec = KernelRfft.apply(col, size)
-    return spec.t() if layout == "bnd" else spec
+        spec = KernelRfft.apply(circulant_column(p, swap_kernel_layout(neg, layout).to(ct), size), size)
+    return swap_kernel_layout(spec, layout)
 
 
 def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "bnd") -> torch.Tensor:
@@ -212,8 +217,7 @@ def toeplitz_fft(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor]
                  layout: str = "bnd") -> torch.Tensor:
     """T x by FFT. ``bnd``: x (b, n, d), pos (n, d), neg (n-1, d) or None (causal);
     ``dbn``: x (d, *batch, n), pos (d, n), neg (d, n-1) or None."""
-    check_layout(layout)
-    n = x.shape[-2] if layout == "bnd" else x.shape[-1]
+    n, _ = seq_shape(x, layout)
     _check(x, pos, neg, layout)
     size = next_fast_len(2 * n - 1)  # no wrap-around for lags up to n-1 either way
     return fft_conv(x, kernel_spectrum(pos, neg, size, layout), size, layout)
@@ -243,12 +247,10 @@ def toeplitz_ref(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor]
 
 
 def _check(x, pos, neg, layout="bnd"):
-    if layout == "bnd":
-        n, d = x.shape[-2], x.shape[-1]
-        want_pos, want_neg = (n, d), (n - 1, d)
-    else:
-        d, n = x.shape[0], x.shape[-1]
-        want_pos, want_neg = (d, n), (d, n - 1)
+    n, d = seq_shape(x, layout)
+    want_pos, want_neg = (n, d), (n - 1, d)
+    if layout == "dbn":
+        want_pos, want_neg = want_pos[::-1], want_neg[::-1]
     if tuple(pos.shape) != want_pos:
         raise ValueError(f"pos must have shape {want_pos} for layout {layout!r}, got {tuple(pos.shape)}")
     if neg is not None and tuple(neg.shape) != want_neg:
