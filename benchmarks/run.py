@@ -123,31 +123,11 @@ LABELS = {
 # ----------------------------------------------------------------------------
 
 
-def _dictionary(size: int):
-    from fairseq.data import Dictionary
-    d = Dictionary()
-    for i in range(size - len(d)):
-        d.add_symbol(f"w{i}")
-    return d
-
-
-class _Task:
-    def __init__(self, dictionary):
-        self.source_dictionary = self.target_dictionary = dictionary
-
-
 def build_tnn(arch: str, vocab: int, **overrides):
     """A registered tnn_lm / tnn_mlm model, built as fairseq builds it (arch preset, then the dataclass)."""
     import fairseq_tnn  # noqa: F401  (registers the models)
-    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-    from fairseq_tnn.models.tnn_lm import TnnLanguageModel, TnnLmConfig
-    from fairseq_tnn.models.tnn_mlm import TnnMlmConfig
-    args = argparse.Namespace(**overrides)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    model_cls = ARCH_MODEL_REGISTRY[arch]
-    cfg_cls = TnnLmConfig if model_cls is TnnLanguageModel else TnnMlmConfig
-    cfg = cfg_cls(**{k: v for k, v in vars(args).items() if k in cfg_cls.__dataclass_fields__})
-    return model_cls.build_model(cfg, _Task(_dictionary(vocab)))
+    from fairseq_tnn.models.build import build_arch
+    return build_arch(arch, vocab, **overrides)
 
 
 def build_transformer_lm(dim: int, layers: int, vocab: int, n: int):
@@ -163,7 +143,8 @@ def build_transformer_lm(dim: int, layers: int, vocab: int, n: int):
     for k, v in overrides.items():
         setattr(args, k, v)
     ARCH_CONFIG_REGISTRY["transformer_lm"](args)
-    return ARCH_MODEL_REGISTRY["transformer_lm"].build_model(args, _Task(_dictionary(vocab)))
+    from fairseq_tnn.models.build import VocabTask, dictionary_of_size
+    return ARCH_MODEL_REGISTRY["transformer_lm"].build_model(args, VocabTask(dictionary_of_size(vocab)))
 
 
 class FixedSpectrumTno(torch.nn.Module):

@@ -1,36 +1,14 @@
 """Model-level checks: parameter count, causality, padding, presets, configs."""
-import argparse
 
 import pytest
 import torch
-from fairseq.data import Dictionary
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
 import fairseq_tnn  # noqa: F401  (registers the models)
-from fairseq_tnn.models.tnn_lm import TnnLanguageModel, TnnLmConfig
-from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel, TnnMlmConfig
-
-
-def make_dict(size):
-    d = Dictionary()
-    for i in range(size - len(d)):
-        d.add_symbol(f"w{i}")
-    assert len(d) == size
-    return d
-
-
-class FakeTask:
-    def __init__(self, dictionary):
-        self.source_dictionary = self.target_dictionary = dictionary
+from fairseq_tnn.models.build import build_arch
 
 
 def build(arch, vocab=100, **overrides):
-    args = argparse.Namespace(**overrides)
-    ARCH_CONFIG_REGISTRY[arch](args)
-    model_cls = ARCH_MODEL_REGISTRY[arch]
-    cfg_cls = TnnLmConfig if model_cls is TnnLanguageModel else TnnMlmConfig
-    cfg = cfg_cls(**{k: v for k, v in vars(args).items() if k in cfg_cls.__dataclass_fields__})
-    return model_cls.build_model(cfg, FakeTask(make_dict(vocab)))
+    return build_arch(arch, vocab, **overrides)
 
 
 def n_trainable(model):
