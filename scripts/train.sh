@@ -18,7 +18,6 @@
 #   CPU [0]            1 trains on CPU (adds --cpu, fp32).
 #   DRY_RUN [0]        1 prints the exact command line instead of running it.
 #   FAIRSEQ_BIN [<repo>/.venv/bin]  where fairseq-train lives; PYTHON [$FAIRSEQ_BIN/python] runs the launcher.
-#   TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD [1]  lets torch >= 2.6 load fairseq checkpoints when resuming.
 #   and the recipe's knobs, documented in scripts/recipe.sh: MAX_UPDATE [50000], TOKENS_PER_SAMPLE [512],
 #   SEQS_PER_UPDATE [128 causal, 512 masked], BATCH_PER_GPU [8 causal, 16 masked], LR [5e-4, FD-TNN 1e-3],
 #   WARMUP_UPDATES [4000 causal, 3000 masked], SEED [1], NUM_WORKERS [1], LOG_INTERVAL [100],
@@ -62,7 +61,6 @@ fi
 is_pos_int "$NPROC" || RECIPE_EXIT=2 recipe_die "NPROC must be a positive integer, not '$NPROC'"
 
 recipe_init "$PRESET" "$DATA" "$NPROC"
-export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="${TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD:-1}"
 
 if (( NPROC == 1 )); then
   cmd=("$FAIRSEQ_BIN/fairseq-train" "${RECIPE_ARGS[@]}" --distributed-world-size 1 "$@")

@@ -28,7 +28,7 @@ r..2r-1 at x = 1/r .. 1. The number of knots per side is the rank r.
 The fast path runs channel-major (``layout="dbn"``: x (d, *batch, n); the
 default ``"bnd"`` (b, n, d) is transposed to it): the band by batched GEMMs
 over blocks of the sequence (``BlockedBand``), W^T and W as dense matmuls and
-A_c as a dense r x r batched matmul (r is small). ``ski_tno_ref`` builds every
+A_c by an FFT of size O(r) (``toeplitz_fft``). ``ski_tno_ref`` builds every
 matrix densely from independent formulas (hat functions for W and f).
 Computation is in float32 (float64 for float64 input); the output is cast to
 ``x.dtype``.
@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from torch.autograd.function import once_differentiable
 
-from .toeplitz import check_layout, fft_dtype, seq_shape, toeplitz_dense, toeplitz_fft
+from .toeplitz import check_layout, fft_dtype, seq_shape, toeplitz_fft
 
 
 # ----------------------------------------------------------------------------

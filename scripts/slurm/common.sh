@@ -33,7 +33,6 @@ slurm_train() {
   [[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]] && RESUME="${RESUME:-1}"
   recipe_init "$preset" "${DATA:-$ROOT/data-bin/wikitext-103}" "$world"
   local port="${PORT:-$(( 10000 + ${SLURM_JOB_ID:-0} % 20000 ))}"
-  export TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="${TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD:-1}"
   local -a cmd=(srun --kill-on-bad-exit=1 "${FAIRSEQ_BIN:-$ROOT/.venv/bin}/fairseq-train" "${RECIPE_ARGS[@]}"
     --distributed-world-size "$world" --distributed-port "$port" "$@")
   if [[ "${DRY_RUN:-0}" == 1 ]]; then
