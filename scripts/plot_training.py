@@ -21,6 +21,7 @@ import argparse
 import csv
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -45,19 +46,25 @@ def _pairs_bar(text):
     return out
 
 
+def json_record(line: str):
+    """The json object of a --log-format json line (with or without fairseq's "date | INFO | x |" prefix), or None."""
+    brace = line.find("{")
+    if brace < 0:
+        return None
+    try:
+        record = json.loads(line[brace:])
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def parse_log(path: Path, subset: str = "valid"):
     """Return [{num_updates, wall_s, loss, ppl}] for every validation of `subset` in a fairseq log."""
     points = {}
     last_wall = None
     for line in path.read_text(errors="replace").splitlines():
-        brace = line.find("{")
-        record = None
-        if brace >= 0:
-            try:
-                record = json.loads(line[brace:])
-            except ValueError:
-                record = None
-        if isinstance(record, dict):
+        record = json_record(line)
+        if record is not None:
             if f"{subset}_num_updates" in record:
                 upd = _num(record.get(f"{subset}_num_updates"))
                 if upd is not None:
@@ -90,26 +97,9 @@ def parse_log(path: Path, subset: str = "valid"):
 
 def step_times(path: Path):
     """The per-update wall times (update_ms, logged by the plugin's tasks) of the train_inner lines of a json log."""
-    times = []
-    for line in path.read_text(errors="replace").splitlines():
-        brace = line.find("{")
-        if brace < 0:
-            continue
-        try:
-            record = json.loads(line[brace:])
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "num_updates" in record and _num(record.get("update_ms")) is not None:
-            times.append(_num(record["update_ms"]))
-    return times
-
-
-def median(values):
-    values = sorted(values)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+    records = (json_record(line) for line in path.read_text(errors="replace").splitlines())
+    return [_num(r["update_ms"]) for r in records
+            if r is not None and "num_updates" in r and _num(r.get("update_ms")) is not None]
 
 
 def default_labels(paths):
@@ -182,7 +172,8 @@ def main(argv=None):
             sys.exit(f"plot_training.py: error: no '{args.subset}' validation lines in {log} "
                      "(fairseq-train --log-format json or simple)")
         runs[label] = points
-        step_ms[label] = median(step_times(log))
+        times = step_times(log)
+        step_ms[label] = statistics.median(times) if times else None
         step = "" if step_ms[label] is None else f"; median update time {step_ms[label]:.1f} ms"
         first, last = points[0], points[-1]
         print(f"{label}: {len(points)} validations, ppl {first['ppl']} at update {first['num_updates']}, "
