@@ -19,7 +19,9 @@
 #   BATCH_PER_GPU [8/16]        LR [preset's]               WARMUP_UPDATES [4000/3000]
 #   SEED [1]                    NUM_WORKERS [1]             LOG_INTERVAL [100]
 #   VALIDATE_INTERVAL_UPDATES [1000]  SAVE_INTERVAL_UPDATES [1000]  KEEP_INTERVAL_UPDATES [2]
-#   PRECISION [fp16 on GPU, fp32 with CPU=1]: fp16 | bf16 | fp32      CPU [0]: 1 adds --cpu
+#   PRECISION [fp16 on GPU, fp32 with CPU=1]: fp16 (--fp16) | bf16 (--bf16-autocast: fp32 weights,
+#                               bf16 autocast; fairseq's own --bf16 means TPU) | fp32      CPU [0]: 1 adds --cpu
+#   TNN_COMPILE [1 on GPU, 0 with CPU=1]: 1 adds --tnn-compile (torch.compile per TNN layer)
 #   SAVE_ROOT [<repo>/checkpoints]  RUN_NAME [<preset>]: checkpoints, train.log and tensorboard/
 #                               go to SAVE_ROOT/RUN_NAME
 #   FORCE [0]: 1 deletes an existing SAVE_ROOT/RUN_NAME and starts over
@@ -98,11 +100,14 @@ recipe_init() {
   local -a precision_args
   case "$precision" in
     fp16) precision_args=(--fp16) ;;
-    bf16) precision_args=(--bf16) ;;
+    bf16) precision_args=(--bf16-autocast) ;;
     fp32) precision_args=() ;;
     *) RECIPE_EXIT=2 recipe_die "PRECISION must be fp16, bf16 or fp32, not '$precision'" ;;
   esac
-  [[ "${CPU:-0}" == 1 && "$precision" != fp32 ]] && RECIPE_EXIT=2 recipe_die "CPU=1 trains in fp32 (PRECISION=fp32)"
+  [[ "${CPU:-0}" == 1 && "$precision" == fp16 ]] && RECIPE_EXIT=2 recipe_die "CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16"
+  local compile="${TNN_COMPILE:-$([[ "${CPU:-0}" == 1 ]] && echo 0 || echo 1)}"
+  [[ "$compile" == 0 || "$compile" == 1 ]] || RECIPE_EXIT=2 recipe_die "TNN_COMPILE must be 0 or 1, not '$compile'"
+  [[ "$compile" == 1 ]] && precision_args+=(--tnn-compile)
 
   local save_root="${SAVE_ROOT:-$ROOT/checkpoints}"
   [[ "$save_root" == /* ]] || save_root="$PWD/$save_root"

@@ -123,7 +123,7 @@ def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, ba
         "--lr-scheduler": ["inverse_sqrt" if causal else "polynomial_decay"],
         "--warmup-updates": ["4000" if causal else "3000"],
         "--tokens-per-sample": ["512"], "--batch-size": [str(batch)], "--update-freq": [str(update_freq)],
-        "--max-update": ["50000"], "--fp16": [], "--log-format": ["json"], "--save-dir": [save_dir],
+        "--max-update": ["50000"], "--fp16": [], "--tnn-compile": [], "--log-format": ["json"], "--save-dir": [save_dir],
         "--log-file": [save_dir + "/train.log"], "--tensorboard-logdir": [save_dir + "/tensorboard"],
         "--no-epoch-checkpoints": [], "--seed": ["1"],
     }
@@ -147,8 +147,25 @@ def test_train_dry_run_cpu_env_overrides_and_extra_args_last(data_bin, tmp_path)
     assert f["--update-freq"] == ["2"] and f["--batch-size"] == ["4"] and f["--max-update"] == ["7"]
     assert f["--tokens-per-sample"] == ["64"] and f["--lr"] == ["0.003"] and f["--warmup-updates"] == ["3"]
     assert "--cpu" in f and "--fp16" not in f and f["--save-dir"] == [str(tmp_path / "smoke")]
+    assert "--tnn-compile" not in f and "--bf16-autocast" not in f  # CPU: eager fp32 unless asked
     assert argv[-2:] == ["--max-epoch", "1"]
     assert not (tmp_path / "smoke").exists()  # a dry run creates nothing
+
+
+@pytest.mark.parametrize("env,present,absent", [
+    ({}, ["--fp16", "--tnn-compile"], ["--bf16-autocast", "--bf16", "--cpu"]),
+    ({"PRECISION": "bf16"}, ["--bf16-autocast", "--tnn-compile"], ["--fp16", "--bf16"]),
+    ({"PRECISION": "fp32", "TNN_COMPILE": "0"}, [], ["--fp16", "--bf16-autocast", "--tnn-compile"]),
+    ({"CPU": "1", "PRECISION": "bf16", "TNN_COMPILE": "1"}, ["--bf16-autocast", "--tnn-compile", "--cpu"], ["--fp16"]),
+])
+def test_train_dry_run_precision_and_compile(data_bin, tmp_path, env, present, absent):
+    """GPU recipe: fp16 and compiled layers by default; PRECISION=bf16 is the plugin's bf16 autocast (fairseq's
+    --bf16 means TPU); TNN_COMPILE switches compilation either way."""
+    f = flags(dry_train("tnn_lm_wt103", data_bin, NPROC="1", SAVE_ROOT=str(tmp_path), **env))
+    for flag in present:
+        assert flag in f, (flag, env)
+    for flag in absent:
+        assert flag not in f, (flag, env)
 
 
 def test_train_nproc_defaults_to_the_visible_gpus(data_bin, tmp_path):
@@ -184,6 +201,8 @@ def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_pa
     ({"NPROC": "1", "BATCH_PER_GPU": "0"}, "must be positive integers"),
     ({"NPROC": "x"}, "NPROC must be a positive integer"),
     ({"NPROC": "1", "PRECISION": "fp8"}, "PRECISION must be"),
+    ({"NPROC": "1", "TNN_COMPILE": "yes"}, "TNN_COMPILE must be 0 or 1"),
+    ({"CPU": "1", "PRECISION": "fp16"}, "CPU=1 trains in fp32 or bf16"),
 ])
 def test_train_rejects_bad_settings(data_bin, env, message):
     rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_wt103", data_bin], {"DRY_RUN": "1", **env})

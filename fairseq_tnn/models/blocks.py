@@ -1,7 +1,14 @@
 """Building a stack of TNN layers from a model config (shared by the LM and the MLM)."""
+import torch
 from torch import nn
 
 from ..modules import Glu, Gtu, TnnLayer, build_tno
+
+# torch.compile keeps one graph per sequence length the layers see (more precisely, per FFT size:
+# the lengths that share one reuse a graph). Training sees one length (--sample-break-mode none)
+# or the few the batches are padded to; evaluation one per block length. Past this many graphs per
+# layer torch runs the layer eagerly (still correct), instead of the default 8.
+COMPILE_RECOMPILE_LIMIT = 64
 
 
 def build_layers(cfg, dim: int, num_layers: int, causal: bool) -> nn.ModuleList:
@@ -14,4 +21,17 @@ def build_layers(cfg, dim: int, num_layers: int, causal: bool) -> nn.ModuleList:
         glu = Glu(dim, glu_dim, activation=str(cfg.glu_activation))
         layers.append(TnnLayer(dim, gtu, glu, norm_type=str(cfg.norm_type),
                                normalize_before=str(cfg.norm_position) == "pre", dropout=cfg.dropout))
-    return nn.ModuleList(layers)
+    layers = nn.ModuleList(layers)
+    if getattr(cfg, "tnn_compile", False):
+        compile_layers(layers)
+    return layers
+
+
+def compile_layers(layers: nn.ModuleList) -> None:
+    """``torch.compile`` each layer in place (``nn.Module.compile``): the parameters and the
+    state_dict keys stay those of the eager model, so checkpoints load in either mode. The layers
+    share their code, so one compilation serves all of them."""
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, COMPILE_RECOMPILE_LIMIT)
+    for layer in layers:
+        layer.compile()

@@ -51,6 +51,10 @@ class TnnBlockConfig(FairseqDataclass):
                                         "fixed, not trained, 1 = none; ski: inverse time warp sign(t) lambda^|t|, in (0, 1)"})
     ski_rank: Optional[int] = field(default=None, metadata={"help": "[ski] r, number of inducing points, >= 2 (default 32)"})
     ski_taps: Optional[int] = field(default=None, metadata={"help": "[ski] m, taps of the sparse depthwise conv, odd (default 17)"})
+    tnn_compile: bool = field(
+        default=False, metadata={"help": "compile each TNN layer with torch.compile (fewer, fused kernels; on by default in "
+                                         "the GPU recipe of scripts/train.sh). Per layer: checkpoints keep their keys and "
+                                         "load with or without it; each new sequence length (FFT size) compiles once"})
 
 
 def _require(ok: bool, option: str, value, allowed: str):

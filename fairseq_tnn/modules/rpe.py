@@ -25,19 +25,34 @@ class Rpe(nn.Module):
         self.out = nn.Linear(hidden, out_dim)
 
     def features(self, t: torch.Tensor) -> torch.Tensor:
-        """t: (m,) -> (m, hidden), the input of the last Linear."""
-        w = self.proj.weight
-        # The first projection runs in at least fp32: integer lags above 2048 are not
-        # representable in fp16, so a half-precision model would merge distinct lags.
-        dtype = torch.promote_types(w.dtype, torch.float32)
-        h = F.linear(t.to(dtype).unsqueeze(-1), w.to(dtype), self.proj.bias.to(dtype)).to(w.dtype)  # (m, hidden)
+        """t: (m,) -> (m, hidden), the input of the last Linear, in fp32 (fp64 for fp64 weights)."""
+        h = self._linear(t.unsqueeze(-1), self.proj)  # (m, hidden)
         for norm, linear in zip(self.norms, self.linears):
-            h = linear(self.act(norm(h)))
-        return self.act(self.norms[-1](h))
+            h = self._linear(self.act(self._norm(norm, h)), linear)
+        return self.act(self._norm(self.norms[-1], h))
+
+    # The whole MLP runs in at least fp32, outside autocast and whatever the weights' dtype (--fp16
+    # halves them): its input is an integer lag or a frequency, and a linear function of lag t has
+    # to resolve t from t + 1. bf16 (8-bit significand) cannot from t = 256 on, fp16 (11 bits) from
+    # 2048: the model would give distinct lags the same kernel value. The MLP is tiny (m x hidden).
+    def _dtype(self) -> torch.dtype:
+        return torch.promote_types(self.proj.weight.dtype, torch.float32)
+
+    def _linear(self, h: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+        dt = self._dtype()
+        with torch.autocast(h.device.type, enabled=False):
+            return F.linear(h.to(dt), linear.weight.to(dt), linear.bias.to(dt))
+
+    def _norm(self, norm: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(h.device.type, enabled=False):
+            if isinstance(norm, nn.LayerNorm):
+                dt = h.dtype
+                return F.layer_norm(h, norm.normalized_shape, norm.weight.to(dt), norm.bias.to(dt), norm.eps)
+            return norm(h)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
-        """t: (m,) positions or frequencies -> (m, out_dim)."""
-        return self.out(self.features(t))
+        """t: (m,) positions or frequencies -> (m, out_dim), fp32 (see ``_dtype``)."""
+        return self._linear(self.features(t), self.out)
 
     def channel_major(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(out_dim, m): ``forward(t).t()``, times ``scale`` (m,) per position if given.
@@ -47,11 +62,12 @@ class Rpe(nn.Module):
         slots) folded in: [W, b] @ [h * s, s]^T, so no pass over the (out, m)
         kernel is spent on transposing, adding the bias or scaling.
         """
-        h = self.features(t)  # (m, hidden)
-        w, b = self.out.weight, self.out.bias
+        h = self.features(t)  # (m, hidden), fp32
+        w, b = self.out.weight.to(h.dtype), self.out.bias.to(h.dtype)
         # (hidden, m) operands are made contiguous (small copies): with a transposed view, torch's
         # backward computes the (out, m)-sized gradient product transposed and copies it
-        if scale is None:
-            return torch.addmm(b.unsqueeze(1), w, h.t().contiguous())  # (out, m)
-        s = scale.to(h.dtype).unsqueeze(1)  # (m, 1)
-        return torch.cat([w, b.unsqueeze(1)], dim=1) @ torch.cat([h * s, s], dim=1).t().contiguous()  # (out, m)
+        with torch.autocast(h.device.type, enabled=False):
+            if scale is None:
+                return torch.addmm(b.unsqueeze(1), w, h.t().contiguous())  # (out, m)
+            s = scale.to(h.dtype).unsqueeze(1)  # (m, 1)
+            return torch.cat([w, b.unsqueeze(1)], dim=1) @ torch.cat([h * s, s], dim=1).t().contiguous()  # (out, m)

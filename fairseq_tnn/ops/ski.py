@@ -263,7 +263,8 @@ def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOC
     block = max(block, h)
     pad = -n % block
     xp = F.pad(x, (0, pad)) if pad else x.contiguous()
-    y = BlockedBand.apply(xp, band_matrix(conv_weight, block), h)
+    with torch.autocast(x.device.type, enabled=False):  # x and the taps' dtype, as the backward assumes
+        y = BlockedBand.apply(xp, band_matrix(conv_weight, block), h)
     return y[..., :n] if pad else y
 
 
@@ -292,6 +293,13 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam
     """
     check_layout(layout)
     _check(x, conv_weight, knots, lam, layout)
+    # Everything in fp32 also under autocast: the hand-written band backward multiplies saved fp32
+    # inputs with the incoming gradient, and autocast would have run the forward GEMMs in 16 bits.
+    with torch.autocast(x.device.type, enabled=False):
+        return _ski_tno(x, conv_weight, knots, lam, layout)
+
+
+def _ski_tno(x, conv_weight, knots, lam, layout):
     ct = fft_dtype(x)
     if layout == "bnd":
         xc = x.to(ct).permute(2, 0, 1)  # (d, b, n)

@@ -17,12 +17,13 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from .launch_check import check_joined
+from .precision import Bf16AutocastMixin, bf16_autocast_field
 from .step_metrics import StepMetricsMixin
 
 
 @dataclass
 class TnnLanguageModelingConfig(LanguageModelingConfig):
-    pass
+    bf16_autocast: bool = bf16_autocast_field()
 
 
 def model_class(cfg):
@@ -44,7 +45,7 @@ def check_blocks_fit(dataset, max_positions, split: str):
 
 
 @register_task("tnn_language_modeling", dataclass=TnnLanguageModelingConfig)
-class TnnLanguageModelingTask(StepMetricsMixin, LanguageModelingTask):
+class TnnLanguageModelingTask(StepMetricsMixin, Bf16AutocastMixin, LanguageModelingTask):
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         check_tokens_per_sample(args.tokens_per_sample)
         check_joined()

@@ -9,17 +9,18 @@ from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 from ..models.tnn_mlm import NOT_FOR_EVAL_LM
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from .launch_check import check_joined
+from .precision import Bf16AutocastMixin, bf16_autocast_field
 from .step_metrics import StepMetricsMixin
 from .tnn_language_modeling import model_class
 
 
 @dataclass
 class TnnMaskedLMConfig(MaskedLMConfig):
-    pass
+    bf16_autocast: bool = bf16_autocast_field()
 
 
 @register_task("tnn_masked_lm", dataclass=TnnMaskedLMConfig)
-class TnnMaskedLMTask(StepMetricsMixin, MaskedLMTask):
+class TnnMaskedLMTask(StepMetricsMixin, Bf16AutocastMixin, MaskedLMTask):
     def __init__(self, cfg, dictionary=None):
         check_tokens_per_sample(cfg.tokens_per_sample, minimum=2)  # one position is the <s> token
         check_joined()
