@@ -51,3 +51,30 @@ def test_rpe_positions_stay_distinct_under_autocast(dtype):
     assert not torch.equal(h[0], h[1]) and not torch.equal(h[2], h[3])
     ref = rpe.features(lags)
     assert rel(h, ref) < 3e-2
+
+
+def test_bf16_autocast_refuses_low_precision_weights():
+    from fairseq_tnn.tasks.precision import _autocast_for
+    model = torch.nn.Linear(2, 2).half()
+    with pytest.raises(ValueError, match=r"--bf16-autocast .* cannot be combined with torch.float16 weights"):
+        _autocast_for(model)
+
+
+@pytest.mark.parametrize("arch,task", [("fd_tnn_lm_tiny", "tnn_language_modeling"), ("ski_tnn_mlm_tiny", "tnn_masked_lm")])
+def test_fairseq_train_with_bf16_autocast_learns(data_bin, tmp_path, arch, task):
+    """--bf16-autocast through fairseq-train (CPU autocast here; CUDA on a GPU): fp32 weights in the
+    checkpoint, finite losses that fall."""
+    import re
+
+    from conftest import USER_DIR, cli, run
+    causal = task == "tnn_language_modeling"
+    log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", task, "--arch", arch,
+               "--bf16-autocast", "--criterion", "cross_entropy" if causal else "masked_lm",
+               "--sample-break-mode", "none" if causal else "complete", "--tokens-per-sample", 128,
+               "--batch-size", 8, "--optimizer", "adam", "--lr", "0.003", "--max-update", 30, "--seed", 1,
+               "--save-dir", tmp_path / "ck", "--log-format", "simple", "--log-interval", 5, "--num-workers", 0,
+               "--no-epoch-checkpoints", "--validate-interval-updates", 10])
+    losses = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)]
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, log[-3000:]
+    state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
