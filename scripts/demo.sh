@@ -8,7 +8,8 @@
 #
 # Environment (defaults): MODELS ("tnn_lm_tiny fd_tnn_lm_tiny"), MAX_UPDATE (300), TOKENS_PER_SAMPLE (128),
 #   BATCH_SIZE (16), LR (0.003), WARMUP_UPDATES (50), LOG_INTERVAL (25), LENGTHS ("128 256 512 1024 2048"),
-#   WORK (<repo>/demo-run). A finished training run in WORK is reused and an interrupted one resumed;
+#   WORK (<repo>/demo-run), FAIRSEQ_BIN (unset: set up and use <repo>/.venv; set: the fairseq CLIs to use,
+#   with PYTHON [$FAIRSEQ_BIN/python]). A finished training run in WORK is reused and an interrupted one resumed;
 #   FORCE=1 deletes WORK's runs and results and starts again from scratch.
 # Outputs in WORK: checkpoints/<model>/ (train.log, checkpoints), logs/<model>.out, results/demo/ (extrapolation.{json,md,png},
 #   table.md), results/demo/training{,-wall}.png and training.{csv,json}.
@@ -16,8 +17,14 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage="usage: bash scripts/demo.sh   (no arguments; settings are environment variables, see the header)"
 [[ $# -eq 0 ]] || { echo "$usage" >&2; exit 2; }
-bash "$ROOT/scripts/setup.sh"
-BIN="$ROOT/.venv/bin"
+if [[ -n "${FAIRSEQ_BIN:-}" ]]; then  # fairseq installed elsewhere (a cluster's environment, the test suite's): use it
+  BIN="$FAIRSEQ_BIN"
+else
+  bash "$ROOT/scripts/setup.sh"
+  BIN="$ROOT/.venv/bin"
+fi
+PY="${PYTHON:-$BIN/python}"
+export FAIRSEQ_BIN="$BIN" PYTHON="$PY" FAIRSEQ_PREPROCESS="${FAIRSEQ_PREPROCESS:-$BIN/fairseq-preprocess}"
 MODELS="${MODELS:-tnn_lm_tiny fd_tnn_lm_tiny}"
 MAX_UPDATE="${MAX_UPDATE:-300}"
 TPS="${TOKENS_PER_SAMPLE:-128}"
@@ -58,7 +65,7 @@ echo "demo: evaluating at $LENGTHS tokens (trained at $TPS), every block scored"
 FORCE=1 CPU=1 DATA="$DATA" LENGTHS="$LENGTHS" TABLE_TOKENS="$TPS" TRAIN_TOKENS="$TPS" NAME=demo \
   RESULTS_ROOT="$WORK/results" bash "$ROOT/scripts/eval_extrapolation.sh" "${ckpts[@]}" > "$WORK/eval.log" 2>&1 \
   || { tail -n 30 "$WORK/eval.log" >&2; exit 1; }
-"$BIN/python" "$ROOT/scripts/plot_training.py" "${logs[@]}" --out "$RESULTS/training.png" --force \
+"$PY" "$ROOT/scripts/plot_training.py" "${logs[@]}" --out "$RESULTS/training.png" --force \
   > "$WORK/training-summary.txt" 2> /dev/null
 
 echo

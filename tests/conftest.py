@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent  # the venv that runs pytest has the fairseq CLIs
+# The fairseq CLIs: beside the Python that runs pytest (scripts/test.sh's venv), or where FAIRSEQ_BIN says
+# (fairseq installed elsewhere, e.g. as wheels in a --target directory on a GPU machine).
+BIN = Path(os.environ["FAIRSEQ_BIN"]) if os.environ.get("FAIRSEQ_BIN") else Path(sys.executable).parent
 USER_DIR = str(ROOT / "fairseq_tnn")  # absolute, as a user passes it
 
 
@@ -54,3 +56,7 @@ LM_TRAIN = [
 
 def valid_ppls(log: str):
     return [float(m) for m in re.findall(r"valid on 'valid' subset \| loss [0-9.]+ \| ppl ([0-9.]+)", log)]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where none is present, as in CI)")
