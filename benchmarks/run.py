@@ -722,7 +722,14 @@ def _machine() -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--device" in argv or any(a.startswith("--device=") for a in argv):
+        # whole fairseq updates through fairseq's Trainer, eager vs compiled (benchmarks/trainer.py)
+        from benchmarks.trainer import main as trainer_main
+        return trainer_main(argv)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="--device cuda|cpu [--quick] [--out DIR] [--force]: whole fairseq updates "
+                                       "through fairseq's Trainer, eager vs compiled (see benchmarks/trainer.py)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, seconds)")
     p.add_argument("--out", default="results/bench", help="output directory")
     p.add_argument("--sections", nargs="+", default=["causal", "bidirectional", "rpe", "layer"],
@@ -756,7 +763,7 @@ def main(argv=None):
 
     t_start = time.time()
     groups = plan(a.sections, sizes)
-    meta = dict(command="python benchmarks/run.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    meta = dict(command="python benchmarks/run.py " + " ".join(argv),
                 machine=_machine(), torch=torch.__version__, threads=a.threads, sizes=sizes,
                 malloc=" ".join(f"{k}={os.environ.get(k)}" for k in MALLOC_ENV),
                 started=time.strftime("%Y-%m-%d %H:%M:%S"))

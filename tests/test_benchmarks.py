@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SECTIONS = {"causal", "bidirectional", "rpe", "layer"}
@@ -58,3 +60,37 @@ def test_quick_benchmark_writes_json_markdown_and_plots(tmp_path):
                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert proc.returncode == 2 and "refusing to overwrite" in proc.stdout, proc.stdout[-2000:]
     assert (out / "results.json").read_bytes() == before
+
+
+def test_trainer_benchmark_through_fairseqs_trainer_eager_and_compiled(tmp_path):
+    """``run.py --device cpu --quick``: whole updates through fairseq's Trainer, every configuration eager and
+    compiled, with kernel (here: operator) time and counts, ratios against TNN, JSON, Markdown and a plot."""
+    out = tmp_path / "trainer"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/run.py"), "--device", "cpu", "--quick", "--out", str(out)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    result = json.loads((out / "trainer.json").read_text())
+    assert result["meta"]["device"] == "cpu" and result["meta"]["precision"] == "fp32"
+    assert [(g["section"], g["batch"], g["n"]) for g in result["groups"]] == [("causal", 2, 32), ("masked", 2, 32)]
+    for g in result["groups"]:
+        keys = {(c["key"], c["compiled"]) for c in g["configs"]}
+        assert {(k, m) for k, _ in keys for m in (False, True)} == keys  # every configuration in both modes
+        for c in g["configs"]:
+            assert len(c["ms"]) == result["meta"]["rounds"] * result["meta"]["per_round"]
+            assert c["median_ms"] > 0 and c["kernel_ms"] > 0 and c["kernels"] > 0
+            assert c["wall_over_kernel"] == c["median_ms"] / c["kernel_ms"]
+    assert {("causal", "fd3", "tnn6"), ("masked", "ski", "tnn6"), ("masked", "bound_identity", "tnn6")} <= \
+        {(r["section"], r["key"], r["base"]) for r in result["ratios"]}
+    md = (out / "trainer.md").read_text()
+    assert "| causal | 2 x 32 | FD-TNN (RPE 3) compiled |" in md and "## Ratios against TNN" in md
+    assert (out / "trainer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/run.py"), "--device", "cpu", "--quick", "--out", str(out)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 2 and "refusing to overwrite" in proc.stdout
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is present: --device cuda would run")
+def test_trainer_benchmark_refuses_cuda_without_a_gpu(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/run.py"), "--device", "cuda", "--out", str(tmp_path)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 2 and "--device cuda: no CUDA device" in proc.stdout

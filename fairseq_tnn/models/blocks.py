@@ -27,6 +27,16 @@ def build_layers(cfg, dim: int, num_layers: int, causal: bool) -> nn.ModuleList:
     return layers
 
 
+def length_bucket(n: int) -> int:
+    """The length a compiled bidirectional stack pads a batch of length ``n`` to: 8 buckets per octave
+    (n rounded up to a multiple of 2^(floor(log2(n - 1)) - 3)), so at most 12.5% padding and about 8
+    compilations per doubling of the length, where every batch length would otherwise compile anew."""
+    if n <= 16:
+        return n
+    q = 1 << ((n - 1).bit_length() - 4)
+    return -(-n // q) * q
+
+
 def compile_layers(layers: nn.ModuleList) -> None:
     """``torch.compile`` each layer in place (``nn.Module.compile``): the parameters and the
     state_dict keys stay those of the eager model, so checkpoints load in either mode. The layers

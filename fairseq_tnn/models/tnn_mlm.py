@@ -13,7 +13,7 @@ from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, 
 from fairseq.models.transformer import Embedding
 from torch import nn
 
-from .blocks import build_layers
+from .blocks import build_layers, length_bucket
 from .config import TnnBlockConfig, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
 
@@ -71,8 +71,14 @@ class TnnEncoder(FairseqEncoder):
         self.layers = build_layers(cfg, dim, cfg.encoder_layers, causal=False)
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
         self.lm_head = TnnLMHead(dim, self.embed_tokens.weight)
+        # Compiled layers compile once per length: batches (whose length is their longest sample's in
+        # --sample-break-mode complete) are padded to a few bucket lengths, the padding masked as usual.
+        self.bucket_lengths = bool(getattr(cfg, "tnn_compile", False))
 
     def extract_features(self, src_tokens: torch.Tensor, return_all_hiddens: bool = False):
+        n = src_tokens.shape[1]
+        if self.bucket_lengths and length_bucket(n) > n:
+            src_tokens = F.pad(src_tokens, (0, length_bucket(n) - n), value=self.padding_idx)
         pad_mask = src_tokens.eq(self.padding_idx)
         if not pad_mask.any():
             pad_mask = None
@@ -87,6 +93,12 @@ class TnnEncoder(FairseqEncoder):
                 inner_states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
+        if x.shape[1] > n:  # drop the bucket padding
+            x = x[:, :n]
+            pad_mask = None if pad_mask is None else pad_mask[:, :n]
+            inner_states = None if inner_states is None else [h[:, :n] for h in inner_states]
+            if pad_mask is not None and not pad_mask.any():
+                pad_mask = None
         return x, pad_mask, inner_states
 
     def forward(self, src_tokens, src_lengths=None, features_only: bool = False, return_all_hiddens: bool = False,

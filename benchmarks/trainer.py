@@ -1,0 +1,314 @@
+"""Whole fairseq updates through fairseq's own Trainer, eager vs compiled, on a GPU (or the CPU).
+
+    python benchmarks/run.py --device cuda [--quick] [--out results/bench-gpu] [--force]
+    python benchmarks/trainer.py --device cpu --quick --out /tmp/t     # the same suite, directly
+
+What a user's ``fairseq-train`` step costs: ``Trainer.train_step`` with the optimizer, the fp16 handling
+(``--fp16``: fairseq's FP16Optimizer with its fp32 master weights and loss scaler; ``--bf16-autocast``:
+the plugin's bf16 autocast; fp32 on CPU), gradient clipping and the task's ``train_step``, on synthetic
+batches of the paper's per-GPU sizes (causal 8 x 512; masked 16 x 512 and 4 x 2048) with Wikitext-103's
+50,264-symbol dictionary. For every configuration, eager and ``--tnn-compile``:
+
+* wall time per update (the device synchronised before and after), median of the timed updates, which
+  run in interleaved rounds over the configurations (order reversed every round);
+* CUDA kernel time per update from torch.profiler (the sum of the kernels' device durations), the
+  ratio wall / kernel time (1.0 = the GPU never waits for the host), and kernels launched per update
+  (on CPU: operator time and operators per update instead);
+* peak memory of an update (``torch.cuda.max_memory_allocated``; CPU: not measured here, see run.py);
+* speed-ups over the group's TNN baseline, beside the SKI paper's A100 ratios, and the bounds: the TNN
+  model with its TNOs replaced by a fixed precomputed spectrum (the FFT convolution alone) and by the
+  identity (no token mixing at all).
+
+Writes ``trainer.json``, ``trainer.md`` and ``trainer.png`` into ``--out``.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+VOCAB = 50264  # Wikitext-103's dictionary (GPT-2 BPE), fairseq's 4 specials included
+QUICK_VOCAB = 1000
+MASKED_FRACTION = 0.15
+
+# (section, n, batch) groups and their configurations: (key, arch, model overrides, bound)
+FULL_GROUPS = [("causal", 512, 8), ("masked", 512, 16), ("masked", 2048, 4)]
+QUICK_GROUPS = [("causal", 32, 2), ("masked", 32, 2)]
+QUICK_KEYS = {"tnn6", "fd3", "ski", "bound_identity"}
+CONFIGS = {
+    "causal": [("tnn6", "tnn_lm_wt103", {}, None), ("tnn3", "tnn_lm_wt103_rpe3", {}, None),
+               ("fd3", "fd_tnn_lm_wt103", {}, None), ("bound_fixed", "tnn_lm_wt103", {}, "fixed"),
+               ("bound_identity", "tnn_lm_wt103", {}, "identity")],
+    "masked": [("tnn6", "tnn_mlm_wt103", {}, None), ("fd3", "fd_tnn_mlm_wt103", {}, None),
+               ("ski", "ski_tnn_mlm_wt103", {}, None), ("bound_fixed", "tnn_mlm_wt103", {}, "fixed"),
+               ("bound_identity", "tnn_mlm_wt103", {}, "identity")],
+}
+QUICK_MODEL = {"causal": dict(decoder_embed_dim=32, decoder_layers=1, rpe_dim=8, glu_dim=32),
+               "masked": dict(encoder_embed_dim=32, encoder_layers=1, glu_dim=32)}
+# The SKI paper's whole-step figures on an A100 (speed-up over TNN; memory as a fraction of TNN's)
+PAPER = {("causal", 512, "fd3", "tnn6"): "1.15x", ("causal", 512, "fd3", "tnn3"): "1.10x",
+         ("masked", 512, "fd3", "tnn6"): "1.35-1.8x", ("masked", 2048, "fd3", "tnn6"): "1.35-1.8x",
+         ("masked", 512, "ski", "tnn6"): "1.25x, memory 0.83x", ("masked", 2048, "ski", "tnn6"): "1.3x, memory 0.58x"}
+LABELS = {"tnn6": "TNN (RPE 6)", "tnn3": "TNN (RPE 3)", "fd3": "FD-TNN (RPE 3)", "ski": "SKI-TNN",
+          "bound_fixed": "bound: fixed spectrum", "bound_identity": "bound: no token mixing"}
+
+
+def _dictionary_dir(tmp: str, vocab: int) -> str:
+    from fairseq_tnn.models.build import dictionary_of_size
+    dictionary_of_size(vocab).save(os.path.join(tmp, "dict.txt"))
+    return tmp
+
+
+def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled: bool,
+                  data: str, quick: bool):
+    """fairseq's Trainer for one configuration, built from a fairseq-train command line."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.trainer import Trainer
+
+    causal = section == "causal"
+    argv = [data, "--user-dir", os.path.join(ROOT, "fairseq_tnn"), "--arch", arch,
+            "--task", "tnn_language_modeling" if causal else "tnn_masked_lm",
+            "--criterion", "cross_entropy" if causal else "masked_lm", "--tokens-per-sample", str(n),
+            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.2", "--clip-norm", "1.0",
+            "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--seed", "1",
+            "--distributed-world-size", "1", "--dropout", "0.1"]
+    argv += {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "fp32": []}[precision]
+    if device == "cpu":
+        argv.append("--cpu")
+    if compiled and bound != "identity":  # with no token mixing there is nothing of ours to compile
+        argv.append("--tnn-compile")
+    for k, v in (QUICK_MODEL[section] if quick else {}).items():
+        argv += [f"--{k.replace('_', '-')}", str(v)]
+    parser = options.get_training_parser()
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, argv))
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    if bound:
+        from benchmarks.run import FixedSpectrumTno, IdentityTno
+        from fairseq_tnn.models.blocks import compile_layers
+        layers = model.decoder.layers if causal else model.encoder.layers
+        for layer in layers:
+            layer.gtu.tno = FixedSpectrumTno(layer.gtu.tno, n) if bound == "fixed" else IdentityTno()
+        if compiled and bound == "fixed":
+            torch._dynamo.reset()
+            compile_layers(layers)
+    return Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+
+
+def synthetic_sample(section: str, n: int, batch: int, vocab: int, seed: int = 0) -> Dict:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, vocab, (batch, n), generator=g)
+    if section == "causal":
+        target = torch.randint(4, vocab, (batch, n), generator=g)
+    else:  # masked_lm criterion: the target is the padding symbol (1) except at the masked positions
+        masked = torch.rand(batch, n, generator=g) < MASKED_FRACTION
+        masked[:, 0] = True
+        target = torch.where(masked, torch.randint(4, vocab, (batch, n), generator=g), torch.ones_like(tokens))
+    return {"id": torch.arange(batch), "nsentences": batch, "ntokens": int((target != 1).sum()),
+            "net_input": {"src_tokens": tokens, "src_lengths": torch.full((batch,), n)}, "target": target}
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _profile(trainer, sample, device, updates: int) -> Dict:
+    """Kernel (CUDA) or operator (CPU) time and count per update, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    _sync(device)
+    with profile(activities=acts) as prof:
+        for _ in range(updates):
+            trainer.train_step([sample])
+        _sync(device)
+    events = prof.events()
+    if device == "cuda":
+        kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        busy_us = sum(e.device_time for e in kernels)  # device time of each kernel, microseconds
+    else:  # the outermost aten operators (not those called inside another one), their CPU time
+        def outer(e):
+            return e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+        kernels = [e for e in events if outer(e)]
+        busy_us = sum(e.cpu_time_total for e in kernels)
+    return {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates}
+
+
+def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: int, warmup: int, log) -> List[Dict]:
+    groups = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data = _dictionary_dir(tmp, QUICK_VOCAB if quick else VOCAB)
+        for section, n, batch in (QUICK_GROUPS if quick else FULL_GROUPS):
+            sample = synthetic_sample(section, n, batch, QUICK_VOCAB if quick else VOCAB)
+            configs = []
+            for key, arch, _, bound in CONFIGS[section]:
+                if quick and key not in QUICK_KEYS:
+                    continue
+                for compiled in (False, True):
+                    torch.manual_seed(1)
+                    t0 = time.time()
+                    trainer = build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
+                    if device == "cuda":
+                        torch.cuda.reset_peak_memory_stats()
+                    for _ in range(warmup):  # compiles, allocates the optimizer state
+                        trainer.train_step([sample])
+                    _sync(device)
+                    c = {"key": key, "label": LABELS[key] + (" compiled" if compiled else ""), "arch": arch,
+                         "compiled": compiled, "bound": bound, "warmup_s": round(time.time() - t0, 1), "ms": []}
+                    if device == "cuda":
+                        c["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+                    c.update(_profile(trainer, sample, device, max(1, per_round)))
+                    configs.append((c, trainer))
+                    log(f"[{section} {batch}x{n}] built {c['label']} in {c['warmup_s']} s")
+            for r in range(rounds):
+                order = configs if r % 2 == 0 else configs[::-1]
+                for c, trainer in order:
+                    for _ in range(per_round):
+                        _sync(device)
+                        t = time.perf_counter()
+                        trainer.train_step([sample])
+                        _sync(device)
+                        c["ms"].append((time.perf_counter() - t) * 1000.0)
+            result = [c for c, _ in configs]
+            for c in result:
+                c["median_ms"] = statistics.median(c["ms"])
+                c["wall_over_kernel"] = c["median_ms"] / c["kernel_ms"] if c["kernel_ms"] else None
+            groups.append({"section": section, "n": n, "batch": batch, "configs": result})
+            del configs
+            if device == "cuda":
+                torch.cuda.empty_cache()
+            for c in result:
+                log(f"[{section} {batch}x{n}] {c['label']:<36} {c['median_ms']:9.2f} ms/update, "
+                    f"{c['kernel_ms']:8.2f} ms {'kernels' if device == 'cuda' else 'operators'} "
+                    f"({c['kernels']:.0f}), peak {c.get('peak_mib', float('nan')):.0f} MiB")
+    return groups
+
+
+def _get(group, key, compiled):
+    return next((c for c in group["configs"] if c["key"] == key and c["compiled"] == compiled), None)
+
+
+def ratios(groups) -> List[Dict]:
+    """Speed-ups over the TNN baseline (same mode), memory ratios, and the paper's figure where it has one."""
+    rows = []
+    for g in groups:
+        for compiled in (False, True):
+            for c in g["configs"]:
+                if c["compiled"] != compiled or c["key"] == "tnn6":
+                    continue
+                for base in ("tnn6", "tnn3"):
+                    b = _get(g, base, compiled)
+                    if b is None or (base == "tnn3" and c["key"] != "fd3"):
+                        continue
+                    row = {"section": g["section"], "n": g["n"], "batch": g["batch"], "key": c["key"], "base": base,
+                           "compiled": compiled, "speedup": b["median_ms"] / c["median_ms"],
+                           "paper": PAPER.get((g["section"], g["n"], c["key"], base), "")}
+                    if "peak_mib" in c and "peak_mib" in b:
+                        row["memory_ratio"] = c["peak_mib"] / b["peak_mib"]
+                    rows.append(row)
+    return rows
+
+
+def markdown(result) -> str:
+    meta = result["meta"]
+    unit = "kernels" if meta["device"] == "cuda" else "operators"
+    out = [f"# Whole fairseq updates through fairseq's Trainer ({meta['device']}, {meta['precision']})", "",
+           f"{meta['machine']}; torch {meta['torch']}, CUDA {meta['cuda']}; vocabulary {meta['vocab']}; "
+           f"{meta['rounds']} rounds x {meta['per_round']} updates per configuration, interleaved.", "",
+           f"| section | batch x n | configuration | ms / update | {unit} ms / update | wall / {unit} | "
+           f"{unit} / update | peak MiB |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for g in result["groups"]:
+        for c in g["configs"]:
+            ratio = "" if c["wall_over_kernel"] is None else f"{c['wall_over_kernel']:.2f}"
+            peak = f"{c['peak_mib']:.0f}" if "peak_mib" in c else "-"
+            out.append(f"| {g['section']} | {g['batch']} x {g['n']} | {c['label']} | {c['median_ms']:.2f} | "
+                       f"{c['kernel_ms']:.2f} | {ratio} | {c['kernels']:.0f} | {peak} |")
+    out += ["", "## Ratios against TNN (same mode)", "",
+            "| section | batch x n | configuration | vs | compiled | speed-up | memory | paper (A100) |",
+            "|---|---|---|---|---|---:|---:|---|"]
+    for r in result["ratios"]:
+        mem = f"{r['memory_ratio']:.2f}x" if "memory_ratio" in r else "-"
+        out.append(f"| {r['section']} | {r['batch']} x {r['n']} | {LABELS[r['key']]} | {LABELS[r['base']]} | "
+                   f"{'yes' if r['compiled'] else 'no'} | {r['speedup']:.2f}x | {mem} | {r['paper']} |")
+    return "\n".join(out) + "\n"
+
+
+def plot(result, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    groups = result["groups"]
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, g in zip(axes[0], groups):
+        keys = list(dict.fromkeys(c["key"] for c in g["configs"]))
+        for i, compiled in enumerate((False, True)):
+            vals = [(_get(g, k, compiled) or {}).get("median_ms", 0.0) for k in keys]
+            ax.bar([j + 0.4 * i for j in range(len(keys))], vals, width=0.4, label="compiled" if compiled else "eager")
+        ax.set_xticks([j + 0.2 for j in range(len(keys))])
+        ax.set_xticklabels([LABELS[k] for k in keys], rotation=30, ha="right", fontsize=7)
+        ax.set_title(f"{g['section']} {g['batch']} x {g['n']}")
+        ax.set_ylabel("ms per update")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--precision", choices=["fp16", "bf16", "fp32"],
+                   help="fp16 (--fp16, default on cuda), bf16 (--bf16-autocast) or fp32 (default on cpu)")
+    p.add_argument("--quick", action="store_true", help="tiny models and sizes (a smoke test)")
+    p.add_argument("--out", default="results/bench-trainer")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
+    p.add_argument("--per-round", type=int, default=None, help="updates per configuration and round (default 4, quick 1)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed updates first (default 5, quick 2)")
+    p.add_argument("--force", action="store_true", help="overwrite the results of an earlier run in --out")
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible to torch (use --device cpu)")
+    precision = a.precision or ("fp16" if a.device == "cuda" else "fp32")
+    if a.device == "cpu" and precision == "fp16":
+        p.error("--precision fp16 needs --device cuda (fairseq's --fp16 on CPU is not a supported training mode)")
+    rounds = a.rounds if a.rounds is not None else (2 if a.quick else 5)
+    per_round = a.per_round if a.per_round is not None else (1 if a.quick else 4)
+    warmup = a.warmup if a.warmup is not None else (2 if a.quick else 5)
+    for name, v, lo in (("rounds", rounds, 1), ("per-round", per_round, 1), ("warmup", warmup, 1)):
+        if v < lo:
+            p.error(f"--{name}={v} must be >= {lo}")
+    if os.path.exists(os.path.join(a.out, "trainer.json")) and not a.force:
+        p.error(f"--out={a.out} already holds trainer.json; refusing to overwrite it (--force, or another --out)")
+    os.makedirs(a.out, exist_ok=True)
+    import fairseq_tnn  # noqa: F401  (registers the models and tasks)
+    from benchmarks.run import _machine
+    t0 = time.time()
+    groups = run_suite(a.device, precision, a.quick, rounds, per_round, warmup, lambda m: print(m, flush=True))
+    gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else None
+    meta = {"device": a.device, "precision": precision, "vocab": QUICK_VOCAB if a.quick else VOCAB, "machine": gpu or _machine(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "rounds": rounds, "per_round": per_round, "warmup": warmup,
+            "command": "python benchmarks/trainer.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "seconds": round(time.time() - t0, 1)}
+    result = {"meta": meta, "groups": groups, "ratios": ratios(groups)}
+    with open(os.path.join(a.out, "trainer.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    md = markdown(result)
+    with open(os.path.join(a.out, "trainer.md"), "w") as f:
+        f.write(md)
+    plot(result, os.path.join(a.out, "trainer.png"))
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()
