@@ -484,6 +484,18 @@ def test_plot_training_parses_the_simple_log_format(tmp_path):
                       {"num_updates": 4, "wall_s": 9.0, "loss": 11.5, "ppl": 2896.31}]
 
 
+def test_plot_training_counts_each_update_time_once(tmp_path):
+    """A log whose lines were written twice from epoch 2 on (fairseq 0.12 without the plugin's fix, or a resumed
+    run redoing updates): the median update time is over distinct updates, not weighted to later epochs."""
+    rec = '{"epoch": %d, "update_ms": "%s", "loss": "9", "num_updates": "%d", "wall": "%d"}'
+    lines = [rec % (1, "10.0", u, u) for u in (1, 2, 3)]
+    lines += [rec % (2, "50.0", u, u) for u in (4, 5)] * 2
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    times = script_module("plot_training").step_times(log)
+    assert times == [10.0, 10.0, 10.0, 50.0, 50.0]  # median 10; with the repeats it would be 50
+
+
 # ---------------------------------------------------------------- hydra configs
 
 def compose_experiment(name, overrides=()):
