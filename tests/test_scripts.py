@@ -25,7 +25,8 @@ EXPERIMENTS = CAUSAL + MASKED
 BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIPTS / "eval_extrapolation.sh",
                 SCRIPTS / "recipe.sh", SLURM / "common.sh", *sorted(SLURM.glob("*.sbatch")), SCRIPTS / "demo.sh",
                 SCRIPTS / "preprocess.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh", SCRIPTS / "make_sample_data.sh"]
-PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py"]
+PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
+              SCRIPTS / "plot_kernels.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
 BASE_ENV.update(FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
@@ -680,8 +681,10 @@ def test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports(tmp_path):
         assert re.search(rf"^\| {model} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out  # table.md
         assert re.search(rf"^  {model}: 1 validations, ppl [0-9.]+ at update 6, [0-9.]+ at update 6; median update time [0-9.]+ ms$",
                          out, re.M), out
-    for png in ("extrapolation.png", "training.png", "training-wall.png"):
+    for png in ("extrapolation.png", "training.png", "training-wall.png", "kernels/tnn_lm_tiny/layer0.png",
+                "kernels/fd_tnn_lm_tiny/layer1.png"):
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((results / "kernels" / "fd_tnn_lm_tiny" / "kernels.json").read_text())["length"] == 32
     again, _ = ok(["bash", SCRIPTS / "demo.sh"], env, timeout=900)
     assert again.count("demo: reusing the finished run") == 2
 
