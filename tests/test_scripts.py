@@ -426,7 +426,7 @@ def test_report_one_row_per_model_and_refuses_incomplete(extrapolation, data_bin
     out_dir = tmp_path / "two"
     for label in ("TNN", "FD-TNN"):
         shutil.copytree(src / "raw" / "tnn_lm_tiny", out_dir / "raw" / label)
-    args = ["--data", str(data_bin), "--lengths", "64", "128", "512", "--table-tokens", "512"]
+    args = ["--data", str(data_bin), "--lengths", "64", "128", "512", "--table-tokens", "64"]
     report.main(["--out-dir", str(out_dir), *args, "--models", "TNN=a.pt", "FD-TNN=b.pt"])
     md = (out_dir / "extrapolation.md").read_text()
     assert [line.split(" |")[0] for line in md.splitlines() if line.startswith("| ") and "---" not in line] == \
