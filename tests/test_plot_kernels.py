@@ -83,7 +83,7 @@ def test_checkpoint_figures_and_json(ski_checkpoint, tmp_path):
     assert not (out / "layer0.png").exists() and json.loads((out / "kernels.json").read_text())["length"] == 20
 
 
-def test_bad_input_is_refused_before_anything_is_written(ski_checkpoint, tmp_path):
+def test_bad_input_is_refused_before_anything_is_written(ski_checkpoint, tmp_path, capsys):
     out = tmp_path / "never"
     not_tnn = tmp_path / "transformer.pt"
     state = torch.load(ski_checkpoint, map_location="cpu", weights_only=False)
@@ -100,9 +100,12 @@ def test_bad_input_is_refused_before_anything_is_written(ski_checkpoint, tmp_pat
         ([ski_checkpoint, "--channels", -1], "must be distinct integers >= 0"),
         ([ski_checkpoint, "--init-study"], "give either a checkpoint or --init-study"),
     ]
+    main = plot_kernels().main  # in process: the same code path as the command line, without a fresh interpreter
     for args, message in cases:
-        log = run([sys.executable, SCRIPTS / "plot_kernels.py", *args, "--out", out], expect_ok=False)
-        assert message in log, (args, log[-2000:])
+        with pytest.raises(SystemExit) as exc:
+            main([str(a) for a in args] + ["--out", str(out)])
+        text = f"{exc.value.code} {capsys.readouterr().err}"
+        assert exc.value.code not in (0, None) and message in text, (args, text[-2000:])
         assert not out.exists()
 
 
