@@ -1,4 +1,14 @@
-"""Make fairseq 0.12's checkpoint loading work with torch >= 2.6 (``weights_only=True`` by default).
+"""Two narrow fixes to fairseq 0.12.
+
+A. Checkpoint loading with torch >= 2.6 (``weights_only=True`` by default), below.
+B. One log-file handler: ``fairseq.logging.progress_bar.progress_bar`` adds a new
+   ``logging.FileHandler`` for ``--log-file`` to its module's logger every time it builds a
+   progress bar (``fairseq_cli/train.py`` builds one per epoch), so epoch k's training and
+   validation lines were written k times to the log file. :func:`progress_bar_one_file_handler`
+   wraps it and passes ``log_file`` on only when that logger has no handler for that file yet;
+   everything else is fairseq's own function.
+
+A. Make fairseq 0.12's checkpoint loading work with torch >= 2.6 (``weights_only=True`` by default).
 
 Since torch 2.6, ``torch.load`` unpickles only tensors, primitive containers and an allowlist of
 classes unless told ``weights_only=False``. fairseq 0.12 calls ``torch.load`` without the argument,
@@ -36,10 +46,14 @@ every file the process loads; this module never does that. Importing it (``fairs
 applies both fixes; applying them again changes nothing.
 """
 import argparse
+import functools
 import io
+import logging
+import os
 
 import torch
 from fairseq.distributed import utils as distributed_utils
+from fairseq.logging import progress_bar as progress_bar_module
 
 
 def broadcast_object_slow(obj, src_rank, group, dist_device):
@@ -64,9 +78,28 @@ def broadcast_object_slow(obj, src_rank, group, dist_device):
     return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location="cpu", weights_only=False)
 
 
+def _has_file_handler(log: logging.Logger, path: str) -> bool:
+    target = os.path.abspath(path)
+    return any(isinstance(h, logging.FileHandler) and getattr(h, "baseFilename", None) == target
+               for h in log.handlers)
+
+
+def _one_file_handler(original):
+    @functools.wraps(original)
+    def progress_bar_one_file_handler(iterator, log_format=None, log_interval=100, log_file=None, *args, **kwargs):
+        if log_file is not None and _has_file_handler(progress_bar_module.logger, log_file):
+            log_file = None  # already written to: a second handler would duplicate every line
+        return original(iterator, log_format, log_interval, log_file, *args, **kwargs)
+
+    progress_bar_one_file_handler.tnn_one_file_handler = True
+    return progress_bar_one_file_handler
+
+
 def apply():
-    """Install both fixes (idempotent)."""
+    """Install the fixes (idempotent)."""
     distributed_utils._broadcast_object_slow = broadcast_object_slow
+    if not getattr(progress_bar_module.progress_bar, "tnn_one_file_handler", False):
+        progress_bar_module.progress_bar = _one_file_handler(progress_bar_module.progress_bar)
     if hasattr(torch.serialization, "add_safe_globals"):  # torch >= 2.4
         torch.serialization.add_safe_globals([argparse.Namespace])
 

@@ -12,7 +12,8 @@
 #   with PYTHON [$FAIRSEQ_BIN/python]). A finished training run in WORK is reused and an interrupted one resumed;
 #   FORCE=1 deletes WORK's runs and results and starts again from scratch.
 # Outputs in WORK: checkpoints/<model>/ (train.log, checkpoints), logs/<model>.out, results/demo/ (extrapolation.{json,md,png},
-#   table.md), results/demo/training{,-wall}.png and training.{csv,json}.
+#   table.md), results/demo/training{,-wall}.png and training.{csv,json}, results/demo/kernels/<model>/ (the learned
+#   kernels, scripts/plot_kernels.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage="usage: bash scripts/demo.sh   (no arguments; settings are environment variables, see the header)"
@@ -67,6 +68,10 @@ FORCE=1 CPU=1 DATA="$DATA" LENGTHS="$LENGTHS" TABLE_TOKENS="$TPS" TRAIN_TOKENS="
   || { tail -n 30 "$WORK/eval.log" >&2; exit 1; }
 "$PY" "$ROOT/scripts/plot_training.py" "${logs[@]}" --out "$RESULTS/training.png" --force \
   > "$WORK/training-summary.txt" 2> /dev/null
+for arch in $MODELS; do  # what the two models learned: impulse/frequency responses and Toeplitz matrices
+  "$BIN/python" "$ROOT/scripts/plot_kernels.py" "$WORK/checkpoints/$arch/checkpoint_last.pt" --out "$RESULTS/kernels/$arch" \
+    --force > "$WORK/kernels-$arch.log" 2>&1 || { tail -n 20 "$WORK/kernels-$arch.log" >&2; exit 1; }
+done
 
 echo
 echo "demo: $MODELS, $MAX_UPDATE updates of $BATCH x $TPS tokens each; vocabulary $(wc -l < "$DATA/dict.txt") + 4 symbols"
@@ -80,3 +85,4 @@ echo "demo: training (validation perplexity at the first and the last validation
 sed 's/^/  /' "$WORK/training-summary.txt"
 echo
 echo "demo: plots: $RESULTS/extrapolation.png $RESULTS/training.png $RESULTS/training-wall.png"
+echo "demo: kernels: $(for arch in $MODELS; do printf '%s ' "$RESULTS/kernels/$arch/layer0.png"; done)(one per layer, kernels.json beside)"

@@ -22,8 +22,11 @@
 # Environment (defaults in brackets):
 #   DATA [<repo>/data-bin/wikitext-103]  binarised data the checkpoints were trained on
 #   LENGTHS ["512 1024 2048 4096 8192 14336"]   SUBSET [test]   CONTEXT_WINDOW [0]
-#   TABLE [1]: 0 skips the valid/test table;  TABLE_TOKENS [512], TABLE_CONTEXT_WINDOW [0]: its evaluation
-#   TRAIN_TOKENS [512]: training length, marked on the plot
+#   TABLE [1]: 0 skips the valid/test table;  TABLE_TOKENS [the training length], TABLE_CONTEXT_WINDOW [0]: its
+#     evaluation
+#   TRAIN_TOKENS [the training length]: marked on the plot. The training length is read from the checkpoints
+#     (tokens_per_sample in their saved config); checkpoints trained at different lengths are an error unless
+#     both are set.
 #   NAME [extrapolation]   RESULTS_ROOT [<repo>/results]
 #   CPU [0]: 1 adds --cpu.  NUM_WORKERS [1]: data loader workers.  EXTRA_ARGS []: more fairseq-eval-lm flags
 #   FAIRSEQ_BIN [<repo>/.venv/bin]   PYTHON [$FAIRSEQ_BIN/python]
@@ -47,9 +50,9 @@ LENGTHS="${LENGTHS:-512 1024 2048 4096 8192 14336}"
 SUBSET="${SUBSET:-test}"
 CONTEXT_WINDOW="${CONTEXT_WINDOW:-0}"
 TABLE="${TABLE:-1}"
-TABLE_TOKENS="${TABLE_TOKENS:-512}"
+TABLE_TOKENS="${TABLE_TOKENS:-}"
 TABLE_CONTEXT_WINDOW="${TABLE_CONTEXT_WINDOW:-0}"
-TRAIN_TOKENS="${TRAIN_TOKENS:-512}"
+TRAIN_TOKENS="${TRAIN_TOKENS:-}"
 NAME="${NAME:-extrapolation}"
 RESULTS_ROOT="${RESULTS_ROOT:-$ROOT/results}"
 OUT="$RESULTS_ROOT/$NAME"
@@ -59,7 +62,9 @@ DRY="${DRY_RUN:-0}"
 [[ "$NAME" =~ ^[A-Za-z0-9._-]+$ ]] || die "NAME must be letters, digits, '.', '_' or '-' (got '$NAME')" 2
 read -r -a lengths <<< "$LENGTHS"
 (( ${#lengths[@]} > 0 )) || die "LENGTHS is empty" 2
-for L in "${lengths[@]}" "$TABLE_TOKENS"; do [[ "$L" =~ ^[1-9][0-9]*$ ]] || die "lengths must be positive integers (got '$L')" 2; done
+for L in "${lengths[@]}" ${TABLE_TOKENS:+"$TABLE_TOKENS"} ${TRAIN_TOKENS:+"$TRAIN_TOKENS"}; do
+  [[ "$L" =~ ^[1-9][0-9]*$ ]] || die "lengths must be positive integers (got '$L')" 2
+done
 [[ -f "$DATA/dict.txt" ]] || die "no binarised data in '$DATA' (set DATA=<data-bin>)" 2
 DATA="$(cd "$DATA" && pwd)"
 
@@ -72,6 +77,40 @@ for arg in "$@"; do
   [[ "$ckpt" == /* ]] || ckpt="$PWD/$ckpt"
   labels+=("$label"); ckpts+=("$ckpt")
 done
+
+# The training length (the task's tokens_per_sample in each checkpoint's saved config) is the default of
+# TRAIN_TOKENS and TABLE_TOKENS; checkpoints trained at different lengths need both set by hand.
+if [[ -z "$TRAIN_TOKENS" || -z "$TABLE_TOKENS" ]]; then
+  found=()
+  for c in "${ckpts[@]}"; do [[ -f "$c" ]] && found+=("$c"); done
+  if (( ${#found[@]} < ${#ckpts[@]} )); then  # only a dry run gets here with a missing checkpoint
+    echo "eval_extrapolation.sh: DRY_RUN: a checkpoint is missing, so its training length is unknown; assuming 512" >&2
+    trained=512
+  else
+    trained_lengths="$("$PYTHON" - "${ckpts[@]}" <<'PY'
+import sys
+
+import fairseq_tnn  # noqa: F401  (registers the models; old-style checkpoints load with weights_only on)
+from fairseq import checkpoint_utils
+
+for path in sys.argv[1:]:
+    state = checkpoint_utils.load_checkpoint_to_cpu(path)
+    task = (state.get("cfg") or {}).get("task") or {}
+    print(task.get("tokens_per_sample", "?"), path, sep="\t")
+PY
+)" || die "could not read the training length from the checkpoints (set TRAIN_TOKENS and TABLE_TOKENS)"
+    distinct="$(cut -f1 <<< "$trained_lengths" | sort -u)"
+    if [[ "$(wc -l <<< "$distinct")" != 1 || ! "$distinct" =~ ^[1-9][0-9]*$ ]]; then
+      die "the checkpoints were trained at different lengths (or one has none in its config):
+$(sed 's/^/  tokens_per_sample /' <<< "$trained_lengths")
+set TRAIN_TOKENS (marked on the plot) and TABLE_TOKENS (the valid/test table's length) explicitly" 2
+    fi
+    trained="$distinct"
+  fi
+  TRAIN_TOKENS="${TRAIN_TOKENS:-$trained}"
+  TABLE_TOKENS="${TABLE_TOKENS:-$trained}"
+  echo "eval_extrapolation.sh: trained at $trained tokens (the checkpoints' tokens_per_sample): TRAIN_TOKENS=$TRAIN_TOKENS TABLE_TOKENS=$TABLE_TOKENS" >&2
+fi
 
 report_files=("$OUT/extrapolation.json" "$OUT/extrapolation.md" "$OUT/extrapolation.png" "$OUT/table.md")
 if [[ "${REPORT:-1}" == 1 || "${REPORT_ONLY:-0}" == 1 ]]; then

@@ -15,7 +15,7 @@ Writes (never overwriting without --force):
   <out stem>-wall.png validation perplexity vs wall-clock time (hours, or minutes for runs under 2 h)
   <out stem>.csv      run, log, num_updates, wall_s, loss, ppl (one row per validation)
   <out stem>.json     the same points, per run, with the median update time (update_ms of the train_inner
-                      lines, which the plugin's tasks log) where the log has it
+                      lines, which the plugin's tasks log, one per update number) where the log has it
 """
 import argparse
 import csv
@@ -96,10 +96,15 @@ def parse_log(path: Path, subset: str = "valid"):
 
 
 def step_times(path: Path):
-    """The per-update wall times (update_ms, logged by the plugin's tasks) of the train_inner lines of a json log."""
-    records = (json_record(line) for line in path.read_text(errors="replace").splitlines())
-    return [_num(r["update_ms"]) for r in records
-            if r is not None and "num_updates" in r and _num(r.get("update_ms")) is not None]
+    """The per-update wall times (update_ms, logged by the plugin's tasks) of the train_inner lines of a json log,
+    one per update number: a line repeated in the log (a resumed run redoing updates, or a log file written by
+    several handlers) counts once, the last one kept."""
+    times = {}
+    for line in path.read_text(errors="replace").splitlines():
+        r = json_record(line)
+        if r is not None and _num(r.get("num_updates")) is not None and _num(r.get("update_ms")) is not None:
+            times[int(_num(r["num_updates"]))] = _num(r["update_ms"])
+    return [times[k] for k in sorted(times)]
 
 
 def default_labels(paths):

@@ -12,6 +12,11 @@
 #   masked (tnn_masked_lm, masked_lm):
 #     adam (0.9, 0.98) eps 1e-6, weight decay 0.2, clip 1.0, lr 5e-4 (FD-TNN 1e-3), polynomial_decay,
 #     3000 warmup updates, 512 sequences x 512 tokens per update, --sample-break-mode complete
+#     Lines longer than a block (tokens_per_sample - 1 pieces): as in the RoBERTa-style fairseq pipeline
+#     the authors trained with, each becomes one oversized block that training drops; the plugin logs how
+#     many ("N of M blocks of the train split ... dropped") and logs the metric dropped_blocks with every
+#     training line. --skip-invalid-size-inputs-valid-test (passed here) drops them from validation too.
+#     OVERSIZED=error refuses such data before any work (--oversized-blocks error).
 #   both: 50,000 updates, dropout 0.1 (preset), json logs, tensorboard, checkpoints in SAVE_ROOT/<run>.
 #
 # Environment knobs (defaults in brackets; "causal/masked" where they differ):
@@ -22,9 +27,11 @@
 #   PRECISION [fp16 on GPU, fp32 with CPU=1]: fp16 (--fp16) | bf16 (--bf16-autocast: fp32 weights,
 #                               bf16 autocast; fairseq's own --bf16 means TPU) | fp32      CPU [0]: 1 adds --cpu
 #   TNN_COMPILE [1 on GPU, 0 with CPU=1]: 1 adds --tnn-compile (torch.compile per TNN layer)
+#   OVERSIZED [drop] (masked only): drop | error, what happens to a line longer than a block (above)
 #   SAVE_ROOT [<repo>/checkpoints]  RUN_NAME [<preset>]: checkpoints, train.log and tensorboard/
 #                               go to SAVE_ROOT/RUN_NAME
-#   FORCE [0]: 1 deletes an existing SAVE_ROOT/RUN_NAME and starts over
+#   FORCE [0]: 1 deletes an existing SAVE_ROOT/RUN_NAME and starts over (not needed when it holds no
+#                checkpoint: an attempt that failed before saving one is moved to previous-attempt/)
 #   RESUME [0]: 1 continues from SAVE_ROOT/RUN_NAME/checkpoint_last.pt
 # update-freq = SEQS_PER_UPDATE / (BATCH_PER_GPU x world size), so the tokens per update do not
 # depend on the number of processes; a remainder is an error.
@@ -90,10 +97,12 @@ recipe_init() {
     seqs="${SEQS_PER_UPDATE:-512}"; batch="${BATCH_PER_GPU:-16}"; warmup="${WARMUP_UPDATES:-3000}"
     lr="${LR:-$([[ $fd == 1 ]] && echo 1e-3 || echo 5e-4)}"
     kind_args=(--task tnn_masked_lm --criterion masked_lm --sample-break-mode complete
-      --skip-invalid-size-inputs-valid-test
+      --skip-invalid-size-inputs-valid-test --oversized-blocks "${OVERSIZED:-drop}"
       --optimizer adam --adam-betas '(0.9, 0.98)' --adam-eps 1e-06 --weight-decay 0.2 --clip-norm 1.0
       --lr "$lr" --lr-scheduler polynomial_decay --warmup-updates "$warmup" --total-num-update "$max_update")
   fi
+  [[ "${OVERSIZED:-drop}" == drop || "${OVERSIZED:-drop}" == error ]] \
+    || RECIPE_EXIT=2 recipe_die "OVERSIZED must be drop or error, not '${OVERSIZED}'"
   RECIPE_UPDATE_FREQ="$(recipe_update_freq "$seqs" "$batch" "$world")" || exit $?
 
   local precision="${PRECISION:-$([[ "${CPU:-0}" == 1 ]] && echo fp32 || echo fp16)}"
@@ -126,10 +135,29 @@ recipe_init() {
   return 0
 }
 
+# recipe_has_checkpoint <dir>: true when <dir> holds a fairseq checkpoint (checkpoint*.pt).
+recipe_has_checkpoint() {
+  compgen -G "$1/checkpoint*.pt" > /dev/null
+}
+
 # recipe_claim_save_dir [dry]: refuse an existing run unless FORCE=1 (start over) or RESUME=1 (continue).
+# A run directory without any checkpoint (an attempt that failed before saving one) is not a run to
+# protect: its files are moved to <dir>/previous-attempt/ (replacing an older one) and training starts
+# there again without FORCE=1.
 recipe_claim_save_dir() {
   local dir="$RECIPE_SAVE_DIR" dry="${1:-}"
-  if [[ -d "$dir" ]] && [[ -n "$(ls -A "$dir" 2>/dev/null)" ]]; then
+  if [[ -d "$dir" ]] && [[ -n "$(ls -A "$dir" 2>/dev/null)" ]] && ! recipe_has_checkpoint "$dir" \
+      && [[ "${FORCE:-0}" != 1 && "${RESUME:-0}" != 1 ]]; then
+    echo "${RECIPE_PROG:-recipe}: $dir holds no checkpoint (an earlier attempt that saved nothing): moving its files to $dir/previous-attempt/ and starting again" >&2
+    if [[ -z "$dry" ]]; then
+      local prev="$dir/previous-attempt" f
+      rm -rf "$prev.new"; mkdir -p "$prev.new"
+      for f in "$dir"/* "$dir"/.[!.]*; do
+        [[ -e "$f" && "$f" != "$prev" && "$f" != "$prev.new" ]] && mv "$f" "$prev.new/"
+      done
+      rm -rf "$prev"; mv "$prev.new" "$prev"
+    fi
+  elif [[ -d "$dir" ]] && [[ -n "$(ls -A "$dir" 2>/dev/null)" ]]; then
     if [[ "${FORCE:-0}" == 1 ]]; then
       echo "${RECIPE_PROG:-recipe}: FORCE=1: deleting $dir" >&2
       [[ -n "$dry" ]] || rm -rf "$dir"

@@ -23,7 +23,8 @@
 #   WARMUP_UPDATES [4000 causal, 3000 masked], SEED [1], NUM_WORKERS [1], LOG_INTERVAL [100],
 #   VALIDATE_INTERVAL_UPDATES [1000], SAVE_INTERVAL_UPDATES [1000], KEEP_INTERVAL_UPDATES [2],
 #   PRECISION [fp16 on GPU, fp32 on CPU], SAVE_ROOT [<repo>/checkpoints], RUN_NAME [<preset>],
-#   FORCE [0] (1: delete an existing SAVE_ROOT/RUN_NAME first), RESUME [0] (1: continue it).
+#   FORCE [0] (1: delete an existing SAVE_ROOT/RUN_NAME first), RESUME [0] (1: continue it). A run
+#   directory without a checkpoint (a failed attempt) needs neither: its files go to previous-attempt/.
 # update-freq = SEQS_PER_UPDATE / (BATCH_PER_GPU x NPROC): the tokens per update stay the paper's
 # whatever the number of processes (e.g. 128 / (8 x 8) = 2); a remainder is an error.
 # Outputs in SAVE_ROOT/RUN_NAME: checkpoint_{best,last}.pt, checkpoint_1_<update>.pt, train.log (json

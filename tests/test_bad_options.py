@@ -50,6 +50,7 @@ TABLE = [
     ("tnn_mlm_tiny", MLM, ["--encoder-embed-dim", "0"], r"--encoder-embed-dim=0", ">= 1"),
     ("tnn_mlm_tiny", MLM, ["--encoder-layers", "0"], r"--encoder-layers=0", ">= 1"),
     ("tnn_mlm_tiny", MLM, ["--tokens-per-sample", "1"], r"--tokens-per-sample=1", ">= 2"),
+    ("tnn_mlm_tiny", MLM, ["--oversized-blocks", "skip"], r"--oversized-blocks.*skip", "choose from"),
     ("fd_tnn_mlm_tiny", MLM, ["--rpe-dim", "-1"], r"--rpe-dim=-1", ">= 1"),
     ("fd_tnn_mlm_tiny", MLM, ["--ski-rank", "4"], r"--ski-rank=4", "applies to --tno-type ski only"),
     ("ski_tnn_mlm_tiny", MLM, ["--ski-rank", "1"], r"--ski-rank=1", ">= 2"),

@@ -118,3 +118,20 @@ def test_hydra_train_with_a_config_from_configs(data_bin, tmp_path):
                "optimization.max_update=4", f"hydra.run.dir={tmp_path / 'hydra'}"])
     assert re.search(r"num_updates[ =]4", log), log[-3000:]
     assert (tmp_path / "ck" / "checkpoint_last.pt").exists()
+
+
+def test_log_file_has_each_line_once_over_three_epochs(data_bin, tmp_path):
+    """fairseq 0.12 adds a --log-file handler per progress bar (one per epoch); the plugin keeps one, so epoch 3's
+    lines are not written three times. Three short epochs: the valid split as the training set."""
+    log_file = tmp_path / "train.log"
+    run([cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", "tnn_lm_tiny", "--tokens-per-sample", TPS,
+         "--batch-size", 16, "--max-epoch", 3, "--train-subset", "valid", "--valid-subset", "test",
+         "--max-valid-steps", 2, "--save-dir", tmp_path / "ck", "--no-save", "--log-format", "json",
+         "--log-interval", 5, "--log-file", log_file])
+    lines = log_file.read_text().splitlines()
+    inner = re.findall(r'"num_updates": "([0-9]+)"', "\n".join(lines))
+    assert len(inner) >= 9 and len(inner) == len(set(inner)), inner  # every train_inner update once
+    assert len([x for x in lines if '"test_num_updates"' in x]) == 3  # one validation per epoch
+    assert len([x for x in lines if '"train_num_updates"' in x]) == 3  # one end-of-epoch summary per epoch
+    records = [x for x in lines if x.startswith('{"')]  # the json log lines (the model printout repeats itself)
+    assert len(records) == len(set(records)) and len(records) >= 15

@@ -25,7 +25,8 @@ EXPERIMENTS = CAUSAL + MASKED
 BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIPTS / "eval_extrapolation.sh",
                 SCRIPTS / "recipe.sh", SLURM / "common.sh", *sorted(SLURM.glob("*.sbatch")), SCRIPTS / "demo.sh",
                 SCRIPTS / "preprocess.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh", SCRIPTS / "make_sample_data.sh"]
-PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py"]
+PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
+              SCRIPTS / "plot_kernels.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
 BASE_ENV.update(FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
@@ -224,6 +225,25 @@ def test_train_refuses_an_existing_run_without_force(data_bin, tmp_path):
     assert "FORCE=1: deleting" in err and ckpt.read_bytes() == b"precious"
 
 
+def test_train_retries_a_run_that_saved_no_checkpoint(data_bin, tmp_path):
+    """A first attempt that failed before saving a checkpoint (here: the masked recipe refusing long lines
+    with OVERSIZED=error) does not block the same command; its files move to previous-attempt/."""
+    env = {"CPU": "1", "SAVE_ROOT": str(tmp_path), "MAX_UPDATE": "1", "TOKENS_PER_SAMPLE": "64", "SEQS_PER_UPDATE": "4",
+           "BATCH_PER_GPU": "4", "NUM_WORKERS": "0", "WARMUP_UPDATES": "1", "LOG_INTERVAL": "1"}
+    cmd = ["bash", SCRIPTS / "train.sh", "tnn_mlm_tiny", data_bin, "--max-valid-steps", "1"]
+    rc, out, err = sh(cmd, {**env, "OVERSIZED": "error"})
+    assert rc != 0 and "is too small for --sample-break-mode complete" in out + err, (rc, out[-2000:], err[-2000:])
+    run_dir = tmp_path / "tnn_mlm_tiny"
+    assert (run_dir / "command.txt").is_file() and not list(run_dir.glob("checkpoint*.pt"))
+    _, err = ok(cmd, env)  # the retry, same command, no FORCE=1
+    assert "holds no checkpoint" in err and (run_dir / "checkpoint_last.pt").is_file()
+    assert "--oversized-blocks error" in (run_dir / "previous-attempt" / "command.txt").read_text()
+    assert "--oversized-blocks drop" in (run_dir / "command.txt").read_text()
+    # now the run has a checkpoint: the same command is refused again
+    rc, _, err = sh(cmd, env)
+    assert rc == 1 and "refusing to overwrite" in err
+
+
 # ---------------------------------------------------------------- SLURM dry runs
 
 def sbatch_header(path):
@@ -328,15 +348,18 @@ def test_train_sh_trains_on_cpu_with_json_log_and_tensorboard(trained):
 @pytest.fixture(scope="module")
 def extrapolation(trained, data_bin, tmp_path_factory):
     results = tmp_path_factory.mktemp("results")
-    env = {"DATA": str(data_bin), "LENGTHS": "64 128 512", "TABLE_TOKENS": "512", "TRAIN_TOKENS": "64", "CPU": "1",
+    # TRAIN_TOKENS and TABLE_TOKENS unset: both are the training length, read from the checkpoint (64)
+    env = {"DATA": str(data_bin), "LENGTHS": "64 128 512", "CPU": "1",
            "NUM_WORKERS": "0", "RESULTS_ROOT": str(results), "NAME": "tiny"}
     out, err = ok(["bash", SCRIPTS / "eval_extrapolation.sh", trained / "checkpoint_last.pt"], env)
     return results / "tiny", env, out, err
 
 
 def test_eval_extrapolation_scores_every_token_at_every_length(extrapolation, trained, data_bin):
-    out_dir, _, out, _ = extrapolation
+    out_dir, _, out, err = extrapolation
+    assert "trained at 64 tokens (the checkpoints' tokens_per_sample): TRAIN_TOKENS=64 TABLE_TOKENS=64" in err
     report = json.loads((out_dir / "extrapolation.json").read_text())
+    assert report["train_length"] == 64 and "trained at 64." in (out_dir / "extrapolation.md").read_text()
     rows = report["results"]
     assert [(r["model"], r["length"]) for r in rows] == [("tnn_lm_tiny", L) for L in (64, 128, 512)]
     tokens = split_tokens(data_bin, "test")
@@ -350,9 +373,9 @@ def test_eval_extrapolation_scores_every_token_at_every_length(extrapolation, tr
     table_rows = [line for line in md.splitlines() if line.startswith("| ") and not line.startswith("| model")]
     assert len(table_rows) == 1 and table_rows[0].startswith("| tnn_lm_tiny |")
     assert "| model | 64 | 128 | 512 |" in md and md.strip() in out
-    # the Table-1 layout: val ppl, test ppl, params (M); the test cell is the 512-token evaluation above
+    # the Table-1 layout: val ppl, test ppl, params (M); the test cell is the evaluation at the training length
     t1 = report["table"][0]
-    assert t1["model"] == "tnn_lm_tiny" and t1["params"] > 0 and t1["test_ppl"] == rows[2]["ppl"]
+    assert t1["model"] == "tnn_lm_tiny" and t1["params"] > 0 and t1["test_ppl"] == rows[0]["ppl"]
     assert f"| tnn_lm_tiny | {t1['valid_ppl']:.2f} | {t1['test_ppl']:.2f} | {t1['params'] / 1e6:.2f} |" in \
         (out_dir / "table.md").read_text()
     import matplotlib.image
@@ -375,15 +398,36 @@ def test_eval_extrapolation_dry_run_commands(trained, data_bin, tmp_path):
     env = {"DRY_RUN": "1", "DATA": str(data_bin), "RESULTS_ROOT": str(tmp_path)}
     out, _ = ok(["bash", SCRIPTS / "eval_extrapolation.sh", f"TNN={trained / 'checkpoint_best.pt'}"], env)
     evals = [shlex.split(line) for line in out.splitlines() if line.startswith(cli("fairseq-eval-lm"))]
-    # 6 lengths on test, plus valid at 512 for the table (test at 512 is the sweep's)
+    # 6 lengths on test, plus the table at the training length read from the checkpoint (64): valid and test
     assert [(flags(e)["--gen-subset"][0], int(flags(e)["--tokens-per-sample"][0])) for e in evals] == \
-        [("test", L) for L in (512, 1024, 2048, 4096, 8192, 14336)] + [("valid", 512)]
+        [("test", L) for L in (512, 1024, 2048, 4096, 8192, 14336)] + [("valid", 64), ("test", 64)]
+    assert "--train-length 64" in out.splitlines()[-1]
     for e in evals:
         f = flags(e[1:])
         assert e[1] == str(data_bin) and f["--user-dir"] == [USER_DIR] and f["--task"] == ["tnn_language_modeling"]
         assert f["--sample-break-mode"] == ["none"] and f["--context-window"] == ["0"] and f["--batch-size"] == ["1"]
         assert f["--max-tokens"] == f["--tokens-per-sample"] and f["--path"] == [str(trained / "checkpoint_best.pt")]
     assert "extrapolation_report.py" in out.splitlines()[-1] and not (tmp_path / "extrapolation").exists()
+
+
+def test_eval_extrapolation_training_length_from_checkpoints(trained, data_bin, tmp_path):
+    """Checkpoints trained at different lengths: an error listing them unless both lengths are set; set
+    ones win over the checkpoint."""
+    import torch
+
+    other = tmp_path / "other.pt"
+    state = torch.load(trained / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    state["cfg"]["task"]["tokens_per_sample"] = 128
+    torch.save(state, other)
+    env = {"DRY_RUN": "1", "DATA": str(data_bin), "RESULTS_ROOT": str(tmp_path)}
+    args = ["bash", SCRIPTS / "eval_extrapolation.sh", f"A={trained / 'checkpoint_last.pt'}", f"B={other}"]
+    rc, out, err = sh(args, env)
+    assert rc == 2 and "trained at different lengths" in err and "tokens_per_sample 64" in err \
+        and "tokens_per_sample 128" in err and "TRAIN_TOKENS" in err and out == "", (rc, out, err)
+    rc, out, err = sh(args, {**env, "TRAIN_TOKENS": "128"})  # TABLE_TOKENS still unknown
+    assert rc == 2 and "trained at different lengths" in err
+    out, _ = ok(args, {**env, "TRAIN_TOKENS": "100", "TABLE_TOKENS": "96"})
+    assert "--train-length 100" in out and "--table-tokens 96" in out
 
 
 def script_module(name):
@@ -401,7 +445,7 @@ def test_report_one_row_per_model_and_refuses_incomplete(extrapolation, data_bin
     out_dir = tmp_path / "two"
     for label in ("TNN", "FD-TNN"):
         shutil.copytree(src / "raw" / "tnn_lm_tiny", out_dir / "raw" / label)
-    args = ["--data", str(data_bin), "--lengths", "64", "128", "512", "--table-tokens", "512"]
+    args = ["--data", str(data_bin), "--lengths", "64", "128", "512", "--table-tokens", "64"]
     report.main(["--out-dir", str(out_dir), *args, "--models", "TNN=a.pt", "FD-TNN=b.pt"])
     md = (out_dir / "extrapolation.md").read_text()
     assert [line.split(" |")[0] for line in md.splitlines() if line.startswith("| ") and "---" not in line] == \
@@ -458,6 +502,18 @@ def test_plot_training_parses_the_simple_log_format(tmp_path):
     # the validation repeated after the resume replaces the first one at update 4; wall from the last train line
     assert points == [{"num_updates": 2, "wall_s": 4.0, "loss": 12.091, "ppl": 4361.49},
                       {"num_updates": 4, "wall_s": 9.0, "loss": 11.5, "ppl": 2896.31}]
+
+
+def test_plot_training_counts_each_update_time_once(tmp_path):
+    """A log whose lines were written twice from epoch 2 on (fairseq 0.12 without the plugin's fix, or a resumed
+    run redoing updates): the median update time is over distinct updates, not weighted to later epochs."""
+    rec = '{"epoch": %d, "update_ms": "%s", "loss": "9", "num_updates": "%d", "wall": "%d"}'
+    lines = [rec % (1, "10.0", u, u) for u in (1, 2, 3)]
+    lines += [rec % (2, "50.0", u, u) for u in (4, 5)] * 2
+    log = tmp_path / "train.log"
+    log.write_text("\n".join(lines) + "\n")
+    times = script_module("plot_training").step_times(log)
+    assert times == [10.0, 10.0, 10.0, 50.0, 50.0]  # median 10; with the repeats it would be 50
 
 
 # ---------------------------------------------------------------- hydra configs
@@ -644,8 +700,10 @@ def test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports(tmp_path):
         assert re.search(rf"^\| {model} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out  # table.md
         assert re.search(rf"^  {model}: 1 validations, ppl [0-9.]+ at update 6, [0-9.]+ at update 6; median update time [0-9.]+ ms$",
                          out, re.M), out
-    for png in ("extrapolation.png", "training.png", "training-wall.png"):
+    for png in ("extrapolation.png", "training.png", "training-wall.png", "kernels/tnn_lm_tiny/layer0.png",
+                "kernels/fd_tnn_lm_tiny/layer1.png"):
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((results / "kernels" / "fd_tnn_lm_tiny" / "kernels.json").read_text())["length"] == 32
     again, _ = ok(["bash", SCRIPTS / "demo.sh"], env, timeout=900)
     assert again.count("demo: reusing the finished run") == 2
 

@@ -1,0 +1,81 @@
+"""Lines longer than a block in the masked recipe (tnn_masked_lm --oversized-blocks), on data/sample at 64 tokens
+per block, where many lines are longer than a block (the longest training line has 85 pieces, validation 113)."""
+import re
+
+import numpy as np
+import pytest
+
+from conftest import USER_DIR, cli, run
+
+TPS = 64
+
+
+def line_sizes(data_bin, split):
+    from fairseq.data import data_utils
+    dataset = data_utils.load_indexed_dataset(str(data_bin / split), None)
+    return np.array(dataset.sizes, copy=True)  # sizes is a view of the index's mmap, closed with the dataset
+
+
+def mlm_train(data_bin, save_dir, mode, *extra, expect_ok=True):
+    return run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
+                "--criterion", "masked_lm", "--arch", "tnn_mlm_tiny", "--sample-break-mode", mode,
+                "--tokens-per-sample", TPS, "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001", "--max-update", 2,
+                "--save-dir", save_dir, "--log-format", "simple", "--log-interval", 1, "--num-workers", 0,
+                "--no-epoch-checkpoints", "--validate-interval-updates", 2, "--max-valid-steps", 2, *extra],
+               expect_ok=expect_ok)
+
+
+def dropped(log, split):
+    m = re.search(rf"([0-9,]+) of ([0-9,]+) blocks of the {split} split \(([0-9,]+) tokens\) are longer than "
+                  rf"--tokens-per-sample={TPS} \(the longest has ([0-9]+)\)[^;]*; (dropped|scored at their full length)",
+                  log)
+    assert m, log[-4000:]
+    return int(m.group(1).replace(",", "")), m.group(5), int(m.group(4))
+
+
+def test_complete_mode_drops_long_lines_from_training_and_says_how_many(data_bin, tmp_path):
+    train, valid = line_sizes(data_bin, "train"), line_sizes(data_bin, "valid")
+    # a line of more than TPS - 1 tokens (eos included; <s> is the block's first token) is its own block
+    long_train, long_valid = int((train > TPS - 1).sum()), int((valid > TPS - 1).sum())
+    assert long_train > 10 and long_valid > 10  # the corpus has long lines at this length
+    log = mlm_train(data_bin, tmp_path / "ck", "complete", "--skip-invalid-size-inputs-valid-test")
+    assert dropped(log, "train") == (long_train, "dropped", int(train.max()) + 1)
+    assert dropped(log, "valid") == (long_valid, "dropped", int(valid.max()) + 1)
+    # the count is a training metric on every training log line
+    counts = re.findall(r"dropped_blocks[=| ]+([0-9]+)", log)
+    assert len(counts) >= 3 and set(counts) == {str(long_train)}, log[-3000:]
+    assert re.search(r"valid on 'valid' subset \| loss [0-9.]+", log)
+
+
+def test_validation_without_the_skip_flag_scores_long_blocks_in_full(data_bin, tmp_path):
+    log = mlm_train(data_bin, tmp_path / "ck", "complete")
+    assert dropped(log, "train")[1] == "dropped"
+    n, what, _ = dropped(log, "valid")
+    assert n == int((line_sizes(data_bin, "valid") > TPS - 1).sum()) and what == "scored at their full length"
+    assert re.search(r"valid on 'valid' subset \| loss [0-9.]+", log)
+    # fairseq-validate follows the same rule: with the flag the long blocks are dropped, without they are scored
+    ckpt = tmp_path / "ck" / "checkpoint_last.pt"
+    base = [cli("fairseq-validate"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
+            "--path", ckpt, "--valid-subset", "valid", "--batch-size", 8, "--num-workers", 0]
+    full = run(base)
+    skipped = run(base + ["--skip-invalid-size-inputs-valid-test"])
+    assert dropped(full, "valid")[1] == "scored at their full length" and dropped(skipped, "valid")[1] == "dropped"
+    bsz = [int(float(re.search(r"valid on 'valid' subset .*\| bsz ([0-9.]+)", log_).group(1))) for log_ in (full, skipped)]
+    assert bsz[0] >= bsz[1]
+
+
+def test_none_mode_drops_nothing(data_bin, tmp_path):
+    log = mlm_train(data_bin, tmp_path / "ck", "none", "--skip-invalid-size-inputs-valid-test")
+    assert re.search(rf"train: all [0-9,]+ blocks fit in --tokens-per-sample={TPS}; none dropped", log), log[-3000:]
+    assert re.search(rf"valid: all [0-9,]+ blocks fit", log)
+    counts = re.findall(r"dropped_blocks[=| ]+([0-9]+)", log)
+    assert counts and set(counts) == {"0"}
+
+
+@pytest.mark.parametrize("mode", ["complete", "eos"])
+def test_strict_option_refuses_long_lines_before_training(data_bin, tmp_path, mode):
+    log = mlm_train(data_bin, tmp_path / "ck", mode, "--oversized-blocks", "error", expect_ok=False)
+    longest = int(line_sizes(data_bin, "valid").max())
+    assert f"--tokens-per-sample={TPS} is too small for --sample-break-mode {mode}" in log, log[-3000:]
+    assert f"has {longest} tokens" in log and "leave out --oversized-blocks error" in log
+    assert "num_updates" not in log and not (tmp_path / "ck" / "checkpoint_last.pt").exists()
