@@ -36,7 +36,7 @@ The fixes, each as narrow as the failure:
 Setting ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` would also work, but turns the protection off for
 every file the process loads; this module never does that.
 
-B. numpy 2. ``TokenBlockDataset.__init__`` (fairseq/data/token_block_dataset.py) builds its block index
+B. numpy 2. ``TokenBlockDataset._build_slice_indices`` (fairseq/data/token_block_dataset.py) builds its block index
 for ``break_mode="eos"`` with ``np.compat.long``, an alias numpy 2 removed. That path is taken by every
 prompt (``build_dataset_for_inference``: fairseq-interactive and the hub
 interface's ``sample``/``score``/``generate``) and by training with ``--sample-break-mode eos``. Pinning

@@ -72,23 +72,26 @@ class TnnMaskedLMHubInterface(hub_utils.GeneratorHubInterface):
 
     def fill_mask(self, masked_input: str, topk: int = 5) -> List[Tuple[str, float, str]]:
         """The ``topk`` most likely fillings of the one ``<mask>`` in ``masked_input``, best first:
-        (filled text, probability, predicted token as text, with its leading space if it starts a word)."""
+        (filled text, probability, predicted token as text, with its leading space if it starts a word).
+        Candidates are the dictionary's words (special symbols such as </s> are never proposed)."""
         if not isinstance(masked_input, str) or masked_input.count(MASK) != 1:
             found = masked_input.count(MASK) if isinstance(masked_input, str) else "no text"
             raise ValueError(f"fill_mask needs a text with exactly one {MASK}, e.g. 'The {MASK} of Egypt'; "
                              f"got {found if found != 0 else 'none'} in {masked_input!r}")
-        vocab = len(self.src_dict)
+        mask_idx = self.src_dict.index(MASK)
+        specials = sorted({*range(self.src_dict.nspecial), mask_idx})  # <s> <pad> </s> <unk> <mask>: never proposed
+        vocab = len(self.src_dict) - len(specials)
         if not isinstance(topk, int) or not 1 <= topk <= vocab:
-            raise ValueError(f"topk={topk!r} is invalid: must be an integer from 1 to the vocabulary size {vocab}")
+            raise ValueError(f"topk={topk!r} is invalid: must be an integer from 1 to the number of words {vocab}")
         left, right = masked_input.split(MASK)
         pieces = [self.apply_bpe(self.tokenize(span.strip())) for span in (left, right)]
         line = " ".join(p for p in (self.src_dict.bos_word, pieces[0], MASK, pieces[1], self.src_dict.eos_word) if p)
         tokens = self.src_dict.encode_line(line, append_eos=False, add_if_not_exist=False).long()
-        mask_idx = self.src_dict.index(MASK)
         position = int((tokens == mask_idx).nonzero()[0, 0])
         with torch.no_grad(), utils.model_eval(self.model):
             logits, _ = self.model(tokens.unsqueeze(0).to(self.device))
         probs = logits[0, position].float().softmax(dim=-1)
+        probs[specials] = 0.0  # the model's probabilities of the words, not renormalised
         values, indices = probs.topk(topk)
         out = []
         for p, idx in zip(values.tolist(), indices.tolist()):
