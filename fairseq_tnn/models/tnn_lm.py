@@ -141,7 +141,15 @@ class TnnDecoder(FairseqIncrementalDecoder):
         state = self.get_incremental_state(incremental_state, "tnn_cache")
         if state is None:
             return
-        state["v"] = [v.index_select(1, new_order) for v in state["v"]]
+        batch, used = state["v"][0].shape[1], state["length"]
+        if new_order.numel() == batch and bool((new_order == torch.arange(batch, device=new_order.device)).all()):
+            return  # nothing moves (fairseq asks at every step, also for beam 1): no copy of the cache
+        reordered = []
+        for v in state["v"]:  # only the positions decoded so far are copied, not the spare capacity
+            w = v.new_zeros(v.shape[0], new_order.numel(), v.shape[2])
+            w[:, :, :used] = v[:, :, :used].index_select(1, new_order)
+            reordered.append(w)
+        state["v"] = reordered
         self.set_incremental_state(incremental_state, "tnn_cache", state)
 
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:
