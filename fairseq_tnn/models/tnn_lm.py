@@ -120,7 +120,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
         kernels, caches = [], []
         for layer in self.layers:
             kernel = layer.gtu.tno.causal_kernel(capacity, device)  # (d1, capacity), once per generation
-            kernels.append(kernel)
+            kernels.append(kernel.flip(-1).contiguous())  # reversed: a step reads its lags contiguously
             caches.append(kernel.new_zeros(layer.gtu.d1, batch, capacity))
         return {"length": 0, "capacity": capacity, "kernel": kernels, "v": caches}
 

@@ -51,15 +51,15 @@ class Gtu(nn.Module):
         out = torch.addmm(self.out_proj.bias, z.view(d1, b * n).t(), self.out_proj.weight.t())  # (b n, d)
         return out.view(b, n, d)
 
-
     def forward_cached(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], v_cache: torch.Tensor,
                        kernel: torch.Tensor, start: int) -> torch.Tensor:
         """Incremental decoding (causal TNO): the outputs of positions start .. start + c - 1.
 
         x (b, c, d): the new positions' inputs; pad_mask (b, c) or None; v_cache (d1, b, capacity):
         the TNO inputs v of positions 0 .. start - 1, to which the new ones are written; kernel
-        (d1, L >= start + c): the TNO's causal time kernel. u, v and the output projection are
-        per-token; the token mixing is sum_{s <= t} kernel[t - s] v_s over the cache.
+        (d1, L >= start + c): the TNO's causal time kernel, reversed (lag t at index L - 1 - t).
+        u, v and the output projection are per-token; the token mixing is sum_{s <= t} k[t - s] v_s
+        over the cache.
         """
         b, c, _ = x.shape
         u, v = self.act(self.uv_proj(x)).chunk(2, dim=-1)  # (b, c, d1)
@@ -67,7 +67,7 @@ class Gtu(nn.Module):
             v = v.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # as in forward: padding never mixes in
         end = start + c
         v_cache[:, :, start:end] = v.permute(2, 0, 1)
-        y = causal_toeplitz_tail(v_cache[:, :, :end], kernel, start)  # (d1, b, c)
+        y = causal_toeplitz_tail(v_cache[:, :, :end], kernel, start, reversed_kernel=True)  # (d1, b, c)
         return self.out_proj(u * y.permute(1, 2, 0).to(u.dtype))
 
 
