@@ -49,6 +49,8 @@ class TnnTno(nn.Module):
     """
 
     layout = "dbn"
+    # the kernel at a lag does not depend on the sequence length
+    kernel_depends_on_length = False
 
     def __init__(self, dim: int, causal: bool, rpe_dim: int = 64, rpe_layers: int = 6,
                  rpe_activation: str = "relu", decay: float = 0.99, norm_type: str = "simplermsnorm"):
@@ -64,9 +66,6 @@ class TnnTno(nn.Module):
         if self.causal:
             return coef, None
         return coef[n - 1:], coef[: n - 1].flip(0)
-
-    # the kernel at a lag does not depend on the sequence length
-    kernel_depends_on_length = False
 
     def causal_kernel(self, n: int, device=None) -> torch.Tensor:
         """The causal time kernel (d, n), lag t at index t: RPE(t) lambda^t, float32 (what ``spectrum``
