@@ -285,7 +285,8 @@ def markdown(result: Dict) -> str:
             f"| {r['arch']} | {r['params_m']:.2f} | {r['cached_tokens_per_s']:.1f} | {unc} | {r['speedup']:.1f}x | "
             f"{r['cached_ms_first']:.2f} -> {r['cached_ms_last']:.2f} (positions {r['position_first']:.0f} -> "
             f"{r['position_last']:.0f}) | {r['cached_rss_peak_mib']:.0f} / {r['uncached_rss_peak_mib']:.0f} | "
-            f"{r['cache_v_kib_per_token_layer']:.1f} KiB | {r['cache_v_mib']:.1f} MiB | {r['cache_kernel_mib']:.1f} MiB |")
+            f"{r['cache_v_kib_per_token_layer']:.1f} KiB | {r['cache_v_mib']:.1f} MiB | "
+            f"{r['cache_kernel_mib']:.1f} MiB |")
     lines += ["", "Targets:", ""]
     for t in result["targets"]:
         lines.append(f"- {'met' if t['ok'] else 'MISSED'}: {t['name']}: {t['detail']}")

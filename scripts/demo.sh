@@ -74,7 +74,8 @@ echo "demo: training (validation perplexity at the first and the last validation
 sed 's/^/  /' "$WORK/training-summary.txt"
 echo
 PROMPT="And God said unto Moses"
-echo "demo: \"$PROMPT\" continued by each model (fairseq-interactive, top-10 sampling, seed 1, decoded with data/sample/spm.model):"
+echo "demo: \"$PROMPT\" continued by each model (fairseq-interactive, top-10 sampling, seed 1, decoded with" \
+  "data/sample/spm.model):"
 for arch in $MODELS; do
   text="$(echo "$PROMPT" | "$BIN/fairseq-interactive" "$DATA" --user-dir "$ROOT/fairseq_tnn" --task tnn_language_modeling \
     --path "$WORK/checkpoints/$arch/checkpoint_last.pt" --cpu --bpe sentencepiece \

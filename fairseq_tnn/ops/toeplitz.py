@@ -223,7 +223,8 @@ def toeplitz_fft(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor]
     return fft_conv(x, kernel_spectrum(pos, neg, size, layout), size, layout)
 
 
-def causal_toeplitz_tail(x: torch.Tensor, kernel: torch.Tensor, start: int, reversed_kernel: bool = False) -> torch.Tensor:
+def causal_toeplitz_tail(x: torch.Tensor, kernel: torch.Tensor, start: int,
+                         reversed_kernel: bool = False) -> torch.Tensor:
     """Outputs start .. n-1 of a causal Toeplitz product, y[t] = sum_{s <= t} kernel[t - s] x[s].
 
     Channel-major (``dbn``) only: x (d, *batch, n), kernel (d, L) with L >= n (lag t at index t, as
