@@ -1,4 +1,4 @@
-"""Two narrow fixes to fairseq 0.12.
+"""The plugin's only patches to fairseq 0.12, each as narrow as its failure.
 
 A. Checkpoint loading with torch >= 2.6 (``weights_only=True`` by default), below.
 B. One log-file handler: ``fairseq.logging.progress_bar.progress_bar`` adds a new
@@ -7,8 +7,9 @@ B. One log-file handler: ``fairseq.logging.progress_bar.progress_bar`` adds a ne
    validation lines were written k times to the log file. :func:`progress_bar_one_file_handler`
    wraps it and passes ``log_file`` on only when that logger has no handler for that file yet;
    everything else is fairseq's own function.
+C. numpy 2 (see the end of this docstring).
 
-A. Make fairseq 0.12's checkpoint loading work with torch >= 2.6 (``weights_only=True`` by default).
+A. Make fairseq 0.12's checkpoint loading work with torch >= 2.6.
 
 Since torch 2.6, ``torch.load`` unpickles only tensors, primitive containers and an allowlist of
 classes unless told ``weights_only=False``. fairseq 0.12 calls ``torch.load`` without the argument,
@@ -42,14 +43,29 @@ The fixes, each as narrow as the failure:
    everything else still refused.
 
 Setting ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` would also work, but turns the protection off for
-every file the process loads; this module never does that. Importing it (``fairseq_tnn`` does)
-applies both fixes; applying them again changes nothing.
+every file the process loads; this module never does that.
+
+C. numpy 2. ``TokenBlockDataset._build_slice_indices`` (fairseq/data/token_block_dataset.py) builds its block index
+for ``break_mode="eos"`` with ``np.compat.long``, an alias numpy 2 removed. That path is taken by every
+prompt (``build_dataset_for_inference``: fairseq-interactive and the hub
+interface's ``sample``/``score``/``generate``) and by training with ``--sample-break-mode eos``. Pinning
+numpy < 2 would hold back every other package; instead that one module's ``np`` is replaced by
+:data:`NUMPY_FOR_TOKEN_BLOCK`, numpy plus ``compat.long = numpy.int64`` (what the alias meant on the
+64-bit platforms fairseq supports). numpy itself is not touched, nor is any other fairseq module (the
+other removed aliases in fairseq 0.12, ``np.int``/``np.float``/``np.compat.long`` in data_utils'
+wav2vec masking, dynamic CRF and the translation dataset, are on paths no TNN model or task takes).
+tests/test_generation.py fails if fairseq's code there changes, so the shim is revisited then.
+
+Importing this module (``fairseq_tnn`` does) applies every fix; applying them again changes nothing.
 """
 import argparse
 import functools
 import io
 import logging
 import os
+import types
+
+import numpy
 
 import torch
 from fairseq.distributed import utils as distributed_utils
@@ -95,13 +111,28 @@ def _one_file_handler(original):
     return progress_bar_one_file_handler
 
 
+class _NumpyWithCompatLong(types.ModuleType):
+    """numpy, as seen by one fairseq module, with the ``np.compat.long`` alias numpy 2 removed."""
+
+    compat = types.SimpleNamespace(long=numpy.int64)
+
+    def __getattr__(self, name):
+        return getattr(numpy, name)
+
+
+NUMPY_FOR_TOKEN_BLOCK = _NumpyWithCompatLong("numpy")
+
+
 def apply():
-    """Install the fixes (idempotent)."""
+    """Install every fix (idempotent)."""
     distributed_utils._broadcast_object_slow = broadcast_object_slow
     if not getattr(progress_bar_module.progress_bar, "tnn_one_file_handler", False):
         progress_bar_module.progress_bar = _one_file_handler(progress_bar_module.progress_bar)
     if hasattr(torch.serialization, "add_safe_globals"):  # torch >= 2.4
         torch.serialization.add_safe_globals([argparse.Namespace])
+    if not hasattr(numpy, "compat"):  # numpy >= 2
+        from fairseq.data import token_block_dataset
+        token_block_dataset.np = NUMPY_FOR_TOKEN_BLOCK
 
 
 apply()

@@ -4,7 +4,8 @@
 # the paper's recipe (scripts/train.sh, shortened), then for both: validation/test perplexity (Table 1
 # layout), perplexity against evaluation length up to 16x the training length in one plot
 # (scripts/eval_extrapolation.sh), validation perplexity against updates and wall-clock time, and the
-# median wall time of one training update (scripts/plot_training.py).
+# median wall time of one training update (scripts/plot_training.py), and a short sampled continuation of a
+# fixed prompt from each model (fairseq-interactive with the incremental decoder).
 #
 # Environment (defaults): MODELS ("tnn_lm_tiny fd_tnn_lm_tiny"), MAX_UPDATE (300), TOKENS_PER_SAMPLE (128),
 #   BATCH_SIZE (16), LR (0.003), WARMUP_UPDATES (50), LOG_INTERVAL (25), LENGTHS ("128 256 512 1024 2048"),
@@ -69,7 +70,7 @@ FORCE=1 CPU=1 DATA="$DATA" LENGTHS="$LENGTHS" TABLE_TOKENS="$TPS" TRAIN_TOKENS="
 "$PY" "$ROOT/scripts/plot_training.py" "${logs[@]}" --out "$RESULTS/training.png" --force \
   > "$WORK/training-summary.txt" 2> /dev/null
 for arch in $MODELS; do  # what the two models learned: impulse/frequency responses and Toeplitz matrices
-  "$BIN/python" "$ROOT/scripts/plot_kernels.py" "$WORK/checkpoints/$arch/checkpoint_last.pt" --out "$RESULTS/kernels/$arch" \
+  "$PY" "$ROOT/scripts/plot_kernels.py" "$WORK/checkpoints/$arch/checkpoint_last.pt" --out "$RESULTS/kernels/$arch" \
     --force > "$WORK/kernels-$arch.log" 2>&1 || { tail -n 20 "$WORK/kernels-$arch.log" >&2; exit 1; }
 done
 
@@ -83,6 +84,19 @@ cat "$RESULTS/extrapolation.md"
 echo
 echo "demo: training (validation perplexity at the first and the last validation, median wall time of one update):"
 sed 's/^/  /' "$WORK/training-summary.txt"
+echo
+PROMPT="And God said unto Moses"
+echo "demo: \"$PROMPT\" continued by each model (fairseq-interactive, top-10 sampling, seed 1, decoded with" \
+  "data/sample/spm.model):"
+for arch in $MODELS; do
+  text="$(echo "$PROMPT" | "$BIN/fairseq-interactive" "$DATA" --user-dir "$ROOT/fairseq_tnn" --task tnn_language_modeling \
+    --path "$WORK/checkpoints/$arch/checkpoint_last.pt" --cpu --bpe sentencepiece \
+    --sentencepiece-model "$ROOT/data/sample/spm.model" --beam 1 --sampling --sampling-topk 10 --seed 1 \
+    --max-len-b 32 2> "$WORK/sample.log" | awk -F'\t' '/^D-0\t/ {print $3}')" \
+    || { cat "$WORK/sample.log" >&2; echo "demo: sampling from $arch failed" >&2; exit 1; }
+  echo "  $arch: $text"
+done
+
 echo
 echo "demo: plots: $RESULTS/extrapolation.png $RESULTS/training.png $RESULTS/training-wall.png"
 echo "demo: kernels: $(for arch in $MODELS; do printf '%s ' "$RESULTS/kernels/$arch/layer0.png"; done)(one per layer, kernels.json beside)"

@@ -58,5 +58,28 @@ def valid_ppls(log: str):
     return [float(m) for m in re.findall(r"valid on 'valid' subset \| loss [0-9.]+ \| ppl ([0-9.]+)", log)]
 
 
+@pytest.fixture(scope="session")
+def tiny_checkpoints(data_bin, tmp_path_factory):
+    """A few updates of each tiny model: {arch: checkpoint dir with checkpoint_best.pt}, for the
+    generation, scoring and fill-mask tests. The causal ones train with --sample-break-mode eos
+    (fairseq's numpy-2-sensitive path, see fairseq_tnn/compat.py)."""
+    root = tmp_path_factory.mktemp("tiny-checkpoints")
+    common = ["--cpu", "--user-dir", USER_DIR, "--batch-size", 8, "--max-update", 20, "--validate-interval-updates", 20,
+              "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", 10, "--seed", 1, "--num-workers", 0,
+              "--optimizer", "adam", "--lr", "0.003", "--max-valid-steps", 2]
+    out = {}
+    for arch in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
+        out[arch] = root / arch
+        run([cli("fairseq-train"), data_bin, *common, "--task", "tnn_language_modeling", "--criterion", "cross_entropy",
+             "--arch", arch, "--sample-break-mode", "eos", "--tokens-per-sample", 128, "--save-dir", out[arch]])
+    out["tnn_mlm_tiny"] = root / "tnn_mlm_tiny"
+    run([cli("fairseq-train"), data_bin, *common, "--task", "tnn_masked_lm", "--criterion", "masked_lm",
+         "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete", "--tokens-per-sample", 128,
+         "--save-dir", out["tnn_mlm_tiny"]])
+    for path in out.values():
+        assert (path / "checkpoint_best.pt").is_file(), path
+    return out
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where none is present, as in CI)")

@@ -700,6 +700,8 @@ def test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports(tmp_path):
         assert re.search(rf"^\| {model} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out  # table.md
         assert re.search(rf"^  {model}: 1 validations, ppl [0-9.]+ at update 6, [0-9.]+ at update 6; median update time [0-9.]+ ms$",
                          out, re.M), out
+        # a sampled continuation of the fixed prompt, as text (sentencepiece-decoded, no pieces)
+        assert re.search(rf"^  {model}: And God said unto Moses[^\u2581]*$", out, re.M), out
     for png in ("extrapolation.png", "training.png", "training-wall.png", "kernels/tnn_lm_tiny/layer0.png",
                 "kernels/fd_tnn_lm_tiny/layer1.png"):
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,10 +1,19 @@
-"""Causal TNN language model, registered as ``tnn_lm``."""
+"""Causal TNN language model, registered as ``tnn_lm``.
+
+Its decoder is a ``FairseqIncrementalDecoder``: fairseq's sequence generator (fairseq-interactive,
+fairseq-generate, the hub interface's ``sample``/``generate``) then feeds it one new token per step
+and it keeps, per layer, the TNO inputs v of the positions decoded so far, so that a step costs the
+per-token layers once plus one Toeplitz sum sum_{s <= t} k[t - s] v_s per layer, with the time kernel
+k computed once per generation (``docs/using-models.md``).
+"""
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Dict, Optional
 
 import torch
 import torch.nn.functional as F
-from fairseq.models import FairseqDecoder, FairseqLanguageModel, register_model, register_model_architecture
+from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.models.transformer import Embedding
 from torch import nn
 
@@ -14,6 +23,8 @@ from .config import TnnBlockConfig, set_defaults, validate_block_config
 # A TNN has no positional limit: report a bound no dataset reaches, so fairseq
 # never drops a long evaluation block because of the model.
 UNLIMITED_POSITIONS = 10 ** 9
+# Kernel length (and cache capacity) of an incremental generation nobody planned (see set_decoding_length).
+MIN_DECODING_LENGTH = 64
 
 
 @dataclass
@@ -24,7 +35,7 @@ class TnnLmConfig(TnnBlockConfig):
     no_scale_embedding: bool = field(default=False, metadata={"help": "do not scale the embeddings by sqrt(dim)"})
 
 
-class TnnDecoder(FairseqDecoder):
+class TnnDecoder(FairseqIncrementalDecoder):
     def __init__(self, cfg: TnnLmConfig, dictionary):
         super().__init__(dictionary)
         dim = cfg.decoder_embed_dim
@@ -41,25 +52,113 @@ class TnnDecoder(FairseqDecoder):
         else:
             self.output_projection = nn.Linear(dim, len(dictionary), bias=False)
             nn.init.normal_(self.output_projection.weight, mean=0, std=dim ** -0.5)
+        self.decoding_length: Optional[int] = None
 
-    def extract_features(self, prev_output_tokens: torch.Tensor, return_all_hiddens: bool = False):
+    def set_decoding_length(self, length: Optional[int]):
+        """Plan a generation of up to ``length`` tokens (None: no plan). The task does this around
+        every ``inference_step`` from the generator's --max-len-a/--max-len-b.
+
+        The incremental cache then computes each layer's time kernel once, for ``length`` positions.
+        A TNO whose kernel depends on the sequence length (FD) also uses the kernel of ``length``
+        positions in the full forward, so that a generation's log-probabilities are those of one
+        causal model whether cached or not (the full forward of the sequence right-padded to
+        ``length`` gives the same). Without a plan, the cache starts at max(T, 64) positions and
+        doubles when outgrown; for FD, outgrowing it recomputes the cache with the longer kernel."""
+        if length is not None and (not isinstance(length, int) or length < 1):
+            raise ValueError(f"decoding length must be an integer >= 1 or None, got {length!r}")
+        self.decoding_length = length
+        for layer in self.layers:
+            if hasattr(layer.gtu.tno, "kernel_length"):
+                layer.gtu.tno.kernel_length = length
+
+    def extract_features(self, prev_output_tokens: torch.Tensor, return_all_hiddens: bool = False,
+                         incremental_state: Optional[Dict[str, Dict[str, Optional[torch.Tensor]]]] = None):
+        if incremental_state is not None:
+            return self._extract_features_cached(prev_output_tokens, incremental_state), {"attn": [None],
+                                                                                            "inner_states": None}
+        pad_mask = prev_output_tokens.eq(self.padding_idx)
+        if not pad_mask.any():
+            pad_mask = None  # (padding, e.g. on the left of a short prompt, never mixes into real positions)
         x = self.dropout(self.embed_scale * self.embed_tokens(prev_output_tokens))  # (b, n, d)
         inner_states = [x] if return_all_hiddens else None
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, pad_mask)
             if return_all_hiddens:
                 inner_states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, {"attn": [None], "inner_states": inner_states}
 
+    def _extract_features_cached(self, tokens: torch.Tensor, incremental_state) -> torch.Tensor:
+        """Features of the positions of ``tokens`` (b, T) not yet in the cache (one per step under
+        fairseq's generator; all T on the first call or after a reset)."""
+        b, total = tokens.shape
+        state = self.get_incremental_state(incremental_state, "tnn_cache")
+        if state is not None and total > state["capacity"]:
+            state = self._grow(state, total, tokens.device)
+        if state is None:
+            capacity = max(total, self.decoding_length or max(total, MIN_DECODING_LENGTH))
+            state = self._new_state(b, capacity, tokens.device)
+        start = state["length"]
+        if total <= start:
+            raise ValueError(f"incremental decoding got {total} tokens but has already decoded {start}: "
+                             "pass the whole prefix, one or more tokens longer than at the previous call")
+        new = tokens[:, start:]
+        pad_mask = new.eq(self.padding_idx)
+        if not pad_mask.any():
+            pad_mask = None
+        x = self.dropout(self.embed_scale * self.embed_tokens(new))  # (b, c, d)
+        for layer, v_cache, kernel in zip(self.layers, state["v"], state["kernel"]):
+            x = layer.forward_cached(x, pad_mask, v_cache, kernel, start)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        state["length"] = total
+        self.set_incremental_state(incremental_state, "tnn_cache", state)
+        return x
+
+    def _new_state(self, batch: int, capacity: int, device):
+        kernels, caches = [], []
+        for layer in self.layers:
+            kernel = layer.gtu.tno.causal_kernel(capacity, device)  # (d1, capacity), once per generation
+            kernels.append(kernel.flip(-1).contiguous())  # reversed: a step reads its lags contiguously
+            caches.append(kernel.new_zeros(layer.gtu.d1, batch, capacity))
+        return {"length": 0, "capacity": capacity, "kernel": kernels, "v": caches}
+
+    def _grow(self, state, total: int, device):
+        """A cache outgrown: double it (at least to ``total``). Where the kernel depends on the length
+        (FD), the cached inputs were computed with the old kernel: start again (None)."""
+        capacity = max(2 * state["capacity"], total)
+        if any(layer.gtu.tno.kernel_depends_on_length for layer in self.layers):
+            return None
+        grown = self._new_state(state["v"][0].shape[1], capacity, device)
+        for old, new in zip(state["v"], grown["v"]):
+            new[:, :, : state["length"]] = old[:, :, : state["length"]]
+        grown["length"] = state["length"]
+        return grown
+
+    def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
+        """Beam search: keep the cached rows of the hypotheses that survive, in their new order."""
+        state = self.get_incremental_state(incremental_state, "tnn_cache")
+        if state is None:
+            return
+        batch, used = state["v"][0].shape[1], state["length"]
+        if new_order.numel() == batch and bool((new_order == torch.arange(batch, device=new_order.device)).all()):
+            return  # nothing moves (fairseq asks at every step, also for beam 1): no copy of the cache
+        reordered = []
+        for v in state["v"]:  # only the positions decoded so far are copied, not the spare capacity
+            w = v.new_zeros(v.shape[0], new_order.numel(), v.shape[2])
+            w[:, :, :used] = v[:, :, :used].index_select(1, new_order)
+            reordered.append(w)
+        state["v"] = reordered
+        self.set_incremental_state(incremental_state, "tnn_cache", state)
+
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.output_projection is None else self.output_projection.weight
         return F.linear(features, weight)
 
     def forward(self, prev_output_tokens, src_lengths=None, features_only: bool = False,
-                return_all_hiddens: bool = False, **kwargs):
-        x, extra = self.extract_features(prev_output_tokens, return_all_hiddens)
+                return_all_hiddens: bool = False, incremental_state=None, **kwargs):
+        x, extra = self.extract_features(prev_output_tokens, return_all_hiddens, incremental_state)
         if not features_only:
             x = self.output_layer(x)
         return x, extra
@@ -68,8 +167,30 @@ class TnnDecoder(FairseqDecoder):
         return UNLIMITED_POSITIONS
 
 
+@contextmanager
+def decoding_length(models, length: Optional[int]):
+    """``set_decoding_length(length)`` on every TNN decoder among ``models`` for the duration."""
+    decoders = [m.decoder for m in models if isinstance(getattr(m, "decoder", None), TnnDecoder)]
+    before = [d.decoding_length for d in decoders]
+    try:
+        for d in decoders:
+            d.set_decoding_length(length)
+        yield
+    finally:
+        for d, old in zip(decoders, before):
+            d.set_decoding_length(old)
+
+
 @register_model("tnn_lm", dataclass=TnnLmConfig)
 class TnnLanguageModel(FairseqLanguageModel):
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
+                        **kwargs):
+        """A trained checkpoint as fairseq's generator hub interface (``sample``, ``score``,
+        ``generate``): see ``fairseq_tnn.hub.TnnLMHubInterface`` and docs/using-models.md."""
+        from ..hub import TnnLMHubInterface, load
+        return load(cls, TnnLMHubInterface, model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+
     @classmethod
     def build_model(cls, cfg: TnnLmConfig, task):
         validate_block_config(cfg, "decoder_embed_dim", "decoder_layers", causal=True)

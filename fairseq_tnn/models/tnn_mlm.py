@@ -130,6 +130,14 @@ class TnnMaskedLMModel(FairseqEncoderModel):
         # model as a causal LM: a perplexity near 1, silently wrong
         raise ValueError(NOT_FOR_EVAL_LM)
 
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
+                        **kwargs):
+        """A trained checkpoint as a hub interface with ``fill_mask("The <mask> of Egypt", topk=5)``:
+        see ``fairseq_tnn.hub.TnnMaskedLMHubInterface`` and docs/using-models.md."""
+        from ..hub import TnnMaskedLMHubInterface, load
+        return load(cls, TnnMaskedLMHubInterface, model_name_or_path, checkpoint_file, data_name_or_path, **kwargs)
+
     def __init__(self, cfg: TnnMlmConfig, encoder: TnnEncoder):
         super().__init__(encoder)
         self.cfg = cfg

@@ -4,6 +4,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ..ops.toeplitz import causal_toeplitz_tail
 from .activations import get_activation
 from .norm import build_norm
 
@@ -50,6 +51,25 @@ class Gtu(nn.Module):
         out = torch.addmm(self.out_proj.bias, z.view(d1, b * n).t(), self.out_proj.weight.t())  # (b n, d)
         return out.view(b, n, d)
 
+    def forward_cached(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], v_cache: torch.Tensor,
+                       kernel: torch.Tensor, start: int) -> torch.Tensor:
+        """Incremental decoding (causal TNO): the outputs of positions start .. start + c - 1.
+
+        x (b, c, d): the new positions' inputs; pad_mask (b, c) or None; v_cache (d1, b, capacity):
+        the TNO inputs v of positions 0 .. start - 1, to which the new ones are written; kernel
+        (d1, L >= start + c): the TNO's causal time kernel, reversed (lag t at index L - 1 - t).
+        u, v and the output projection are per-token; the token mixing is sum_{s <= t} k[t - s] v_s
+        over the cache.
+        """
+        b, c, _ = x.shape
+        u, v = self.act(self.uv_proj(x)).chunk(2, dim=-1)  # (b, c, d1)
+        if pad_mask is not None:
+            v = v.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # as in forward: padding never mixes in
+        end = start + c
+        v_cache[:, :, start:end] = v.permute(2, 0, 1)
+        y = causal_toeplitz_tail(v_cache[:, :, :end], kernel, start, reversed_kernel=True)  # (d1, b, c)
+        return self.out_proj(u * y.permute(1, 2, 0).to(u.dtype))
+
 
 class Glu(nn.Module):
     """Gated linear unit: W_3(act(W_1 x) * W_2 x)."""
@@ -83,4 +103,13 @@ class TnnLayer(nn.Module):
             x = x + self.dropout(self.gtu(self.token_norm(x), pad_mask))
             return x + self.dropout(self.glu(self.channel_norm(x)))
         x = self.token_norm(x + self.dropout(self.gtu(x, pad_mask)))
+        return self.channel_norm(x + self.dropout(self.glu(x)))
+
+    def forward_cached(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], v_cache: torch.Tensor,
+                       kernel: torch.Tensor, start: int) -> torch.Tensor:
+        """``forward`` for the new positions of incremental decoding (see ``Gtu.forward_cached``)."""
+        if self.normalize_before:
+            x = x + self.dropout(self.gtu.forward_cached(self.token_norm(x), pad_mask, v_cache, kernel, start))
+            return x + self.dropout(self.glu(self.channel_norm(x)))
+        x = self.token_norm(x + self.dropout(self.gtu.forward_cached(x, pad_mask, v_cache, kernel, start)))
         return self.channel_norm(x + self.dropout(self.glu(x)))

@@ -19,7 +19,7 @@ from typing import Dict, Tuple
 import torch
 from torch import nn
 
-from ..ops.fd import fd_bidirectional_spectrum, fd_grid, hilbert_causal_spectrum
+from ..ops.fd import fd_bidirectional_spectrum, fd_causal_kernel, fd_grid, hilbert_causal_spectrum
 from ..ops.ski import ski_tno
 from ..ops.toeplitz import KernelRfft, fft_conv, fft_dtype, next_fast_len, seq_shape, swap_kernel_layout
 from .rpe import Rpe
@@ -49,6 +49,8 @@ class TnnTno(nn.Module):
     """
 
     layout = "dbn"
+    # the kernel at a lag does not depend on the sequence length
+    kernel_depends_on_length = False
 
     def __init__(self, dim: int, causal: bool, rpe_dim: int = 64, rpe_layers: int = 6,
                  rpe_activation: str = "relu", decay: float = 0.99, norm_type: str = "simplermsnorm"):
@@ -64,6 +66,15 @@ class TnnTno(nn.Module):
         if self.causal:
             return coef, None
         return coef[n - 1:], coef[: n - 1].flip(0)
+
+    def causal_kernel(self, n: int, device=None) -> torch.Tensor:
+        """The causal time kernel (d, n), lag t at index t: RPE(t) lambda^t, float32 (what ``spectrum``
+        transforms). Incremental decoding computes it once for the longest sequence it will decode."""
+        if not self.causal:
+            raise ValueError("causal_kernel is defined for a causal TNO only")
+        lags = torch.arange(n, device=device, dtype=torch.float32)
+        k = self.rpe.channel_major(lags, self._decay(lags))
+        return k.to(fft_dtype(k))
 
     def _decay(self, lags: torch.Tensor):
         if self.decay >= 1.0:
@@ -107,12 +118,30 @@ class FdTno(nn.Module):
     """
 
     layout = "dbn"
+    # the grid, hence every lag's coefficient, follows the sequence length
+    kernel_depends_on_length = True
 
     def __init__(self, dim: int, causal: bool, rpe_dim: int = 64, rpe_layers: int = 3,
                  rpe_activation: str = "relu", norm_type: str = "simplermsnorm"):
         super().__init__()
         self.causal = causal
         self.rpe = Rpe(dim if causal else 2 * dim, rpe_dim, rpe_layers, rpe_activation, norm_type)
+        # Set (by TnnDecoder.set_decoding_length) while a causal model generates: the kernel is then
+        # that of a sequence of max(n, kernel_length) positions, the same at every step of a generation,
+        # cached or not (a causal model's output at t never depends on the positions after t, but
+        # FD's kernel depends on the length: see causal_kernel). None: the input's own length.
+        self.kernel_length = None
+
+    def causal_kernel(self, n: int, device=None) -> torch.Tensor:
+        """The causal time kernel (d, n) of a sequence of n positions: lag t at index t, float32.
+
+        The inverse DFT of the causal spectrum on n's grid (``fd_causal_kernel``); a longer sequence
+        samples the RPE on a finer grid, so every lag's coefficient changes a little with n. For the
+        first m < n positions it is the kernel the full forward uses when ``kernel_length`` = n."""
+        if not self.causal:
+            raise ValueError("causal_kernel is defined for a causal TNO only")
+        _, omegas = fd_grid(n, device)
+        return fd_causal_kernel(self.rpe.channel_major(omegas), layout="dbn")[:, :n]
 
     def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
         size, omegas = fd_grid(n, device)
@@ -123,7 +152,7 @@ class FdTno(nn.Module):
         return fd_bidirectional_spectrum(k_real, k_imag, layout="dbn"), size
 
     def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
-        spec, size = self.spectrum(_length(x, layout), x.device)
+        spec, size = self.spectrum(max(_length(x, layout), self.kernel_length or 0), x.device)
         return _conv(x, spec, size, layout)
 
 

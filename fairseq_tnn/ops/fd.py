@@ -66,6 +66,20 @@ def hilbert_causal_spectrum(k_real: torch.Tensor, layout: str = "bnd") -> torch.
     even, so e[t] + e[N-t] = 2 e[t]. The zeroed half is never materialised:
     the rfft zero-pads its input of length N/2 + 1.
     """
+    causal = fd_causal_kernel(k_real, layout)
+    causal = swap_kernel_layout(causal, layout)  # (d, N'+1)
+    spec = KernelRfft.apply(causal, 2 * (causal.shape[-1] - 1))  # (d, N'+1)
+    return swap_kernel_layout(spec, layout)
+
+
+def fd_causal_kernel(k_real: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
+    """The causal time kernel whose spectrum ``hilbert_causal_spectrum`` returns: lags 0 .. N'.
+
+    k_real: (N'+1, d) real (``dbn``: (d, N'+1)) on the grid of ``fd_grid``; returns the kernel in the
+    same shape (lag t at index t; lags above N' are zero), float32 (float64 for float64 input). A
+    causal FD-TNO on n <= N' inputs is y[t] = sum_{s <= t} kernel[t - s] x[s] (no wrap-around: the
+    FFT size is 2 N'), which is how incremental decoding applies it one position at a time.
+    """
     check_layout(layout)
     kr = k_real.to(fft_dtype(k_real))
     kr = swap_kernel_layout(kr, layout)  # (d, N'+1)
@@ -74,8 +88,7 @@ def hilbert_causal_spectrum(k_real: torch.Tensor, layout: str = "bnd") -> torch.
         raise ValueError(f"k_real must have N'+1 >= 2 frequencies, got shape {tuple(k_real.shape)}")
     even = torch.fft.irfft(kr, n=size)  # (d, N), even sequence
     causal = even[..., : size // 2 + 1] * _causal_fold(size, kr.device, kr.dtype)[: size // 2 + 1]
-    spec = KernelRfft.apply(causal, size)  # (d, N'+1)
-    return swap_kernel_layout(spec, layout)
+    return swap_kernel_layout(causal, layout)
 
 
 def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor, layout: str = "bnd") -> torch.Tensor:

@@ -223,6 +223,33 @@ def toeplitz_fft(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor]
     return fft_conv(x, kernel_spectrum(pos, neg, size, layout), size, layout)
 
 
+def causal_toeplitz_tail(x: torch.Tensor, kernel: torch.Tensor, start: int,
+                         reversed_kernel: bool = False) -> torch.Tensor:
+    """Outputs start .. n-1 of a causal Toeplitz product, y[t] = sum_{s <= t} kernel[t - s] x[s].
+
+    Channel-major (``dbn``) only: x (d, *batch, n), kernel (d, L) with L >= n (lag t at index t, as
+    built once for the longest sequence and reused for every shorter one; with ``reversed_kernel``,
+    lag t at index L - 1 - t, so that the lags n-1 .. 0 a new position needs are the contiguous last n
+    columns). Returns (d, *batch, n - start) in x's dtype. This is the step of incremental decoding:
+    with the inputs of the positions decoded so far kept in x, one new position costs one weighted sum
+    over them (O(d batch n), bound by reading x once); several new positions at once go through the FFT
+    (``toeplitz_fft``). Equal to ``toeplitz_ref(x, kernel[:, :n], layout="dbn")[..., start:]``.
+    """
+    d, n = x.shape[0], x.shape[-1]
+    if kernel.dim() != 2 or kernel.shape[0] != d or kernel.shape[1] < n:
+        raise ValueError(f"kernel must have shape ({d}, L) with L >= n = {n}, got {tuple(kernel.shape)}")
+    if not 0 <= start < n:
+        raise ValueError(f"start must be in [0, n) = [0, {n}), got {start}")
+    if n - start == 1:
+        ct = fft_dtype(x)
+        k_rev = kernel[:, kernel.shape[1] - n:] if reversed_kernel else kernel[:, :n].flip(-1)  # lags n-1 .. 0
+        rows = x.reshape(d, -1, n).to(ct)  # (d, batch, n)
+        y = (rows * k_rev.to(ct).unsqueeze(1)).sum(-1)  # (d, batch): sum_s k[n-1-s] x[s]
+        return y.reshape(*x.shape[:-1], 1).to(x.dtype)
+    k = kernel[:, kernel.shape[1] - n:].flip(-1) if reversed_kernel else kernel[:, :n]
+    return toeplitz_fft(x, k, None, layout="dbn")[..., start:]
+
+
 def toeplitz_dense(pos: torch.Tensor, neg: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The explicit (d, n, n) Toeplitz matrices (``bnd`` kernels: pos (n, d), neg (n-1, d))."""
     n, d = pos.shape

@@ -7,14 +7,20 @@
 - Wall time and peak memory of every update are logged (see step_metrics).
 - Only causal language models are accepted; bad data stops with a clear message
   (see data_checks).
+- Generation (fairseq-interactive, fairseq-generate, the hub interface): every prompt is checked
+  (not empty, shorter than the generation's maximum length) before any work, and the TNN decoders
+  are told the generation's maximum length, so that their incremental cache computes each layer's
+  kernel once (see ``TnnDecoder.set_decoding_length``).
 """
 from dataclasses import dataclass
+from typing import Optional
 
 from fairseq import utils
 from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageModel
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from ..models.tnn_lm import decoding_length
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from .launch_check import check_joined
 from .precision import Bf16AutocastMixin, bf16_autocast_field
@@ -44,6 +50,32 @@ def check_blocks_fit(dataset, max_positions, split: str):
             "model's max positions (e.g. --model-overrides)")
 
 
+def generation_length(generator, src_tokens) -> Optional[int]:
+    """The most tokens (prompt included, leading <s>/</s> excluded) fairseq's SequenceGenerator will
+    produce for this batch: min(max_len_a * src_len + max_len_b, max_len - 1), as it computes it;
+    None for generators without a length limit (the SequenceScorer behind ``score``)."""
+    if not all(hasattr(generator, a) for a in ("max_len_a", "max_len_b", "max_len")):
+        return None
+    if getattr(generator, "match_source_len", False):
+        return int(src_tokens.size(1))
+    return min(int(generator.max_len_a * src_tokens.size(1) + generator.max_len_b), generator.max_len - 1)
+
+
+def check_prompts(src_tokens, pad: int, max_len: Optional[int]):
+    """Refuse empty prompts and prompts the generator would truncate, naming what to do."""
+    lengths = src_tokens.ne(pad).sum(dim=1) - 1  # the first token is the <s>/</s> every prompt starts with
+    if bool((lengths <= 0).any()):
+        raise ValueError("empty prompt: a language model continues (or scores) a text of at least one token; give "
+                         "it some text (to sample from the model unconditioned, start with any word)")
+    longest = int(lengths.max())
+    if max_len is not None and longest >= max_len:
+        raise ValueError(
+            f"a prompt has {longest} tokens but generation stops at {max_len} tokens, prompt included "
+            "(--max-len-a * (longest prompt + 1) + --max-len-b); fairseq would cut the prompt short. Raise "
+            f"--max-len-b (hub interface: max_len_b=...) above {longest}, e.g. to {longest} + the number of new "
+            "tokens wanted")
+
+
 @register_task("tnn_language_modeling", dataclass=TnnLanguageModelingConfig)
 class TnnLanguageModelingTask(StepMetricsMixin, Bf16AutocastMixin, LanguageModelingTask):
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
@@ -63,6 +95,15 @@ class TnnLanguageModelingTask(StepMetricsMixin, Bf16AutocastMixin, LanguageModel
                 f"--arch {getattr(cfg, '_name', None) or getattr(cfg, 'arch', None)!r} is not a causal language model; "
                 "--task tnn_language_modeling needs one (e.g. tnn_lm_*); use --task tnn_masked_lm for masked models")
         return super().build_model(cfg, from_checkpoint)
+
+    def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):
+        src_tokens = sample["net_input"]["src_tokens"]
+        max_len = generation_length(generator, src_tokens)
+        if prefix_tokens is None:
+            check_prompts(src_tokens, self.source_dictionary.pad(), max_len)
+        # the decoder sees at most max_len + 1 tokens: the leading </s> (or <s>) and max_len more
+        with decoding_length(models, None if max_len is None else max_len + 1):
+            return super().inference_step(generator, models, sample, prefix_tokens, constraints)
 
     def eval_lm_dataloader(self, dataset, *args, max_positions=None, **kwargs):
         check_blocks_fit(dataset, max_positions, "evaluated")

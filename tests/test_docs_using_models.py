@@ -1,0 +1,81 @@
+"""Every command of docs/using-models.md, run as written, in a directory laid out as after the demo
+(data-bin/sample, demo-run/checkpoints/<model>/checkpoint_best.pt, data/sample/spm.model, .venv,
+fairseq_tnn, benchmarks), with the session's tiny checkpoints."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+DOC = ROOT / "docs" / "using-models.md"
+VENV = Path(sys.executable).parent.parent
+
+
+def blocks():
+    return re.findall(r"```(bash|python)\n(.*?)```", DOC.read_text(), re.S)
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory, data_bin, tiny_checkpoints):
+    box = tmp_path_factory.mktemp("using-models")
+    (box / "data-bin").mkdir()
+    (box / "data-bin" / "sample").symlink_to(data_bin)
+    (box / "data" / "sample").mkdir(parents=True)
+    (box / "data" / "sample" / "spm.model").symlink_to(ROOT / "data" / "sample" / "spm.model")
+    (box / "demo-run" / "checkpoints").mkdir(parents=True)
+    for arch in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
+        (box / "demo-run" / "checkpoints" / arch).symlink_to(tiny_checkpoints[arch])
+    for name, target in ((".venv", VENV), ("fairseq_tnn", ROOT / "fairseq_tnn"), ("benchmarks", ROOT / "benchmarks")):
+        (box / name).symlink_to(target)
+    return box
+
+
+def run_block(kind, code, cwd, scripts):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    if kind == "bash":
+        cmd = ["bash", "-euo", "pipefail", "-c", code]
+    else:  # from a file elsewhere, so that `import fairseq_tnn` finds the installed package, as from the repo root
+        script = scripts / f"block{len(list(scripts.iterdir()))}.py"
+        script.write_text(code)
+        cmd = [sys.executable, str(script)]
+    proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600,
+                          env=env)
+    assert proc.returncode == 0, f"{kind} block failed:\n{code}\n---\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout  # fairseq logs to stderr
+
+
+def test_every_example_runs(sandbox, tmp_path):
+    found = blocks()
+    assert [k for k, _ in found] == ["bash", "bash", "python", "bash", "python", "bash"], found
+    outs = [run_block(kind, code, sandbox, tmp_path) for kind, code in found]
+    interactive, generate, hub, _, fill, bench = outs
+    for out in (interactive, generate):
+        texts = dict(re.findall(r"^D-(\d+)\t\S+\t(.*)$", out, re.M))
+        assert texts["0"].startswith("And God said") and texts["1"].startswith("In the beginning God created"), out
+    lines = hub.splitlines()
+    assert lines[0].startswith("And God said") and lines[1].startswith("['And God said")
+    assert lines[2].startswith("And God said unto Moses tensor([")
+    assert len(re.findall(r"^-?[0-9.]+ The LORD", hub, re.M)) == 3, hub
+    assert len(re.findall(r"^0\.\d{3} '.+': The.* of Egypt$", fill, re.M)) == 5, fill
+    result = json.loads((sandbox / "results" / "generate-quick" / "generate.json").read_text())
+    assert [r["arch"] for r in result["results"]] == ["tnn_lm_tiny", "fd_tnn_lm_tiny"]
+    for r in result["results"]:
+        assert r["same_tokens"] and not r["uncached_estimated"] and r["speedup"] > 0  # timings: not asserted
+        assert r["cache_v_kib_per_token_layer"] == 3 * 64 * 4 / 1024  # d1 = 3 x 64 fp32 values
+    for per in result["per_position"].values():
+        assert per["cached_positions"] == list(range(16, 64)) and len(per["cached_step_ms"]) == 48
+    assert "| tnn_lm_tiny |" in (sandbox / "results" / "generate-quick" / "generate.md").read_text()
+    assert (sandbox / "results" / "generate-quick" / "generate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "generate: " in bench
+
+
+def test_benchmark_refuses_to_overwrite(tmp_path):
+    (tmp_path / "generate.json").write_text("{}")
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/generate.py"), "--quick", "--out", str(tmp_path)],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert proc.returncode == 2 and "pass --force" in proc.stdout
