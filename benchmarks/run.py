@@ -3,6 +3,9 @@
     .venv/bin/python benchmarks/run.py [--quick] [--out results/bench] [--sections causal bidirectional rpe layer]
                                        [--force]
 
+With ``--device cuda`` (or ``--device cpu``) it runs ``benchmarks/trainer.py`` instead: whole updates
+through fairseq's Trainer, eager vs compiled, with kernel time and count per update (see that file).
+
 Writes ``results.json``, ``results.md`` (tables of ratios with the papers' figures beside ours, and the
 issue's targets, met or missed) and PNG plots into ``--out``. Sections:
 
