@@ -76,9 +76,14 @@ class TnnDecoder(FairseqIncrementalDecoder):
         if incremental_state is not None:
             return self._extract_features_cached(prev_output_tokens, incremental_state), {"attn": [None],
                                                                                             "inner_states": None}
-        pad_mask = prev_output_tokens.eq(self.padding_idx)
-        if not pad_mask.any():
-            pad_mask = None  # (padding, e.g. on the left of a short prompt, never mixes into real positions)
+        # Padding (e.g. on the left of a short prompt) must never mix into real positions. Training
+        # batches are padded on the right only, which a causal model never sees from a real position,
+        # so training skips the mask and the host sync of pad_mask.any() (a stall per update on a GPU).
+        pad_mask = None
+        if not self.training:
+            pad_mask = prev_output_tokens.eq(self.padding_idx)
+            if not pad_mask.any():
+                pad_mask = None
         x = self.dropout(self.embed_scale * self.embed_tokens(prev_output_tokens))  # (b, n, d)
         inner_states = [x] if return_all_hiddens else None
         for layer in self.layers:
