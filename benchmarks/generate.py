@@ -52,12 +52,7 @@ WT103_VOCAB = 50264
 MIB = 2.0 ** 20
 
 
-def _proc_status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    return 0
+from benchmarks.run import _proc_status_kib  # noqa: E402  (one reader of /proc/self/status)
 
 
 def _reset_hwm():
