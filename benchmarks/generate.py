@@ -91,9 +91,7 @@ def _sync(device):
 
 def run_cached(model, prompt_tokens, tokens: int, device: str) -> Dict:
     """One whole cached generation; per-position times from time-stamped decoder calls."""
-    from fairseq_tnn.models.tnn_lm import decoding_length
     dec = model.decoder
-    eos = dec.dictionary.eos()
     gen = make_generator(model, len(prompt_tokens), tokens)
     stamps, forward = [], dec.forward
 
@@ -104,13 +102,7 @@ def run_cached(model, prompt_tokens, tokens: int, device: str) -> Dict:
 
     dec.forward = stamped
     try:
-        with torch.no_grad(), decoding_length([model], len(prompt_tokens) + tokens + 1):
-            _sync(device)
-            t0 = time.perf_counter()
-            hypos = gen.generate([model], sample_for(prompt_tokens, eos), prefix_tokens=prompt_tokens[None],
-                                 bos_token=eos)
-            _sync(device)
-            wall = time.perf_counter() - t0
+        hypos, t0, wall = timed_generate(gen, model, prompt_tokens, tokens, device)
     finally:
         dec.forward = forward
     out = hypos[0][0]["tokens"]  # prompt + new tokens + </s>
@@ -134,18 +126,23 @@ def uncached_step(model, prefix: torch.Tensor, device: str):
         return (time.perf_counter() - t0) * 1e3, int(lprobs[0, -1].argmax())
 
 
-def run_uncached_full(model, prompt_tokens, tokens: int, device: str) -> Dict:
+def timed_generate(gen, model, prompt_tokens, tokens: int, device: str):
+    """(hypotheses, start time, wall seconds) of one generation of ``tokens`` after the prompt."""
     from fairseq_tnn.models.tnn_lm import decoding_length
     eos = model.decoder.dictionary.eos()
-    gen = make_generator(model, len(prompt_tokens), tokens)
-    gen.model.has_incremental = False  # fairseq's own switch: re-run the whole prefix every step
     with torch.no_grad(), decoding_length([model], len(prompt_tokens) + tokens + 1):
         _sync(device)
         t0 = time.perf_counter()
         hypos = gen.generate([model], sample_for(prompt_tokens, eos), prefix_tokens=prompt_tokens[None],
                              bos_token=eos)
         _sync(device)
-        wall = time.perf_counter() - t0
+        return hypos, t0, time.perf_counter() - t0
+
+
+def run_uncached_full(model, prompt_tokens, tokens: int, device: str) -> Dict:
+    gen = make_generator(model, len(prompt_tokens), tokens)
+    gen.model.has_incremental = False  # fairseq's own switch: re-run the whole prefix every step
+    hypos, _, wall = timed_generate(gen, model, prompt_tokens, tokens, device)
     return dict(wall_s=wall, tokens_per_s=tokens / wall, tokens=hypos[0][0]["tokens"][:-1].tolist())
 
 

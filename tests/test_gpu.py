@@ -13,6 +13,7 @@ import torch
 
 from conftest import USER_DIR, cli, run
 from fairseq_tnn.models.blocks import compile_layers
+from test_compile import assert_compiled_matches_eager
 from fairseq_tnn.models.build import build_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -55,13 +56,7 @@ def test_compiled_equals_eager_on_gpu(arch):
     compiled = copy.deepcopy(eager)
     compile_layers(torch.nn.ModuleList([compiled]))
     for n in (512, 1000):
-        x = torch.randn(2, n, 512, device="cuda")
-        xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-        ye, yc = eager(xe), compiled(xc)
-        g = torch.randn_like(ye)
-        ye.backward(g)
-        yc.backward(g)
-        assert rel(yc, ye) < 1e-5 and rel(xc.grad, xe.grad) < 1e-5
+        assert_compiled_matches_eager(eager, compiled, torch.randn(2, n, 512, device="cuda"))
 
 
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)

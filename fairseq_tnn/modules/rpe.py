@@ -26,33 +26,36 @@ class Rpe(nn.Module):
 
     def features(self, t: torch.Tensor) -> torch.Tensor:
         """t: (m,) -> (m, hidden), the input of the last Linear, in fp32 (fp64 for fp64 weights)."""
-        h = self._linear(t.unsqueeze(-1), self.proj)  # (m, hidden)
-        for norm, linear in zip(self.norms, self.linears):
-            h = self._linear(self.act(self._norm(norm, h)), linear)
-        return self.act(self._norm(self.norms[-1], h))
+        with torch.autocast(t.device.type, enabled=False):
+            h = self._linear(t.unsqueeze(-1), self.proj)  # (m, hidden)
+            for norm, linear in zip(self.norms, self.linears):
+                h = self._linear(self.act(self._norm(norm, h)), linear)
+            return self.act(self._norm(self.norms[-1], h))
 
     # The whole MLP runs in at least fp32, outside autocast and whatever the weights' dtype (--fp16
     # halves them): its input is an integer lag or a frequency, and a linear function of lag t has
     # to resolve t from t + 1. bf16 (8-bit significand) cannot from t = 256 on, fp16 (11 bits) from
     # 2048: the model would give distinct lags the same kernel value. The MLP is tiny (m x hidden).
+    # The helpers below run inside the caller's autocast-free region.
     def _dtype(self) -> torch.dtype:
         return torch.promote_types(self.proj.weight.dtype, torch.float32)
 
     def _linear(self, h: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
         dt = self._dtype()
-        with torch.autocast(h.device.type, enabled=False):
-            return F.linear(h.to(dt), linear.weight.to(dt), linear.bias.to(dt))
+        return F.linear(h.to(dt), linear.weight.to(dt), linear.bias.to(dt))
 
-    def _norm(self, norm: nn.Module, h: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(h.device.type, enabled=False):
-            if isinstance(norm, nn.LayerNorm):
-                dt = h.dtype
-                return F.layer_norm(h, norm.normalized_shape, norm.weight.to(dt), norm.bias.to(dt), norm.eps)
-            return norm(h)
+    @staticmethod
+    def _norm(norm: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        if isinstance(norm, nn.LayerNorm):
+            dt = h.dtype
+            return F.layer_norm(h, norm.normalized_shape, norm.weight.to(dt), norm.bias.to(dt), norm.eps)
+        return norm(h)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         """t: (m,) positions or frequencies -> (m, out_dim), fp32 (see ``_dtype``)."""
-        return self._linear(self.features(t), self.out)
+        h = self.features(t)
+        with torch.autocast(t.device.type, enabled=False):
+            return self._linear(h, self.out)
 
     def channel_major(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(out_dim, m): ``forward(t).t()``, times ``scale`` (m,) per position if given.

@@ -85,8 +85,7 @@ class TnnTno(nn.Module):
         """(d, size // 2 + 1) spectrum of the circulant embedding for length n, and size."""
         size = next_fast_len(2 * n - 1)  # no wrap-around for lags up to n - 1 either way
         if self.causal:
-            lags = torch.arange(n, device=device, dtype=torch.float32)
-            k = self.rpe.channel_major(lags, self._decay(lags))  # (d, n), zero-padded by the FFT
+            k = self.causal_kernel(n, device)  # (d, n), zero-padded by the FFT
         else:
             # the RPE is evaluated straight at the circulant's first column: lags 0 .. n-1, then
             # zeros (padding slots, RPE input 0, scaled by 0), then lags -(n-1) .. -1
