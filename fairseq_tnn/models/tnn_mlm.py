@@ -195,6 +195,12 @@ def tnn_mlm_wt103(args):
     mlm_base(args)
 
 
+@register_model_architecture("tnn_mlm", "tnn_mlm_wt103_rpe3")
+def tnn_mlm_wt103_rpe3(args):
+    """The bidirectional TNN with a 3-layer RPE, the baseline beside FD-TNN's 3-layer RPE."""
+    mlm_base(args, rpe_layers=3)
+
+
 @register_model_architecture("tnn_mlm", "fd_tnn_mlm_wt103")
 def fd_tnn_mlm_wt103(args):
     """Bidirectional FD-TNN: complex frequency response from a 3-layer RPE (one FFT fewer than TNN)."""

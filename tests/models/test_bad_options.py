@@ -3,7 +3,7 @@
 Each runs fairseq-train's own argument parsing, task setup and model building in
 process (fast), and must stop with a message naming the option, the value and what
 is allowed, before any dataset is loaded (data_utils.load_indexed_dataset is never
-called). tests/test_bad_input_cli.py runs a few of these through the real CLI.
+called). tests/cli/test_bad_input_cli.py runs a few of these through the real CLI.
 """
 import re
 

@@ -2,7 +2,7 @@
 in fp16 and bf16, compiled layers equal eager ones on the GPU, evaluation at 14,336 tokens is finite in
 fp16, and the causal models are causal in fp32.
 
-Run on a GPU machine with ``python -m pytest tests/test_gpu.py`` (FAIRSEQ_BIN names the fairseq CLIs
+Run on a GPU machine with ``python -m pytest tests/gpu/test_gpu.py`` (FAIRSEQ_BIN names the fairseq CLIs
 when they are not beside that Python)."""
 import copy
 import math

@@ -13,53 +13,53 @@ from conftest import ROOT
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CI = "ci: .ci/run"  # the command CI itself runs
 # Pages whose every block a test runs as written, in order (no per-command rows needed)
-RUN_AS_WRITTEN = {"docs/using-models.md": "test_docs_using_models.py"}
+RUN_AS_WRITTEN = {"docs/using-models.md": "scripts/test_docs_using_models.py"}
 
 # (regex on the command line, tests that run it)
 COVERAGE = [
-    (r"^bash scripts/demo\.sh$", ["test_scripts.py::test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports"]),
+    (r"^bash scripts/demo\.sh$", ["scripts/test_scripts.py::test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports"]),
     (r"^bash scripts/test\.sh$", [CI]),
-    (r"^bash scripts/setup\.sh$", ["test_scripts.py::test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports"]),
+    (r"^bash scripts/setup\.sh$", ["scripts/test_scripts.py::test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports"]),
     (r"^bash scripts/preprocess\.sh data/sample data-bin/sample$",
-     ["test_scripts.py::test_preprocess_skips_a_binarised_dir_and_redoes_it_with_force"]),
-    (r"^bash scripts/prepare-wikitext-103\.sh$", ["test_scripts.py::test_prepare_runs_offline_from_manually_placed_files",
-                                                  "test_scripts.py::test_prepare_dry_run_prints_the_pipeline"]),
+     ["scripts/test_scripts.py::test_preprocess_skips_a_binarised_dir_and_redoes_it_with_force"]),
+    (r"^bash scripts/prepare-wikitext-103\.sh$", ["scripts/test_scripts.py::test_prepare_runs_offline_from_manually_placed_files",
+                                                  "scripts/test_scripts.py::test_prepare_dry_run_prints_the_pipeline"]),
     (r"^(NPROC=1 |DRY_RUN=1 )?bash scripts/train\.sh \w+_wt103(_rpe3)? data-bin/wikitext-103$",
-     ["test_scripts.py::test_train_dry_run_recipe_flag_by_flag"]),
+     ["scripts/test_scripts.py::test_train_dry_run_recipe_flag_by_flag"]),
     (r"^CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$",
-     ["test_scripts.py::test_train_sh_trains_on_cpu_with_json_log_and_tensorboard"]),
+     ["scripts/test_scripts.py::test_train_sh_trains_on_cpu_with_json_log_and_tensorboard"]),
     (r"^CPU=1 MAX_UPDATE=1 .* bash scripts/train\.sh tnn_mlm_tiny data-bin/sample$",
-     ["test_scripts.py::test_train_retries_a_run_that_saved_no_checkpoint"]),
+     ["scripts/test_scripts.py::test_train_retries_a_run_that_saved_no_checkpoint"]),
     (r"^python -m fairseq_tnn\.launch --nproc 2 --cpu -- ",
-     ["test_distributed.py::test_two_processes_train_as_one_with_update_freq_2"]),
-    (r"^python -m fairseq_tnn\.launch --nproc 8 -- ", ["test_distributed.py::test_dry_run_variants"]),
+     ["reliability/test_distributed.py::test_two_processes_train_as_one_with_update_freq_2"]),
+    (r"^python -m fairseq_tnn\.launch --nproc 8 -- ", ["reliability/test_distributed.py::test_dry_run_variants"]),
     (r"^python -m fairseq_tnn\.launch --nproc 2 --cpu --dry-run -- ",
-     ["test_distributed.py::test_dry_run_cpu_prints_one_command_per_rank"]),
+     ["reliability/test_distributed.py::test_dry_run_cpu_prints_one_command_per_rank"]),
     (r"^(sbatch (--nodes=2 )?|DRY_RUN=1 SLURM_\S+ SLURM_\S+ SLURM_\S+ bash )scripts/slurm/\w+_wt103(_rpe3)?\.sbatch$",
-     ["test_scripts.py::test_sbatch_dry_run_is_train_sh_recipe_under_srun"]),
+     ["scripts/test_scripts.py::test_sbatch_dry_run_is_train_sh_recipe_under_srun"]),
     (r"^(jid=\$\(sbatch --parsable|REPORT_ONLY=1 sbatch) .*scripts/slurm/extrapolation\.sbatch ",
-     ["test_scripts.py::test_extrapolation_array_dry_run"]),
+     ["scripts/test_scripts.py::test_extrapolation_array_dry_run"]),
     (r"^fairseq-hydra-train --config-dir configs/experiments ",
-     ["test_scripts.py::test_hydra_experiment_trains_two_updates_with_the_local_launcher",
-      "test_scripts.py::test_experiment_yaml_equals_train_sh_recipe"]),
+     ["scripts/test_scripts.py::test_hydra_experiment_trains_two_updates_with_the_local_launcher",
+      "scripts/test_scripts.py::test_experiment_yaml_equals_train_sh_recipe"]),
     (r"^fairseq-hydra-train --config-dir configs --config-name tnn_lm_sample ",
-     ["test_cli.py::test_hydra_train_with_a_config_from_configs"]),
-    (r"^python scripts/plot_training\.py ", ["test_scripts.py::test_plot_training_on_the_train_log"]),
+     ["cli/test_cli.py::test_hydra_train_with_a_config_from_configs"]),
+    (r"^python scripts/plot_training\.py ", ["scripts/test_scripts.py::test_plot_training_on_the_train_log"]),
     (r"^DATA=\S+ bash scripts/eval_extrapolation\.sh ",
-     ["test_scripts.py::test_eval_extrapolation_scores_every_token_at_every_length",
-      "test_scripts.py::test_eval_extrapolation_dry_run_commands"]),
-    (r"^fairseq-eval-lm data-bin/sample ", ["test_cli.py::test_eval_lm_scores_every_token"]),
-    (r"^fairseq-validate data-bin/sample ", ["test_cli.py::test_masked_lm_trains_and_validates_at_8x_length"]),
-    (r"^python scripts/plot_kernels\.py checkpoints/\S+ ", ["test_plot_kernels.py::test_checkpoint_figures_and_json"]),
+     ["scripts/test_scripts.py::test_eval_extrapolation_scores_every_token_at_every_length",
+      "scripts/test_scripts.py::test_eval_extrapolation_dry_run_commands"]),
+    (r"^fairseq-eval-lm data-bin/sample ", ["cli/test_cli.py::test_eval_lm_scores_every_token"]),
+    (r"^fairseq-validate data-bin/sample ", ["cli/test_cli.py::test_masked_lm_trains_and_validates_at_8x_length"]),
+    (r"^python scripts/plot_kernels\.py checkpoints/\S+ ", ["scripts/test_plot_kernels.py::test_checkpoint_figures_and_json"]),
     (r"^python scripts/plot_kernels\.py --init-study ",
-     ["test_plot_kernels.py::test_init_study_reproduces_the_smoothness_and_decay_figures"]),
-    (r"^\.venv/bin/python benchmarks/run\.py (?!--device)", ["test_benchmarks.py::test_quick_benchmark_writes_json_markdown_and_plots"]),
+     ["scripts/test_plot_kernels.py::test_init_study_reproduces_the_smoothness_and_decay_figures"]),
+    (r"^\.venv/bin/python benchmarks/run\.py (?!--device)", ["scripts/test_benchmarks.py::test_quick_benchmark_writes_json_markdown_and_plots"]),
     (r"^(\.venv/bin/)?python3? benchmarks/run\.py --device ",
-     ["test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer_eager_and_compiled",
-      "test_benchmarks.py::test_trainer_benchmark_refuses_cuda_without_a_gpu"]),
+     ["scripts/test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer_eager_and_compiled",
+      "scripts/test_benchmarks.py::test_trainer_benchmark_refuses_cuda_without_a_gpu"]),
     (r"^(PRECISION=bf16|TNN_COMPILE=0) bash scripts/train\.sh \w+_wt103 data-bin/wikitext-103$",
-     ["test_scripts.py::test_train_dry_run_precision_and_compile"]),
-    (r"^(FAIRSEQ_BIN=\S+ )?python3? -m pytest tests/test_gpu\.py", ["test_gpu.py::test_fairseq_train_on_gpu"]),
+     ["scripts/test_scripts.py::test_train_dry_run_precision_and_compile"]),
+    (r"^(FAIRSEQ_BIN=\S+ )?python3? -m pytest tests/gpu/test_gpu\.py", ["gpu/test_gpu.py::test_fairseq_train_on_gpu"]),
 ]
 
 
@@ -96,7 +96,7 @@ def test_every_command_is_run_by_a_test(page, command):
         assert str(page) in runner or page.name in runner, f"{RUN_AS_WRITTEN[str(page)]} no longer runs {page}"
         return
     rows = [tests for pattern, tests in COVERAGE if re.search(pattern, command)]
-    assert rows, f"{page}: no test runs `{command}`; add one and a row to COVERAGE in tests/test_docs.py"
+    assert rows, f"{page}: no test runs `{command}`; add one and a row to COVERAGE in tests/scripts/test_docs.py"
     for tests in rows:
         for test in tests:
             if test == CI:

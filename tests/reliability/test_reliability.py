@@ -169,7 +169,7 @@ def test_line_longer_than_a_block_in_complete_mode_is_a_clear_error(data_bin, tm
     if task == "causal":
         cmd = lm_cmd(data_bin, tmp_path / "ck", 2) + ["--sample-break-mode", "complete"]
     else:
-        # the masked task drops such blocks by default (tests/test_oversized_blocks.py); strict on request
+        # the masked task drops such blocks by default (tests/cli/test_oversized_blocks.py); strict on request
         cmd = mlm_cmd(data_bin, tmp_path / "ck", 2) + ["--tokens-per-sample", 64, "--oversized-blocks", "error"]
     log = run(cmd, expect_ok=False)
     assert re.search(r"--tokens-per-sample=64 is too small for --sample-break-mode complete: line \d+ of .* has \d+ "
