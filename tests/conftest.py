@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 # The fairseq CLIs: beside the Python that runs pytest (scripts/test.sh's venv), or where FAIRSEQ_BIN says
@@ -29,6 +30,21 @@ def run(cmd, expect_ok=True, timeout=900, env=None):
 
 def cli(name):
     return str(BIN / name)
+
+
+def rel(a, b):
+    """Relative error ||a - b|| / ||b||."""
+    return ((a - b).norm() / b.norm()).item()
+
+
+def assert_compiled_matches_eager(eager, compiled, x, tol=1e-5):
+    """Forward and input gradient of the two layers on the same x agree (parameter gradients accumulate)."""
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ye, yc = eager(xe), compiled(xc)
+    g = torch.randn_like(ye)
+    ye.backward(g)
+    yc.backward(g)
+    assert rel(yc, ye) < tol and rel(xc.grad, xe.grad) < tol
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,8 @@ import re
 import pytest
 import torch
 
-from conftest import USER_DIR, cli, run
+from conftest import USER_DIR, assert_compiled_matches_eager, cli, run
 from fairseq_tnn.models.blocks import compile_layers
-from test_compile import assert_compiled_matches_eager
 from fairseq_tnn.models.build import build_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -8,26 +8,12 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from conftest import LM_TRAIN, USER_DIR, cli, run
+from conftest import LM_TRAIN, USER_DIR, assert_compiled_matches_eager, cli, rel, run
 from fairseq_tnn.models.blocks import compile_layers
 from fairseq_tnn.models.build import build_arch
 
 KINDS = {"tnn causal": "tnn_lm_tiny", "fd causal": "fd_tnn_lm_tiny", "tnn bidirectional": "tnn_mlm_tiny",
          "fd bidirectional": "fd_tnn_mlm_tiny", "ski": "ski_tnn_mlm_tiny"}
-
-
-def rel(a, b):
-    return ((a - b).norm() / b.norm()).item()
-
-
-def assert_compiled_matches_eager(eager, compiled, x, tol=1e-5):
-    """Forward and input gradient of the two layers on the same x agree (parameter gradients accumulate)."""
-    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-    ye, yc = eager(xe), compiled(xc)
-    g = torch.randn_like(ye)
-    ye.backward(g)
-    yc.backward(g)
-    assert rel(yc, ye) < tol and rel(xc.grad, xe.grad) < tol
 
 
 def layers_of(model):
