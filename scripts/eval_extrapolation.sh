@@ -90,7 +90,8 @@ if [[ -z "$TRAIN_TOKENS" || -z "$TABLE_TOKENS" ]]; then
     trained_lengths="$("$PYTHON" - "${ckpts[@]}" <<'PY'
 import sys
 
-import fairseq_tnn  # noqa: F401  (registers the models; old-style checkpoints load with weights_only on)
+import fairseq_tnn
+fairseq_tnn.register()  # the models; old-style checkpoints load with weights_only on
 from fairseq import checkpoint_utils
 
 for path in sys.argv[1:]:

@@ -5,9 +5,9 @@
     python scripts/plot_kernels.py CKPT --layers 0 5 --channels 0 1 2 3 --length 512 --out DIR
     python scripts/plot_kernels.py --init-study --out results/kernels/init
 
-The kernels are computed by the model's own TNO modules (fairseq_tnn/modules/tno.py), never re-derived:
-  tnn  TnnTno.kernel(n) (RPE MLP of the lag times lambda^|t|) and TnnTno.spectrum(n)
-  fd   FdTno.spectrum(n) (RPE MLP of the frequency; Hilbert transform when causal), inverted by an FFT
+The kernels are computed by the model's own TNO modules (fairseq_tnn/modules/tno/), never re-derived:
+  tnn  TnnTno.kernel(n): the RPE MLP of the lag times lambda^|t|, the coefficients its forward applies
+  fd   FdTno.kernel(n): the inverse FFT of its spectrum (RPE MLP of the frequency; Hilbert transform when causal)
   ski  SkiTno's two parts from fairseq_tnn/ops/ski.py: the band (its conv_weight taps) and the low-rank
        W A W^T (ski_lowrank_dense of its knots); the operator is their sum. SKI's low-rank part is only
        approximately Toeplitz, so its "impulse response" is the column of the middle position.
@@ -52,7 +52,8 @@ def load_model(path: Path):
     sys.path.insert(0, str(ROOT))
     import torch  # noqa: F401
 
-    import fairseq_tnn  # noqa: F401  (registers tnn_lm / tnn_mlm)
+    import fairseq_tnn
+    fairseq_tnn.register()  # tnn_lm / tnn_mlm
     from fairseq import checkpoint_utils
     from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY
 
@@ -89,11 +90,9 @@ def tno_layers(model):
 
 
 def tno_kind(tno):
-    from fairseq_tnn.modules.tno import FdTno, SkiTno, TnnTno
-    for cls, kind in ((TnnTno, "tnn"), (FdTno, "fd"), (SkiTno, "ski")):
-        if isinstance(tno, cls):
-            return kind
-    raise TypeError(f"unknown TNO module {type(tno).__name__}")
+    if tno.name not in ("tnn", "fd", "ski"):
+        raise TypeError(f"no pictures for TNO type {tno.name!r} ({type(tno).__name__})")
+    return tno.name
 
 
 def tno_channels(tno):
@@ -105,14 +104,6 @@ def tno_channels(tno):
 
 
 # ---------------------------------------------------------------- kernels through the model's modules
-
-def _from_circulant(col, n):
-    """Lags 0..n-1 and -1..-(n-1) of a circulant first column (d, size): pos (d, n), neg (d, n-1)."""
-    size = col.shape[-1]
-    pos = col[:, :n]
-    neg = col[:, size - n + 1:].flip(-1) if n > 1 else col[:, :0]
-    return pos, neg
-
 
 def _toeplitz(pos, neg):
     """(c, n, n) matrices T[i, j] = k(i - j) from pos (c, n) (lags 0..n-1) and neg (c, n-1) (lags -1..-(n-1))."""
@@ -131,14 +122,9 @@ def layer_kernels(tno, n: int, channels):
     out = {"kind": kind, "causal": bool(getattr(tno, "causal", False))}
     with torch.no_grad():
         if kind in ("tnn", "fd"):
-            if kind == "tnn":
-                pos, neg = tno.kernel(n)  # (n, d), (n-1, d) or None
-                pos = pos.t()[ch].double()
-                neg = neg.t()[ch].double() if neg is not None else pos.new_zeros(len(ch), n - 1)
-            else:
-                spec, size = tno.spectrum(n)
-                col = torch.fft.irfft(spec[ch].to(torch.complex128), n=size)  # circulant first column (c, size)
-                pos, neg = _from_circulant(col, n)
+            pos, neg = tno.kernel(n)  # (d, n), (d, n-1) or None when causal: the operator the layer applies
+            pos = pos[ch].double()
+            neg = neg[ch].double() if neg is not None else pos.new_zeros(len(ch), n - 1)
             matrix = _toeplitz(pos, neg)
             impulse = torch.cat([neg.flip(-1), pos], dim=-1)  # lags -(n-1) .. n-1
         else:
@@ -326,21 +312,20 @@ def init_study(args):
     import torch
 
     sys.path.insert(0, str(ROOT))
-    from fairseq_tnn.modules.tno import TNO_FIELDS, FdTno
+    from fairseq_tnn.modules.tno import FdTno
 
     n = args.length or 512
     channels = list(args.channels)
     prepare_out(args.out, args.force)
-    defaults = TNO_FIELDS["fd"]
+    defaults = FdTno.Settings()
     plt = _plt()
     fig_d, ax_d = plt.subplots(figsize=(6.4, 4.0), dpi=100)
     causal = not args.bidirectional
-    report = {"length": n, "causal": causal, "seed": args.seed, "rpe_dim": defaults["rpe_dim"],
-              "rpe_layers": defaults["rpe_layers"], "channels": channels, "activations": {}}
+    report = {"length": n, "causal": causal, "seed": args.seed, "rpe_dim": defaults.rpe_dim,
+              "rpe_layers": defaults.rpe_layers, "channels": channels, "activations": {}}
     for act in INIT_ACTIVATIONS:
         torch.manual_seed(args.seed)
-        tno = FdTno(max(channels) + 1, causal, defaults["rpe_dim"], defaults["rpe_layers"], act,
-                    defaults["rpe_norm_type"])
+        tno = FdTno(max(channels) + 1, causal, rpe_activation=act)
         k = layer_kernels(tno, n, channels)
         pos = np.abs(k["impulse"][:, n - 1:])  # lags 0 .. n-1
         neg = np.abs(k["impulse"][:, : n - 1][:, ::-1])  # lags -1 .. -(n-1)

@@ -78,7 +78,7 @@ def valid_ppls(log: str):
 def tiny_checkpoints(data_bin, tmp_path_factory):
     """A few updates of each tiny model: {arch: checkpoint dir with checkpoint_best.pt}, for the
     generation, scoring and fill-mask tests. The causal ones train with --sample-break-mode eos
-    (fairseq's numpy-2-sensitive path, see fairseq_tnn/compat.py)."""
+    (fairseq's numpy-2-sensitive path, see fairseq_tnn/patches.py)."""
     root = tmp_path_factory.mktemp("tiny-checkpoints")
     common = ["--cpu", "--user-dir", USER_DIR, "--batch-size", 8, "--max-update", 20, "--validate-interval-updates", 20,
               "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", 10, "--seed", 1, "--num-workers", 0,

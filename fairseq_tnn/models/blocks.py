@@ -1,8 +1,11 @@
 """Building a stack of TNN layers from a model config (shared by the LM and the MLM)."""
+import dataclasses
+
 import torch
 from torch import nn
 
 from ..modules import Glu, Gtu, TnnLayer, build_tno
+from .config import block_tno_settings
 
 # torch.compile keeps one graph per sequence length the layers see (more precisely, per FFT size:
 # the lengths that share one reuse a graph). Training sees one length (--sample-break-mode none)
@@ -14,9 +17,10 @@ COMPILE_RECOMPILE_LIMIT = 64
 def build_layers(cfg, dim: int, num_layers: int, causal: bool) -> nn.ModuleList:
     d1 = cfg.expand_ratio * dim
     glu_dim = cfg.glu_dim or dim
+    tno_settings = dataclasses.asdict(block_tno_settings(cfg, causal))
     layers = []
     for _ in range(num_layers):
-        tno = build_tno(str(cfg.tno_type), d1, causal, cfg)
+        tno = build_tno(str(cfg.tno_type), d1, causal, **tno_settings)
         gtu = Gtu(dim, d1, tno, activation=str(cfg.gtu_activation))
         glu = Glu(dim, glu_dim, activation=str(cfg.glu_activation))
         layers.append(TnnLayer(dim, gtu, glu, norm_type=str(cfg.norm_type),

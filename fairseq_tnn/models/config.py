@@ -1,27 +1,77 @@
-"""Dataclass configs shared by the TNN models, and their validation.
+"""Dataclass configs shared by the TNN models, their validation, and the arch presets' defaults.
 
-Every TNN hyperparameter is a declared field with help text, so fairseq copies
-it into ``cfg.model``, shows it in ``--help`` and lets the command line and
-``--model-overrides`` win over the arch presets.
+Every TNN hyperparameter is a declared field with help text, so fairseq copies it into
+``cfg.model``, shows it in ``--help`` and lets the command line and ``--model-overrides`` win over
+the arch presets. The TNO fields are not written here: they are derived from the registered TNO
+types' ``Settings`` dataclasses (fairseq_tnn/modules/tno/), which hold each default, help text and
+check once. In a config they are ``None`` unless given, meaning the chosen type's default; setting
+one that the chosen ``--tno-type`` does not use is an error.
 """
+import dataclasses
+import logging
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Dict, List, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.activations import ACTIVATIONS
 from ..modules.norm import NORM_CHOICES
-from ..modules.tno import TNO_FIELDS, TYPE_SPECIFIC_FIELDS, tno_settings
+from ..modules.tno import TNO_TYPES, tno_class, tno_settings
+from ..modules.tno.base import option
+
+logger = logging.getLogger(__name__)
 
 ACTIVATION_CHOICES = ChoiceEnum(sorted(ACTIVATIONS))
 NORM_TYPE_CHOICES = ChoiceEnum(list(NORM_CHOICES))
 NORM_POSITION_CHOICES = ChoiceEnum(["pre", "post"])
-TNO_TYPE_CHOICES = ChoiceEnum(sorted(TNO_FIELDS))
+TNO_TYPE_CHOICES = ChoiceEnum(sorted(TNO_TYPES))
+
+
+def _settings_fields(tno_type: str) -> Dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(TNO_TYPES[tno_type].Settings)}
+
+
+def _aliases(tno_type: str) -> Dict[str, str]:
+    """{old option name: settings field} of one TNO type."""
+    return {f.metadata["alias"]: f.name for f in _settings_fields(tno_type).values() if "alias" in f.metadata}
+
+
+# Every TNO settings field (and alias) of the flat model config -> the TNO types it applies to.
+TNO_FIELD_USERS: Dict[str, List[str]] = {}
+for _type in TNO_TYPES:
+    for _name in [*_settings_fields(_type), *_aliases(_type)]:
+        TNO_FIELD_USERS.setdefault(_name, []).append(_type)
+
+
+def _tno_config_fields():
+    """The TNO part of the model config: one Optional field per settings field of any registered type,
+    default None, with the help text of its settings field, the types that use it and their defaults."""
+    out = []
+    for name, users in TNO_FIELD_USERS.items():
+        owners = [t for t in users if name in _settings_fields(t)]
+        alias_of = {t: _aliases(t)[name] for t in users if name in _aliases(t)}
+        first = _settings_fields(owners[0])[name] if owners else _settings_fields(next(iter(alias_of)))[alias_of[next(iter(alias_of))]]
+        for t in owners[1:]:
+            other = _settings_fields(t)[name]
+            assert other.type is first.type and other.metadata.get("help") == first.metadata.get("help"), \
+                f"TNO setting {name!r} is declared differently by {owners[0]} and {t}"
+        defaults = {t: _settings_fields(t)[name].default for t in owners}
+        if len(set(map(repr, defaults.values()))) == 1:
+            default_text = f"default {next(iter(defaults.values()))}"
+        else:
+            default_text = "default " + ", ".join(f"{v} {t}" for t, v in defaults.items())
+        help_text = f"[{', '.join(owners)}] {first.metadata['help']} ({default_text})" if owners else ""
+        for t, target in alias_of.items():
+            help_text += f"{'; ' if help_text else ''}[{t}] deprecated name of {option(target)}"
+        choices = first.metadata.get("choices")
+        typ = Optional[ChoiceEnum(list(choices))] if choices else Optional[first.type]
+        out.append((name, typ, field(default=None, metadata={"help": help_text})))
+    return out
 
 
 @dataclass
-class TnnBlockConfig(FairseqDataclass):
-    """Hyperparameters of the TNN layer (GTU + GLU) and of its TNO."""
+class TnnLayerConfig(FairseqDataclass):
+    """Hyperparameters of the TNN layer (GTU + GLU) and the choice of its TNO."""
 
     dropout: float = field(default=0.1, metadata={"help": "dropout on the embeddings and on each residual branch"})
     norm_type: NORM_TYPE_CHOICES = field(
@@ -33,33 +83,47 @@ class TnnBlockConfig(FairseqDataclass):
     glu_dim: Optional[int] = field(default=None, metadata={"help": "GLU hidden width (default: the embedding dim)"})
     glu_activation: ACTIVATION_CHOICES = field(default="silu", metadata={"help": "activation of the GLU's gate"})
     tno_type: TNO_TYPE_CHOICES = field(
-        default="tnn", metadata={"help": "Toeplitz neural operator: tnn (Qin et al.: RPE MLP of the lag x decay), "
-                                         "fd (RPE MLP of the frequency; causal via the Hilbert transform), "
-                                         "ski (m-tap conv + SKI low rank; bidirectional only)"})
-    # The fields below apply to some TNO types only; unset (None) means the type's default
-    # (fairseq_tnn.modules.tno.TNO_FIELDS), and setting one the chosen type does not use is an error.
-    rpe_dim: Optional[int] = field(default=None, metadata={"help": "[tnn, fd] width of the RPE MLP (default 64)"})
-    rpe_layers: Optional[int] = field(
-        default=None, metadata={"help": "[tnn, fd] hidden [norm, act, linear] blocks of the RPE MLP (default 6 tnn, 3 fd)"})
-    rpe_activation: Optional[ACTIVATION_CHOICES] = field(
-        default=None, metadata={"help": "[tnn, fd] activation inside the RPE MLP (default relu; for fd, relu/silu/gelu "
-                                        "give square-summable/super-polynomial/super-exponential decay, paper section 4.2)"})
-    rpe_norm_type: Optional[NORM_TYPE_CHOICES] = field(
-        default=None, metadata={"help": "[tnn, fd] normalisation inside the RPE MLP (default simplermsnorm)"})
-    decay: Optional[float] = field(
-        default=None, metadata={"help": "[tnn, ski] lambda (default 0.99). tnn: decay bias lambda^|i-j| in (0, 1], "
-                                        "fixed, not trained, 1 = none; ski: inverse time warp sign(t) lambda^|t|, in (0, 1)"})
-    ski_rank: Optional[int] = field(default=None, metadata={"help": "[ski] r, number of inducing points, >= 2 (default 32)"})
-    ski_taps: Optional[int] = field(default=None, metadata={"help": "[ski] m, taps of the sparse depthwise conv, odd (default 17)"})
+        default="tnn", metadata={"help": "Toeplitz neural operator: " + ", ".join(
+            TNO_TYPES[t].summary for t in sorted(TNO_TYPES))})
     tnn_compile: bool = field(
         default=False, metadata={"help": "compile each TNN layer with torch.compile (fewer, fused kernels; on by default in "
                                          "the GPU recipe of scripts/train.sh). Per layer: checkpoints keep their keys and "
                                          "load with or without it; each new sequence length (FFT size) compiles once"})
 
 
-def _require(ok: bool, option: str, value, allowed: str):
+TnnBlockConfig = dataclasses.make_dataclass("TnnBlockConfig", _tno_config_fields(), bases=(TnnLayerConfig,))
+TnnBlockConfig.__doc__ = "TnnLayerConfig plus the settings of every registered TNO type (None: the type's default)."
+
+
+def _require(ok: bool, option_name: str, value, allowed: str):
     if not ok:
-        raise ValueError(f"--{option.replace('_', '-')}={value!r} is invalid: {allowed}")
+        raise ValueError(f"{option(option_name)}={value!r} is invalid: {allowed}")
+
+
+def tno_values(cfg) -> Dict[str, object]:
+    """The settings of ``cfg.tno_type`` given in a model config (the rest are the type's defaults).
+
+    Refuses a setting of another TNO type; maps a deprecated option name (``--decay`` for SKI's
+    ``--ski-warp-decay``) to its field, with a warning, so old commands and checkpoints still work."""
+    tno_type = str(cfg.tno_type)
+    fields, aliases = _settings_fields(tno_type), _aliases(tno_type)
+    for name, users in TNO_FIELD_USERS.items():
+        value = getattr(cfg, name, None)
+        _require(value is None or name in fields or name in aliases, name, value,
+                 f"it applies to --tno-type {' or '.join(users)} only, not {tno_type}")
+    values = {name: getattr(cfg, name) for name in fields if getattr(cfg, name, None) is not None}
+    for old, target in aliases.items():
+        value = getattr(cfg, old, None)
+        if value is None:
+            continue
+        if target in values and values[target] != value:
+            raise ValueError(f"{option(old)}={value!r} and {option(target)}={values[target]!r} disagree: for "
+                             f"--tno-type {tno_type}, {option(old)} is the deprecated name of {option(target)}; "
+                             f"pass {option(target)} alone")
+        logger.warning(f"{option(old)} for --tno-type {tno_type} is deprecated: it is now {option(target)} (same "
+                       f"meaning); using {option(target)}={value!r}")
+        values[target] = value
+    return values
 
 
 def validate_block_config(cfg, embed_dim_field: str, layers_field: str, causal: bool):
@@ -75,43 +139,42 @@ def validate_block_config(cfg, embed_dim_field: str, layers_field: str, causal: 
         _require(value in ACTIVATIONS, name, value, f"must be one of {sorted(ACTIVATIONS)}")
     _require(str(cfg.norm_type) in NORM_CHOICES, "norm_type", cfg.norm_type, f"must be one of {list(NORM_CHOICES)}")
     _require(str(cfg.norm_position) in ("pre", "post"), "norm_position", cfg.norm_position, "must be 'pre' or 'post'")
+    tno_class(str(cfg.tno_type))
+    block_tno_settings(cfg, causal)
+
+
+def block_tno_settings(cfg, causal: bool):
+    """The checked settings of the config's TNO (errors name the option as the user spelled it)."""
     tno_type = str(cfg.tno_type)
-    _require(tno_type in TNO_FIELDS, "tno_type", tno_type, f"must be one of {sorted(TNO_FIELDS)}")
-    for name in TYPE_SPECIFIC_FIELDS:
-        value = getattr(cfg, name, None)
-        users = [t for t, fields in TNO_FIELDS.items() if name in fields]
-        _require(value is None or name in TNO_FIELDS[tno_type], name, value,
-                 f"it applies to --tno-type {' or '.join(users)} only, not {tno_type}")
-    s = tno_settings(tno_type, cfg)
-    if "rpe_dim" in s:
-        _require(isinstance(s["rpe_dim"], int) and s["rpe_dim"] >= 1, "rpe_dim", s["rpe_dim"], "must be an integer >= 1")
-        _require(isinstance(s["rpe_layers"], int) and s["rpe_layers"] >= 0, "rpe_layers", s["rpe_layers"],
-                 "must be an integer >= 0")
-        _require(str(s["rpe_activation"]) in ACTIVATIONS, "rpe_activation", s["rpe_activation"],
-                 f"must be one of {sorted(ACTIVATIONS)}")
-        _require(str(s["rpe_norm_type"]) in NORM_CHOICES, "rpe_norm_type", s["rpe_norm_type"],
-                 f"must be one of {list(NORM_CHOICES)}")
-    if tno_type == "tnn":
-        _require(0.0 < s["decay"] <= 1.0, "decay", s["decay"], "lambda must be in (0, 1] for --tno-type tnn")
-    if tno_type == "ski":
-        _require(0.0 < s["decay"] < 1.0, "decay", s["decay"], "lambda must be in (0, 1) for --tno-type ski")
-        _require(isinstance(s["ski_rank"], int) and s["ski_rank"] >= 2, "ski_rank", s["ski_rank"],
-                 "r must be an integer >= 2")
-        _require(isinstance(s["ski_taps"], int) and s["ski_taps"] >= 1 and s["ski_taps"] % 2 == 1, "ski_taps",
-                 s["ski_taps"], "m must be an odd integer >= 1 (the taps are centred)")
-    if causal and tno_type == "ski":
-        raise ValueError("--tno-type='ski' is invalid for a causal model: SKI-TNO is bidirectional only (causal "
-                         "masking negates its benefit, the paper's appendix); use --tno-type fd or tnn")
+    values = tno_values(cfg)
+    try:
+        return tno_settings(tno_type, causal, **values)
+    except ValueError as err:
+        message = str(err)
+        for old, target in _aliases(tno_type).items():
+            if getattr(cfg, old, None) is not None and message.startswith(option(target) + "="):
+                raise ValueError(message.replace(option(target), option(old), 1) +
+                                 f" ({option(old)} is the deprecated name of {option(target)})") from None
+        raise
 
 
-def set_defaults(args, **defaults):
+def set_defaults(args, **preset):
     """Arch presets: fill in every value the user did not give (command line wins).
 
-    Type-specific TNO fields are filled only where the final --tno-type uses them,
-    so e.g. ``--arch tnn_lm_wt103 --tno-type fd`` works."""
-    tno_type = getattr(args, "tno_type", None) or defaults.get("tno_type")
-    for key, value in defaults.items():
-        if key in TYPE_SPECIFIC_FIELDS and tno_type in TNO_FIELDS and key not in TNO_FIELDS[tno_type]:
-            continue
-        if getattr(args, key, None) is None:
+    A preset names its ``tno_type`` and may override some of its settings; the rest of its TNO part
+    is that type's ``Settings`` defaults. Only the settings of the final ``--tno-type`` are filled
+    (from the preset where it has the field, else that type's defaults), so e.g. ``--arch
+    tnn_lm_wt103 --tno-type fd`` works and keeps the preset's RPE size."""
+    own = preset.get("tno_type", "tnn")
+    final = str(getattr(args, "tno_type", None) or own)
+    tno_part = {**dataclasses.asdict(TNO_TYPES[own].Settings()),
+                **{k: v for k, v in preset.items() if k in TNO_FIELD_USERS}}
+    for key, value in preset.items():
+        if key not in TNO_FIELD_USERS and getattr(args, key, None) is None:
             setattr(args, key, value)
+    if final not in TNO_TYPES:
+        return  # refused by name when the model is built
+    aliased = {target for old, target in _aliases(final).items() if getattr(args, old, None) is not None}
+    for name, f in _settings_fields(final).items():
+        if getattr(args, name, None) is None and name not in aliased:
+            setattr(args, name, tno_part.get(name, f.default))

@@ -124,7 +124,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
     def _new_state(self, batch: int, capacity: int, device):
         kernels, caches = [], []
         for layer in self.layers:
-            kernel = layer.gtu.tno.causal_kernel(capacity, device)  # (d1, capacity), once per generation
+            kernel, _ = layer.gtu.tno.kernel(capacity, device)  # (d1, capacity), once per generation
             kernels.append(kernel.flip(-1).contiguous())  # reversed: a step reads its lags contiguously
             caches.append(kernel.new_zeros(layer.gtu.d1, batch, capacity))
         return {"length": 0, "capacity": capacity, "kernel": kernels, "v": caches}
@@ -202,16 +202,18 @@ class TnnLanguageModel(FairseqLanguageModel):
         return cls(TnnDecoder(cfg, task.target_dictionary))
 
 
+# The TNO part of a preset is its tno_type's Settings defaults (fairseq_tnn/modules/tno/), which hold
+# the published values (TNN: RPE 64 x 6, decay 0.99; FD: RPE 64 x 3), plus the overrides a preset names.
 LM_BASE = dict(
     decoder_embed_dim=512, decoder_layers=7, norm_position="pre", norm_type="simplermsnorm", expand_ratio=3,
-    gtu_activation="silu", glu_activation="silu", tno_type="tnn", rpe_dim=64, rpe_layers=6, rpe_activation="relu",
-    rpe_norm_type="simplermsnorm", decay=0.99, dropout=0.1, share_decoder_input_output_embed=True,
+    gtu_activation="silu", glu_activation="silu", tno_type="tnn", dropout=0.1, share_decoder_input_output_embed=True,
     no_scale_embedding=False)
 TINY = dict(decoder_embed_dim=64, decoder_layers=2, rpe_dim=16, rpe_layers=2, glu_dim=64, dropout=0.0)
 
 
 def lm_base(args, **preset):
-    """Published causal LM configuration (FACTS.md section 1), overridable by any flag."""
+    """Qin et al.'s published causal LM configuration (docs/references.md#published-configurations),
+    overridable by any flag."""
     set_defaults(args, **{**LM_BASE, **preset})
 
 
@@ -230,7 +232,7 @@ def tnn_lm_wt103_rpe3(args):
 @register_model_architecture("tnn_lm", "fd_tnn_lm_wt103")
 def fd_tnn_lm_wt103(args):
     """The SKI paper's causal FD-TNN (val/test ppl 23.97 / 24.56): RPE of the frequency, 3 layers, no decay."""
-    lm_base(args, tno_type="fd", rpe_layers=3)
+    lm_base(args, tno_type="fd")
 
 
 @register_model_architecture("tnn_lm", "tnn_lm_tiny")

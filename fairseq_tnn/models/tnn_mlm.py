@@ -176,16 +176,17 @@ class TnnMaskedLMModel(FairseqEncoderModel):
                     self.register_classification_head(head, out.size(0), inner.size(0))
 
 
+# The TNO part of a preset: its tno_type's Settings defaults plus the overrides it names (see tnn_lm.py).
 MLM_BASE = dict(
     encoder_embed_dim=768, encoder_layers=12, norm_position="post", norm_type="simplermsnorm",
     layernorm_embedding=True, no_scale_embedding=True, expand_ratio=3, gtu_activation="silu",
-    glu_activation="silu", tno_type="tnn", rpe_dim=64, rpe_layers=6, rpe_activation="relu",
-    rpe_norm_type="simplermsnorm", decay=0.99, ski_rank=32, ski_taps=17, dropout=0.1, pooler_dropout=0.0)
+    glu_activation="silu", tno_type="tnn", dropout=0.1, pooler_dropout=0.0)
 TINY = dict(encoder_embed_dim=64, encoder_layers=2, rpe_dim=16, rpe_layers=2, glu_dim=64, dropout=0.0)
 
 
 def mlm_base(args, **preset):
-    """Published bidirectional configuration (FACTS.md section 1), overridable by any flag."""
+    """Qin et al.'s published bidirectional configuration (docs/references.md#published-configurations),
+    overridable by any flag."""
     set_defaults(args, **{**MLM_BASE, **preset})
 
 
@@ -204,13 +205,13 @@ def tnn_mlm_wt103_rpe3(args):
 @register_model_architecture("tnn_mlm", "fd_tnn_mlm_wt103")
 def fd_tnn_mlm_wt103(args):
     """Bidirectional FD-TNN: complex frequency response from a 3-layer RPE (one FFT fewer than TNN)."""
-    mlm_base(args, tno_type="fd", rpe_layers=3)
+    mlm_base(args, tno_type="fd")
 
 
 @register_model_architecture("tnn_mlm", "ski_tnn_mlm_wt103")
 def ski_tnn_mlm_wt103(args):
     """SKI-TNN as in the authors' Wikitext runs: r = 32 inducing points, m = 17 taps, lambda = 0.99."""
-    mlm_base(args, tno_type="ski", ski_rank=32, ski_taps=17, decay=0.99)
+    mlm_base(args, tno_type="ski")  # the SkiSettings defaults are these published values
 
 
 @register_model_architecture("tnn_mlm", "tnn_mlm_tiny")

@@ -12,12 +12,11 @@ from .norm import build_norm
 class Gtu(nn.Module):
     """Gated Toeplitz unit: out = W_o(act(W_u x) * TNO(act(W_v x))), width d1 = expand_ratio * d.
 
-    When the TNO prefers channel-major activations (``tno.layout == "dbn"``, all of
-    ours), u and v are produced as (d1, batch * n) by one GEMM with the transposed
-    input, [W_u; W_v] x^T, the TNO works on contiguous rows, and the output
-    projection consumes the gated product through a transposed operand: no
-    activation is ever transposed (copied). u and v get separate activation
-    outputs so that v's buffer is freed once the TNO has consumed it.
+    Channel-major throughout (the layout every TNO computes in): u and v are produced as
+    (d1, batch * n) by one GEMM with the transposed input, [W_u; W_v] x^T, the TNO works on
+    contiguous rows, and the output projection consumes the gated product through a transposed
+    operand: no activation is ever transposed (copied). u and v get separate activation outputs so
+    that v's buffer is freed once the TNO has consumed it.
     """
 
     def __init__(self, dim: int, d1: int, tno: nn.Module, activation: str = "silu"):
@@ -29,15 +28,6 @@ class Gtu(nn.Module):
         self.out_proj = nn.Linear(d1, dim)
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if getattr(self.tno, "layout", "bnd") == "dbn":
-            return self._forward_channel_major(x, pad_mask)
-        u, v = self.act(self.uv_proj(x)).chunk(2, dim=-1)  # (b, n, d1) each
-        if pad_mask is not None:
-            # padded positions must not leak into real ones through the token mixing
-            v = v.masked_fill(pad_mask.unsqueeze(-1), 0.0)
-        return self.out_proj(u * self.tno(v))
-
-    def _forward_channel_major(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
         b, n, d = x.shape
         d1 = self.d1
         x2 = x.reshape(b * n, d)

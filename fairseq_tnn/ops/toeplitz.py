@@ -28,7 +28,7 @@ FFT, about 4x the cost of the real one, and materialises zero-padded copies.
 The backward of y = irfft(rfft(x) * S)[:n] is another such product, with the
 conjugate spectrum, so it costs one rfft and one irfft, like the forward.
 """
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -177,6 +177,45 @@ def circulant_column(pos: torch.Tensor, neg: torch.Tensor, size: int) -> torch.T
     return torch.cat([pos, pos.new_zeros(pos.shape[0], size - 2 * n + 1), neg.flip(-1)], dim=-1)
 
 
+def circulant_lags(n: int, size: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The lag held by each entry of the circulant's first column (``circulant_column``'s layout).
+
+    Returns ``lags`` (size,) float32: 0 .. n-1, then 0 on the ``size - 2n + 1`` padding slots, then
+    -(n-1) .. -1; and ``weights`` (size,) float32, 1 on the lags and 0 on the padding slots (None when
+    size = 2n - 1 leaves no padding). A kernel given as a function of the lag is then evaluated on
+    the circulant column directly, ``f(lags) * weights``, equal to ``circulant_column(f(0 .. n-1),
+    f(-1 .. -(n-1)), size)`` without building and concatenating the two halves. The branch is taken
+    on Python integers: no device sync, no graph break under torch.compile."""
+    if size < 2 * n - 1:
+        raise ValueError(f"size must be >= 2n - 1 = {2 * n - 1}, got {size}")
+    t = torch.arange(size, device=device)
+    lags = torch.where(t < n, t, t - size)
+    if size == 2 * n - 1:
+        return lags.to(torch.float32), None
+    valid = (t < n) | (t > size - n)
+    return torch.where(valid, lags, torch.zeros_like(lags)).to(torch.float32), valid.to(torch.float32)
+
+
+# A Toeplitz kernel as a function of the lag: coefficients(lags (m,), weights (m,) or None) -> (d, m),
+# the coefficient of each channel at each (float) lag, multiplied by its weight.
+LagFunction = Callable[[torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+
+
+def lag_function_spectrum(coefficients: LagFunction, n: int, size: int, causal: bool, device=None) -> torch.Tensor:
+    """(d, size // 2 + 1) rfft of the circulant embedding of T[i, j] = coefficients(i - j), n x n.
+
+    Causal: lags 0 .. n-1 only (the FFT zero-pads them to ``size``). Bidirectional: ``coefficients``
+    is evaluated once on the circulant column (``circulant_lags``). Equal to
+    ``kernel_spectrum(pos, neg, size, layout="dbn")`` with pos, neg the coefficients at lags 0 .. n-1
+    and -1 .. -(n-1) (tests/ops/test_toeplitz.py), computed in float32 (float64 for float64
+    coefficients), with ``KernelRfft``'s one-real-FFT backward."""
+    if causal:
+        k = coefficients(torch.arange(n, device=device, dtype=torch.float32), None)  # (d, n)
+    else:
+        k = coefficients(*circulant_lags(n, size, device))  # (d, size)
+    return KernelRfft.apply(k.to(fft_dtype(k)), size)
+
+
 def kernel_spectrum(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int, layout: str = "bnd") -> torch.Tensor:
     """rfft of the circulant embedding of T, in complex64/128.
 
@@ -191,6 +230,17 @@ def kernel_spectrum(pos: torch.Tensor, neg: Optional[torch.Tensor], size: int, l
     else:
         spec = KernelRfft.apply(circulant_column(p, swap_kernel_layout(neg, layout).to(ct), size), size)
     return swap_kernel_layout(spec, layout)
+
+
+def spectrum_kernel(spectrum: torch.Tensor, size: int, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The inverse of ``kernel_spectrum`` (``dbn``): the Toeplitz coefficients that a circulant spectrum
+    (d, size // 2 + 1), size >= 2n - 1, applies to sequences of length n: pos (d, n) for lags
+    0 .. n-1 (column entries 0 .. n-1) and neg (d, n-1) for lags -1 .. -(n-1) (entries size-1 down
+    to size-n+1). ``fft_conv(x, spectrum, size)`` equals ``toeplitz_ref(x, pos, neg)`` for such x."""
+    if size < 2 * n - 1:
+        raise ValueError(f"size must be >= 2n - 1 = {2 * n - 1}, got {size}")
+    column = torch.fft.irfft(spectrum, n=size)  # (d, size)
+    return column[:, :n], column[:, size - n + 1:].flip(-1)
 
 
 def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "bnd") -> torch.Tensor:

@@ -22,7 +22,7 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 
 from ..models.tnn_lm import decoding_length
 from .data_checks import check_split, check_tokens_per_sample, split_path
-from .launch_check import check_joined
+from ..distributed.check import check_joined
 from .precision import Bf16AutocastMixin, bf16_autocast_field
 from .step_metrics import StepMetricsMixin
 

@@ -30,7 +30,7 @@ from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
 from ..models.tnn_mlm import NOT_FOR_EVAL_LM
 from .data_checks import check_split, check_tokens_per_sample, split_path
-from .launch_check import check_joined
+from ..distributed.check import check_joined
 from .precision import Bf16AutocastMixin, bf16_autocast_field
 from .step_metrics import StepMetricsMixin
 from .tnn_language_modeling import model_class

@@ -9,7 +9,7 @@ from fairseq.data import TokenBlockDataset, token_block_dataset
 from fairseq.dataclass.configs import GenerationConfig
 
 from conftest import ROOT
-from fairseq_tnn import compat
+from fairseq_tnn import patches
 from fairseq_tnn.models.build import build_arch
 from fairseq_tnn.models.tnn_lm import TnnLanguageModel
 from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel
@@ -22,12 +22,12 @@ REL = 1e-5  # fp32
 def test_numpy_shim_is_narrow_and_still_needed():
     """Fails when fairseq's eos block index stops using the alias (then drop the shim) or moves."""
     assert "np.compat.long" in inspect.getsource(TokenBlockDataset._build_slice_indices), \
-        "fairseq's TokenBlockDataset no longer uses np.compat.long: remove the numpy shim in fairseq_tnn/compat.py"
+        "fairseq's TokenBlockDataset no longer uses np.compat.long: remove the numpy shim in fairseq_tnn/patches.py"
     if hasattr(numpy, "compat"):
         pytest.skip("numpy < 2 still has np.compat; the shim is not installed")
-    assert token_block_dataset.np is compat.NUMPY_FOR_TOKEN_BLOCK
+    assert token_block_dataset.np is patches.NUMPY_FOR_TOKEN_BLOCK
     assert not hasattr(numpy, "compat")  # numpy itself untouched
-    assert compat.NUMPY_FOR_TOKEN_BLOCK.arange is numpy.arange
+    assert patches.NUMPY_FOR_TOKEN_BLOCK.arange is numpy.arange
     ds = TokenBlockDataset([torch.tensor([5, 6, 2]), torch.tensor([7, 2])], [3, 2], block_size=None, pad=1, eos=2,
                            break_mode="eos")
     assert [ds[i].tolist() for i in range(len(ds))] == [[5, 6, 2], [7, 2]]

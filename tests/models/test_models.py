@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-import fairseq_tnn  # noqa: F401  (registers the models)
 from fairseq_tnn.models.build import build_arch
 
 

@@ -1,6 +1,5 @@
 """Mixed precision: every TNO trains under bf16 and fp16 autocast (forward and the hand-written
 backwards), positions stay exact, and training through fairseq-train with --bf16-autocast works."""
-from argparse import Namespace
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ def test_tno_trains_under_autocast(tno, causal, dtype):
     """Forward and backward under autocast (fp32 parameters, as in mixed-precision training) agree
     with fp32 to the precision of the low-precision projections; every gradient is finite."""
     torch.manual_seed(0)
-    op = build_tno(tno, 48, causal, Namespace())
+    op = build_tno(tno, 48, causal)
     x = torch.randn(2, 300, 48)
     g = torch.randn(2, 300, 48)
     ref_x = x.clone().requires_grad_()

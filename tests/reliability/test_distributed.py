@@ -1,4 +1,4 @@
-"""Multi-process CPU training through fairseq_tnn.launch: one real data-parallel run, rank 0 alone
+"""Multi-process CPU training through fairseq_tnn.distributed.launch: one real data-parallel run, rank 0 alone
 writes checkpoints, per-update losses equal one process with --update-freq 2, and resuming works on
 torch >= 2.6 (rank 0 broadcasts the checkpoint). Then the launcher's command lines and errors."""
 import fractions
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from conftest import LM_TRAIN, USER_DIR, cli, run
-from fairseq_tnn import compat, launch
+from fairseq_tnn import patches
+from fairseq_tnn.distributed import launch
 
 # 2 ranks x 4 sequences x 64 tokens per update, or 1 rank x 4 x 64 x --update-freq 2. fairseq shuffles
 # the list of batches with the same seed on every rank; rank r takes batches r, r + 2, r + 4, ...
@@ -63,7 +64,7 @@ def launch_2_procs(data_bin, save_dir, max_update, hook_dir):
     writes = hook_dir / f"writes_{max_update}.txt"
     env = {"OMP_NUM_THREADS": "1", "TNN_WATCH_DIR": str(save_dir), "TNN_WRITES_LOG": str(writes),
            "PYTHONPATH": os.pathsep.join(p for p in [str(hook_dir), os.environ.get("PYTHONPATH", "")] if p)}
-    log = run([cli("python"), "-m", "fairseq_tnn.launch", "--nproc", 2, "--cpu", "--",
+    log = run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu", "--",
                data_bin, *TRAIN, "--max-update", max_update, "--save-dir", save_dir], env=env)
     return log, writes.read_text().splitlines() if writes.exists() else []
 
@@ -145,7 +146,7 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
     train = TRAIN if kind == "causal" else MASKED_TRAIN
 
     def command(save_dir):
-        return [cli("python"), "-m", "fairseq_tnn.launch", "--nproc", "2", "--cpu", "--", str(data_bin),
+        return [cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu", "--", str(data_bin),
                 *map(str, train), "--max-update", str(RESUMED), "--save-interval-updates", "3",
                 "--save-dir", str(save_dir)]
 
@@ -184,7 +185,7 @@ def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tm
     save_dir = tmp_path / "checkpoints"
     log = run([cli("torchrun"), "--nproc-per-node", 2, cli("fairseq-train"), data_bin, *TRAIN, "--max-update", 2,
                "--save-dir", save_dir], expect_ok=False)
-    assert "started as rank 0 of WORLD_SIZE=2" in log and "python -m fairseq_tnn.launch --nproc N --cpu" in log, log[-3000:]
+    assert "started as rank 0 of WORLD_SIZE=2" in log and "python -m fairseq_tnn.distributed.launch --nproc N --cpu" in log, log[-3000:]
     assert "training on 1 devices" not in log
     assert not list(save_dir.glob("*.pt"))
 
@@ -193,7 +194,7 @@ def test_old_style_checkpoint_loads_and_weights_only_stays_on(two_procs, data_bi
     from fairseq import checkpoint_utils, options
     from fairseq.distributed import utils as distributed_utils
 
-    assert distributed_utils._broadcast_object_slow is compat.broadcast_object_slow
+    assert distributed_utils._broadcast_object_slow is patches.broadcast_object_slow
     # a pre-hydra checkpoint: the configuration as an argparse.Namespace under "args"
     state = torch.load(two_procs[3], map_location="cpu")
     state["args"] = options.parse_args_and_arch(options.get_training_parser(), input_args=[
@@ -282,7 +283,7 @@ def test_bad_launcher_input_is_refused(capsys, argv, message):
         launch.main(["--dry-run", *argv])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.startswith("usage: python -m fairseq_tnn.launch --nproc N") and message in err, err
+    assert err.startswith("usage: python -m fairseq_tnn.distributed.launch --nproc N") and message in err, err
 
 
 def python(code):
@@ -323,5 +324,5 @@ def test_sigterm_is_passed_on_to_every_rank(tmp_path):
 
 
 def test_launcher_module_runs_without_import_warnings():
-    log = run([cli("python"), "-m", "fairseq_tnn.launch", "--nproc", 2, "--cpu", "--dry-run", "--", "data"])
+    log = run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu", "--dry-run", "--", "data"])
     assert "Warning" not in log and log.count("fairseq_cli.train data") == 2, log

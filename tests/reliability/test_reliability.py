@@ -210,11 +210,10 @@ def test_every_architecture_evaluates_at_14336_tokens(arch):
 @pytest.mark.parametrize("tno,causal", [("tnn", True), ("tnn", False), ("fd", True), ("fd", False), ("ski", False)])
 def test_bf16_autocast_stays_close_to_fp32(tno, causal):
     """FFTs run in fp32 under autocast; the stated tolerance covers bf16 projections (8-bit mantissa)."""
-    from argparse import Namespace
 
     from fairseq_tnn.modules.tno import build_tno
     torch.manual_seed(0)
-    op = build_tno(tno, 96, causal, Namespace())
+    op = build_tno(tno, 96, causal)
     x = torch.randn(2, 700, 96)
     ref = op(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):

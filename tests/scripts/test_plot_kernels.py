@@ -21,13 +21,12 @@ def plot_kernels():
 
 @pytest.mark.parametrize("kind,causal", [("tnn", True), ("tnn", False), ("fd", True), ("fd", False), ("ski", False)])
 def test_drawn_matrices_are_the_operator_the_tno_applies(kind, causal):
-    from types import SimpleNamespace
 
     from fairseq_tnn.modules.tno import build_tno
 
     torch.manual_seed(0)
     d, n, channels = 6, 37, [0, 2, 5]
-    tno = build_tno(kind, d, causal, SimpleNamespace(rpe_dim=16, rpe_layers=2, ski_rank=8, ski_taps=5)).double()
+    tno = build_tno(kind, d, causal, **(dict(ski_rank=8, ski_taps=5) if kind == "ski" else dict(rpe_dim=16, rpe_layers=2))).double()
     k = plot_kernels().layer_kernels(tno, n, channels)
     x = torch.randn(2, n, d, dtype=torch.float64)
     y = tno(x)  # (2, n, d)

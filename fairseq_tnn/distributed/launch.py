@@ -1,6 +1,6 @@
 """Start multi-process fairseq training on one machine, on CPUs or GPUs.
 
-    python -m fairseq_tnn.launch --nproc N [--cpu | --gpu] [--port P] [--hydra] [--dry-run] \\
+    python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--port P] [--hydra] [--dry-run] \\
         -- <fairseq-train arguments...>
 
 GPUs: fairseq starts one process per GPU itself, so this runs one ``fairseq-train ...
@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-USAGE = ("python -m fairseq_tnn.launch --nproc N [--cpu | --gpu] [--port P] [--hydra] [--dry-run] "
+USAGE = ("python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--port P] [--hydra] [--dry-run] "
          "-- <fairseq-train arguments...>")
 
 # Settings the launcher owns: passing them among the fairseq arguments is an error.
@@ -48,7 +48,7 @@ STOP_GRACE_S = 10.0  # after asking the ranks to stop, how long before killing t
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m fairseq_tnn.launch", usage=USAGE,
+        prog="python -m fairseq_tnn.distributed.launch", usage=USAGE,
         description="Run fairseq-train (or fairseq-hydra-train) as N data-parallel processes.")
     parser.add_argument("--nproc", type=int, required=True, help="number of processes (ranks), >= 1")
     device = parser.add_mutually_exclusive_group()
@@ -222,7 +222,7 @@ def run(commands, env):
             if failed is None and not signals:
                 failed = next(((rank, c) for rank, c in enumerate(codes) if c not in (None, 0)), None)
                 if failed is not None and len(procs) > 1:
-                    print(f"fairseq_tnn.launch: rank {failed[0]} exited with status {_exit_status(failed[1])}; "
+                    print(f"fairseq_tnn.distributed.launch: rank {failed[0]} exited with status {_exit_status(failed[1])}; "
                           "stopping the other ranks", file=sys.stderr, flush=True)
                     for proc in procs:
                         if proc.poll() is None:
@@ -259,7 +259,7 @@ def main(argv=None):
             print(prefix + shlex.join(cmd))
         return 0
     if len(commands) > 1:
-        print(f"fairseq_tnn.launch: {len(commands)} CPU processes ({prefix.strip() or 'OMP_NUM_THREADS as set'}); "
+        print(f"fairseq_tnn.distributed.launch: {len(commands)} CPU processes ({prefix.strip() or 'OMP_NUM_THREADS as set'}); "
               "rank 0's output follows, other ranks' lines start with [rank R]", file=sys.stderr, flush=True)
     return run(commands, env)
 

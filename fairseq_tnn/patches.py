@@ -1,4 +1,6 @@
-"""The plugin's only patches to fairseq 0.12, each as narrow as its failure.
+"""The plugin's only patches to fairseq 0.12, each as narrow as its failure, installed by :func:`install`
+when the plugin registers its models and tasks with fairseq (``fairseq_tnn.plugin.register``); importing
+this module changes nothing.
 
 A. Checkpoint loading with torch >= 2.6 (``weights_only=True`` by default), below.
 B. One log-file handler: ``fairseq.logging.progress_bar.progress_bar`` adds a new
@@ -7,7 +9,8 @@ B. One log-file handler: ``fairseq.logging.progress_bar.progress_bar`` adds a ne
    validation lines were written k times to the log file. :func:`progress_bar_one_file_handler`
    wraps it and passes ``log_file`` on only when that logger has no handler for that file yet;
    everything else is fairseq's own function.
-C. numpy 2 (see the end of this docstring).
+C. numpy 2 (see below).
+D. Unreadable checkpoints (see the end of this docstring).
 
 A. Make fairseq 0.12's checkpoint loading work with torch >= 2.6.
 
@@ -54,12 +57,22 @@ numpy < 2 would hold back every other package; instead that one module's ``np`` 
 64-bit platforms fairseq supports). numpy itself is not touched, nor is any other fairseq module (the
 other removed aliases in fairseq 0.12, ``np.int``/``np.float``/``np.compat.long`` in data_utils'
 wav2vec masking, dynamic CRF and the translation dataset, are on paths no TNN model or task takes).
-tests/test_generation.py fails if fairseq's code there changes, so the shim is revisited then.
+tests/models/test_generation.py fails if fairseq's code there changes, so the shim is revisited then.
 
-Importing this module (``fairseq_tnn`` does) applies every fix; applying them again changes nothing.
+D. A clear message for a checkpoint that cannot be read.
+
+fairseq reads every checkpoint through ``fairseq.checkpoint_utils.load_checkpoint_to_cpu``
+(resuming in fairseq-train, loading in fairseq-eval-lm / fairseq-validate). A truncated or
+corrupted file makes torch raise a low-level error ("failed finding central directory",
+EOFError, ...). This wraps that one function so the error names the file and, when it is
+in a checkpoint directory, the older checkpoints that can be passed to ``--restore-file``.
+Nothing is written or deleted: the failed attempt leaves every checkpoint as it was.
+
+``install()`` applies every fix; applying them again changes nothing.
 """
 import argparse
 import functools
+import glob
 import io
 import logging
 import os
@@ -68,6 +81,7 @@ import types
 import numpy
 
 import torch
+from fairseq import checkpoint_utils
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar as progress_bar_module
 
@@ -123,7 +137,41 @@ class _NumpyWithCompatLong(types.ModuleType):
 NUMPY_FOR_TOKEN_BLOCK = _NumpyWithCompatLong("numpy")
 
 
-def apply():
+class CheckpointReadError(RuntimeError):
+    pass
+
+
+def older_checkpoints(path: str):
+    """The other checkpoint files beside ``path``, newest first."""
+    folder = os.path.dirname(os.path.abspath(path))
+    others = [p for p in glob.glob(os.path.join(folder, "checkpoint*.pt")) if os.path.abspath(p) != os.path.abspath(path)]
+    return sorted(others, key=os.path.getmtime, reverse=True)
+
+
+def _readable_checkpoint_errors(load):
+    if getattr(load, "_fairseq_tnn_wrapped", False):
+        return load
+
+    @functools.wraps(load)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        try:
+            return load(path, *args, **kwargs)
+        except (FileNotFoundError, KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a bad file
+            message = (f"cannot read checkpoint {path} ({type(err).__name__}: {err}); the file is truncated or "
+                       "corrupted (e.g. the run or the disk failed while it was written).")
+            candidates = older_checkpoints(path)
+            if candidates:
+                message += (" To resume from an older checkpoint, pass it with --restore-file, e.g. --restore-file "
+                            f"{candidates[0]} (others here: {', '.join(os.path.basename(c) for c in candidates[1:4]) or 'none'}).")
+            raise CheckpointReadError(message) from err
+
+    load_checkpoint_to_cpu._fairseq_tnn_wrapped = True
+    return load_checkpoint_to_cpu
+
+
+def install():
     """Install every fix (idempotent)."""
     distributed_utils._broadcast_object_slow = broadcast_object_slow
     if not getattr(progress_bar_module.progress_bar, "tnn_one_file_handler", False):
@@ -133,6 +181,5 @@ def apply():
     if not hasattr(numpy, "compat"):  # numpy >= 2
         from fairseq.data import token_block_dataset
         token_block_dataset.np = NUMPY_FOR_TOKEN_BLOCK
+    checkpoint_utils.load_checkpoint_to_cpu = _readable_checkpoint_errors(checkpoint_utils.load_checkpoint_to_cpu)
 
-
-apply()

@@ -1,7 +1,7 @@
 """A guard the plugin's tasks run at start-up, after fairseq has (or has not) set up torch.distributed.
 
-(Kept out of fairseq_tnn/launch.py: the tasks are imported with the package, and ``python -m
-fairseq_tnn.launch`` must not find its own module imported already.)
+(Beside the launcher, fairseq_tnn/distributed/launch.py, but a module of its own: the tasks import this,
+and ``python -m fairseq_tnn.distributed.launch`` must not find its own module imported already.)
 """
 import os
 
@@ -20,5 +20,5 @@ def check_joined():
         f"this process was started as rank {os.environ.get('RANK', '?')} of WORLD_SIZE={world} (torchrun or "
         "torch.distributed.launch), but fairseq did not join the processes into one distributed run: each would "
         "train alone and all would write the same checkpoints. On CPU, launch with "
-        "'python -m fairseq_tnn.launch --nproc N --cpu -- <fairseq-train arguments>'; on GPUs, use "
+        "'python -m fairseq_tnn.distributed.launch --nproc N --cpu -- <fairseq-train arguments>'; on GPUs, use "
         "'fairseq-train ... --distributed-world-size N' or torchrun with one process per visible GPU.")

@@ -1,0 +1,175 @@
+"""What every Toeplitz neural operator (TNO) shares: the module interface, the settings, the registry.
+
+A TNO maps (batch, n, d) to (batch, n, d) with one n x n Toeplitz-like matrix per channel. Each type
+is a ``Tno`` subclass in a module of its own, with
+
+- ``name``: its ``--tno-type`` value, and ``summary``: one line for that option's help;
+- ``Settings``: a dataclass of its hyperparameters, each field with its default and ``help`` (and
+  ``choices`` where the values are names). The fairseq model config derives its option fields from
+  these (fairseq_tnn/models/config.py), so a default or a help text is written once, here;
+- ``check(settings, causal)``-style validation in ``Settings.check``, errors naming the option;
+- ``supports_causal``: False for a bidirectional-only operator (refused for a causal model).
+
+``@register_tno`` adds a class to ``TNO_TYPES``; fairseq_tnn/modules/tno/__init__.py imports the
+modules that hold them. Nothing here imports fairseq.
+"""
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple, Type
+
+import torch
+from torch import nn
+
+from ...ops.toeplitz import fft_conv, seq_shape, swap_kernel_layout
+from ..activations import ACTIVATIONS
+from ..norm import NORM_CHOICES
+
+
+def option(name: str) -> str:
+    """The command-line spelling of a settings field: rpe_dim -> --rpe-dim."""
+    return "--" + name.replace("_", "-")
+
+
+def require(ok: bool, name: str, value, allowed: str) -> None:
+    """Raise ``ValueError("--name=value is invalid: allowed")`` unless ``ok``."""
+    if not ok:
+        raise ValueError(f"{option(name)}={value!r} is invalid: {allowed}")
+
+
+def is_int(value, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+@dataclass
+class TnoSettings:
+    """Hyperparameters of one TNO type. Field metadata: ``help`` (required), ``choices`` (optional
+    list of allowed names), ``alias`` (optional: an older option name that still sets this field,
+    with a deprecation message)."""
+
+    def check(self) -> None:
+        """Refuse invalid values with ``require`` (an error naming the option, the value and what is allowed)."""
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            if choices is not None:
+                value = getattr(self, f.name)
+                require(str(value) in choices, f.name, value, f"must be one of {sorted(choices)}")
+
+
+RPE_HELP = {
+    "rpe_dim": "width of the RPE MLP",
+    "rpe_layers": "hidden [norm, act, linear] blocks of the RPE MLP",
+    "rpe_activation": "activation inside the RPE MLP (for fd, relu/silu/gelu give square-summable/super-polynomial/"
+                      "super-exponential decay of the kernel, the SKI paper's section 4.2)",
+    "rpe_norm_type": "normalisation inside the RPE MLP",
+}
+
+
+@dataclass
+class RpeSettings(TnoSettings):
+    """The settings of a TNO whose coefficients come from an RPE MLP (``fairseq_tnn.modules.rpe.Rpe``)."""
+
+    rpe_dim: int = field(default=64, metadata={"help": RPE_HELP["rpe_dim"]})
+    rpe_layers: int = field(default=6, metadata={"help": RPE_HELP["rpe_layers"]})
+    rpe_activation: str = field(default="relu", metadata={"help": RPE_HELP["rpe_activation"],
+                                                          "choices": sorted(ACTIVATIONS)})
+    rpe_norm_type: str = field(default="simplermsnorm", metadata={"help": RPE_HELP["rpe_norm_type"],
+                                                                  "choices": list(NORM_CHOICES)})
+
+    def check(self) -> None:
+        require(is_int(self.rpe_dim, 1), "rpe_dim", self.rpe_dim, "must be an integer >= 1")
+        require(is_int(self.rpe_layers, 0), "rpe_layers", self.rpe_layers, "must be an integer >= 0")
+        super().check()
+
+
+TNO_TYPES: Dict[str, Type["Tno"]] = {}
+
+
+def register_tno(cls: Type["Tno"]) -> Type["Tno"]:
+    """Class decorator: make ``cls`` selectable as ``--tno-type cls.name``."""
+    if cls.name in TNO_TYPES and TNO_TYPES[cls.name] is not cls:
+        raise ValueError(f"TNO type {cls.name!r} is registered twice ({TNO_TYPES[cls.name].__qualname__}, "
+                         f"{cls.__qualname__})")
+    TNO_TYPES[cls.name] = cls
+    return cls
+
+
+def tno_class(tno_type: str) -> Type["Tno"]:
+    if tno_type not in TNO_TYPES:
+        raise ValueError(f"--tno-type={tno_type!r} is invalid: must be one of {sorted(TNO_TYPES)}")
+    return TNO_TYPES[tno_type]
+
+
+def tno_settings(tno_type: str, causal: bool, **values) -> TnoSettings:
+    """The checked settings of a ``tno_type`` TNO in a causal or bidirectional model: what the model
+    configs validate before any work, and what every TNO's constructor runs."""
+    cls = tno_class(tno_type)
+    if causal and not cls.supports_causal:
+        causal_types = " or ".join(t for t, c in TNO_TYPES.items() if c.supports_causal)
+        raise ValueError(f"--tno-type={tno_type!r} is invalid for a causal model: {cls.why_not_causal}; "
+                         f"use --tno-type {causal_types}")
+    known = [f.name for f in dataclasses.fields(cls.Settings)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"--tno-type {tno_type} has no setting {', '.join(map(option, unknown))} "
+                         f"(its settings: {', '.join(map(option, known)) or 'none'})")
+    settings = cls.Settings(**values)
+    settings.check()
+    return settings
+
+
+def build_tno(tno_type: str, dim: int, causal: bool, **settings) -> "Tno":
+    """A ``tno_type`` TNO over ``dim`` channels; ``settings`` are plain values of its ``Settings``
+    fields (missing ones: the type's defaults)."""
+    return tno_class(tno_type)(dim, causal, **settings)
+
+
+class Tno(nn.Module):
+    """Base class. ``forward(x, layout="bnd")``: x (b, n, d), or channel-major (d, *batch, n) with
+    ``layout="dbn"`` (the layout the TNN layer feeds and every TNO here computes in: its FFTs and GEMMs
+    run along the contiguous last dim). Returns x's shape and dtype."""
+
+    name: str = ""
+    summary: str = ""
+    Settings: Type[TnoSettings] = TnoSettings
+    supports_causal: bool = True
+    why_not_causal: str = ""
+    # Whether every lag's coefficient depends on the sequence length (FD: the frequency grid does).
+    # Incremental decoding recomputes its cache when such a kernel outgrows it.
+    kernel_depends_on_length: bool = False
+
+    def __init__(self, dim: int, causal: bool, **settings):
+        super().__init__()
+        self.settings = tno_settings(self.name, causal, **settings)
+        self.dim, self.causal = dim, causal
+
+    def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SpectralTno(Tno):
+    """A TNO whose matrix is exactly Toeplitz, applied as one FFT product: subclasses give
+    ``spectrum(n)``, the rfft of the matrix's circulant embedding, and ``kernel(n)``, its coefficients
+    in time (incremental decoding, pictures, the dense references in the tests)."""
+
+    def __init__(self, dim: int, causal: bool, **settings):
+        super().__init__(dim, causal, **settings)
+        # Set (by TnnDecoder.set_decoding_length) while a causal model generates. For a kernel that
+        # depends on the length, the forward then uses the kernel of max(n, kernel_length) positions,
+        # the same at every step of a generation, cached or not. None: the input's own length.
+        self.kernel_length: Optional[int] = None
+
+    def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
+        """(d, size // 2 + 1) complex spectrum for sequences of length n, and the FFT size."""
+        raise NotImplementedError
+
+    def kernel(self, n: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """The Toeplitz coefficients for length n, channel-major: pos (d, n) for lags 0 .. n-1 and
+        neg (d, n-1) for lags -1 .. -(n-1), None when causal; float32 (float64 for float64 weights)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
+        n = seq_shape(x, layout)[0]
+        if self.kernel_depends_on_length and self.kernel_length:
+            n = max(n, self.kernel_length)
+        spec, size = self.spectrum(n, x.device)
+        return fft_conv(x, swap_kernel_layout(spec, layout), size, layout)

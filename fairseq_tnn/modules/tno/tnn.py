@@ -1,0 +1,61 @@
+"""Qin et al.'s TNO (``--tno-type tnn``): T_ij = lambda^|i-j| RPE(i - j), applied by FFT."""
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
+
+import torch
+
+from ...ops.toeplitz import fft_dtype, lag_function_spectrum, next_fast_len
+from ..rpe import Rpe
+from .base import RpeSettings, SpectralTno, register_tno, require
+
+
+@dataclass
+class TnnSettings(RpeSettings):
+    decay: float = field(default=0.99, metadata={
+        "help": "decay bias lambda^|i-j| in (0, 1], fixed, not trained; 1 = none"})
+
+    def check(self) -> None:
+        super().check()
+        require(isinstance(self.decay, (int, float)) and 0.0 < self.decay <= 1.0, "decay", self.decay,
+                "lambda must be in (0, 1] for --tno-type tnn")
+
+
+@register_tno
+class TnnTno(SpectralTno):
+    """The TNO of Qin et al. (ICLR 2023): T_ij = lambda^|i-j| * RPE(i-j).
+
+    The RPE sees the raw integer lag and is evaluated once per forward for all lags in one batched
+    call (n lags causal; bidirectional, straight on the circulant column, ``lag_function_spectrum``),
+    its last Linear producing the coefficients channel-major with the decay folded in
+    (``Rpe.channel_major``); one real FFT of the kernel per forward. The decay lambda is a fixed
+    hyperparameter (not trained); lag 0 is undecayed.
+    """
+
+    name = "tnn"
+    summary = "tnn (Qin et al.: RPE MLP of the lag x decay)"
+    Settings = TnnSettings
+
+    def __init__(self, dim: int, causal: bool, **settings):
+        super().__init__(dim, causal, **settings)
+        s = self.settings
+        self.decay = s.decay
+        self.rpe = Rpe(dim, s.rpe_dim, s.rpe_layers, str(s.rpe_activation), str(s.rpe_norm_type))
+
+    def coefficients(self, lags: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(d, m): RPE(lag) lambda^|lag| at each of the m (float) ``lags``, times ``weights`` (m,) if given."""
+        scale = None if self.decay >= 1.0 else torch.exp(lags.abs() * math.log(self.decay))
+        if weights is not None:
+            scale = weights if scale is None else scale * weights
+        k = self.rpe.channel_major(lags, scale)
+        return k.to(fft_dtype(k))
+
+    def kernel(self, n: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if self.causal:
+            return self.coefficients(torch.arange(n, device=device, dtype=torch.float32)), None
+        coef = self.coefficients(torch.arange(-(n - 1), n, device=device, dtype=torch.float32))  # (d, 2n - 1)
+        return coef[:, n - 1:], coef[:, : n - 1].flip(-1)
+
+    def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
+        size = next_fast_len(2 * n - 1)  # no wrap-around for lags up to n - 1 either way
+        return lag_function_spectrum(self.coefficients, n, size, self.causal, device), size

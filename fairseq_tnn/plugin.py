@@ -1,0 +1,20 @@
+"""Registration with fairseq: the plugin's models, architectures and tasks, and its fairseq patches.
+
+``register()`` installs the patches (fairseq_tnn/patches.py) and imports the fairseq glue, whose
+``@register_model`` / ``@register_model_architecture`` / ``@register_task`` decorators fill fairseq's
+registries. It runs when fairseq loads the plugin (``--user-dir``: fairseq_tnn/__init__.py), when
+anything imports the glue (fairseq_tnn.models or fairseq_tnn.tasks), and from ``fairseq_tnn.register()``.
+Idempotent. The ops and modules layers import torch alone and never trigger it.
+"""
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True  # before the imports below: they call register() again, which must return
+    from . import patches
+    patches.install()
+    from .models import tnn_lm, tnn_mlm  # noqa: F401
+    from .tasks import tnn_language_modeling, tnn_masked_lm  # noqa: F401
