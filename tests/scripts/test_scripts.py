@@ -27,7 +27,7 @@ BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIP
                 *LIBRARIES, *sorted(SLURM.glob("*.sbatch")), SCRIPTS / "demo.sh",
                 SCRIPTS / "preprocess.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh", SCRIPTS / "make_sample_data.sh"]
 PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
-              SCRIPTS / "plot_kernels.py"]
+              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
 BASE_ENV.update(FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
@@ -582,9 +582,37 @@ def compose_experiment(name, overrides=()):
     return cfg
 
 
+GENERATOR = SCRIPTS / "make_experiment_configs.py"
+
+
+def test_experiment_yamls_are_what_the_generator_writes():
+    """configs/experiments/*.yaml are generated from train.sh's recipe and the registered archs, never edited by
+    hand: a recipe or arch change without regenerating fails here, naming the command that regenerates them."""
+    assert sorted(p.stem for p in (ROOT / "configs/experiments").glob("*.yaml")) == sorted(EXPERIMENTS)
+    rc, out, err = sh([sys.executable, GENERATOR, "--check"], {"MAX_UPDATE": "7", "NPROC": "3", "LR": "1"})  # knobs ignored
+    assert rc == 0, f"configs/experiments/ is stale:\n{err[-3000:]}"
+    assert out == ""
+
+
+def test_generator_check_names_a_stale_config_and_the_command(tmp_path):
+    for experiment in ("tnn_lm_wt103", "ski_tnn_mlm_wt103"):
+        shutil.copy(ROOT / "configs/experiments" / f"{experiment}.yaml", tmp_path)
+    stale = tmp_path / "ski_tnn_mlm_wt103.yaml"
+    stale.write_text(stale.read_text().replace("ski_rank: 32", "ski_rank: 16"))
+    rc, out, err = sh([sys.executable, GENERATOR, "--check", "--out-dir", tmp_path, "tnn_lm_wt103", "ski_tnn_mlm_wt103"])
+    assert rc == 1 and f"{stale}: differs" in err and "tnn_lm_wt103.yaml" not in err, err
+    assert "regenerate with: .venv/bin/python scripts/make_experiment_configs.py" in err
+    assert "ski_rank: 16" in stale.read_text()  # --check writes nothing
+    out, _ = ok([sys.executable, GENERATOR, "--out-dir", tmp_path, "ski_tnn_mlm_wt103"])
+    assert stale.read_text() == (ROOT / "configs/experiments/ski_tnn_mlm_wt103.yaml").read_text()
+    rc, _, err = sh([sys.executable, GENERATOR, "--check", "tnn_lm_tiny"])
+    assert rc == 2 and "unknown preset 'tnn_lm_tiny'" in err and "ski_tnn_mlm_wt103" in err
+
+
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_yaml_equals_train_sh_recipe(data_bin, tmp_path, experiment):
-    """Every field fairseq would train with, from the yaml (model written out) vs from train.sh (arch preset)."""
+    """Every field fairseq would train with, from the yaml (model written out) vs from train.sh (arch preset):
+    the generator's output means what train.sh's command means."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
