@@ -17,8 +17,10 @@
 #   kernels, scripts/plot_kernels.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
 usage="usage: bash scripts/demo.sh   (no arguments; settings are environment variables, see the header)"
-[[ $# -eq 0 ]] || { echo "$usage" >&2; exit 2; }
+[[ $# -eq 0 ]] || usage_error
 if [[ -n "${FAIRSEQ_BIN:-}" ]]; then  # fairseq installed elsewhere (a cluster's environment, the test suite's): use it
   BIN="$FAIRSEQ_BIN"
 else
@@ -59,7 +61,7 @@ for arch in $MODELS; do
     WARMUP_UPDATES="${WARMUP_UPDATES:-50}" VALIDATE_INTERVAL_UPDATES=50 SAVE_INTERVAL_UPDATES=100 \
     KEEP_INTERVAL_UPDATES=1 LOG_INTERVAL="${LOG_INTERVAL:-25}" NUM_WORKERS=0 \
     bash "$ROOT/scripts/train.sh" "$arch" "$DATA" --weight-decay 0.01 > "$out.part" 2>&1 \
-    || { tail -n 30 "$out.part" >&2; echo "demo: training $arch failed, see $out.part" >&2; exit 1; }
+    || { tail -n 30 "$out.part" >&2; die "training $arch failed, see $out.part"; }
   mv "$out.part" "$out"
 done
 
@@ -93,7 +95,7 @@ for arch in $MODELS; do
     --path "$WORK/checkpoints/$arch/checkpoint_last.pt" --cpu --bpe sentencepiece \
     --sentencepiece-model "$ROOT/data/sample/spm.model" --beam 1 --sampling --sampling-topk 10 --seed 1 \
     --max-len-b 32 2> "$WORK/sample.log" | awk -F'\t' '/^D-0\t/ {print $3}')" \
-    || { cat "$WORK/sample.log" >&2; echo "demo: sampling from $arch failed" >&2; exit 1; }
+    || { cat "$WORK/sample.log" >&2; die "sampling from $arch failed"; }
   echo "  $arch: $text"
 done
 

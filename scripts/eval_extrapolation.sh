@@ -38,10 +38,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage="usage: bash scripts/eval_extrapolation.sh [label=]<checkpoint.pt>..."
-die() { echo "eval_extrapolation.sh: error: $1" >&2; exit "${2:-1}"; }
-# shellcheck source=recipe.sh
-source "$ROOT/scripts/recipe.sh"  # quote_cmd
-[[ $# -ge 1 && "$1" != -* ]] || { echo "$usage" >&2; exit 2; }
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
+[[ $# -ge 1 && "$1" != -* ]] || usage_error
 
 FAIRSEQ_BIN="${FAIRSEQ_BIN:-$ROOT/.venv/bin}"
 PYTHON="${PYTHON:-$FAIRSEQ_BIN/python}"
@@ -84,7 +83,7 @@ if [[ -z "$TRAIN_TOKENS" || -z "$TABLE_TOKENS" ]]; then
   found=()
   for c in "${ckpts[@]}"; do [[ -f "$c" ]] && found+=("$c"); done
   if (( ${#found[@]} < ${#ckpts[@]} )); then  # only a dry run gets here with a missing checkpoint
-    echo "eval_extrapolation.sh: DRY_RUN: a checkpoint is missing, so its training length is unknown; assuming 512" >&2
+    say "DRY_RUN: a checkpoint is missing, so its training length is unknown; assuming 512"
     trained=512
   else
     trained_lengths="$("$PYTHON" - "${ckpts[@]}" <<'PY'
@@ -110,7 +109,7 @@ set TRAIN_TOKENS (marked on the plot) and TABLE_TOKENS (the valid/test table's l
   fi
   TRAIN_TOKENS="${TRAIN_TOKENS:-$trained}"
   TABLE_TOKENS="${TABLE_TOKENS:-$trained}"
-  echo "eval_extrapolation.sh: trained at $trained tokens (the checkpoints' tokens_per_sample): TRAIN_TOKENS=$TRAIN_TOKENS TABLE_TOKENS=$TABLE_TOKENS" >&2
+  say "trained at $trained tokens (the checkpoints' tokens_per_sample): TRAIN_TOKENS=$TRAIN_TOKENS TABLE_TOKENS=$TABLE_TOKENS"
 fi
 
 report_files=("$OUT/extrapolation.json" "$OUT/extrapolation.md" "$OUT/extrapolation.png" "$OUT/table.md")
@@ -136,10 +135,10 @@ evaluate() {  # label ckpt subset length context-window
   local -a extra=(); read -r -a extra <<< "${EXTRA_ARGS:-}"; cmd+=("${extra[@]}")
   if [[ "$DRY" == 1 ]]; then quote_cmd "${cmd[@]}"; echo "  > $log"; return; fi
   if [[ "${FORCE:-0}" != 1 && -f "$log" ]] && grep -q "Perplexity:" "$log"; then
-    echo "eval_extrapolation.sh: $1 $3 L=$4: reusing $log" >&2; return
+    say "$1 $3 L=$4: reusing $log"; return
   fi
   mkdir -p "$(dirname "$log")"
-  echo "eval_extrapolation.sh: $1 $3 L=$4 context-window $5" >&2
+  say "$1 $3 L=$4 context-window $5"
   if ! "${cmd[@]}" > "$log.part" 2>&1; then
     tail -n 30 "$log.part" >&2
     die "fairseq-eval-lm failed for $1 ($3, L=$4); full log: $log.part"

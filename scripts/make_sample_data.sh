@@ -52,8 +52,11 @@ VALID_BOOKS="${VALID_BOOKS:-Dan}"
 TEST_BOOKS="${TEST_BOOKS:-Rev}"
 VOCAB_SIZE="${VOCAB_SIZE:-2000}"
 
-die() { echo "make_sample_data.sh: error: $*" >&2; exit 1; }
-[[ $# -eq 0 ]] || { echo "usage: bash scripts/make_sample_data.sh   (no arguments; settings are environment variables)" >&2; exit 2; }
+ROOT="$REPO_ROOT"
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
+usage="usage: bash scripts/make_sample_data.sh   (no arguments; settings are environment variables)"
+[[ $# -eq 0 ]] || usage_error
 if [[ -f "$OUT_DIR/train.bpe" && "${FORCE:-0}" != 1 ]]; then
     die "$OUT_DIR already holds a corpus; refusing to overwrite it (FORCE=1 rebuilds it, or set OUT_DIR)"
 fi
@@ -74,7 +77,7 @@ if [[ -n "$KJV_VERSION" ]]; then
 fi
 mkdir -p "$WORK/debs"
 if ! (cd "$WORK/debs" && apt-get download "${pkgs[@]}"); then
-    echo "make_sample_data.sh: apt-get download failed; running apt-get update once and retrying" >&2
+    say "apt-get download failed; running apt-get update once and retrying"
     apt-get update -qq || die "apt-get update failed (are you root? is the network up?)"
     (cd "$WORK/debs" && apt-get download "${pkgs[@]}") \
         || die "could not download ${pkgs[*]} (set KJV_VERSION= to accept the version apt offers)"
@@ -110,4 +113,4 @@ mkdir -p "$OUT_DIR"
 for f in train.txt valid.txt test.txt train.bpe valid.bpe test.bpe spm.model spm.vocab README.md; do
     cp "$WORK/out/$f" "$OUT_DIR/$f"
 done
-echo "make_sample_data.sh: wrote $(cd "$WORK/out" && ls | tr '\n' ' ')to $OUT_DIR" >&2
+say "wrote $(cd "$WORK/out" && ls | tr '\n' ' ')to $OUT_DIR"

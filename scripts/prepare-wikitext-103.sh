@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Download, GPT-2 BPE-encode and binarise Wikitext-103 as the TNN paper did (FACTS.md section 1):
+# Download, GPT-2 BPE-encode and binarise Wikitext-103 as the TNN paper did
+# (docs/references.md#published-configurations; Qin et al., ICLR 2023, https://github.com/OpenNLPLab/Tnn):
 #   bash scripts/prepare-wikitext-103.sh [dest]          # dest defaults to <repo>/data-bin/wikitext-103
 #
 # Steps (each skipped when its outputs exist, so a rerun continues where it stopped):
@@ -25,9 +26,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage="usage: bash scripts/prepare-wikitext-103.sh [dest-data-bin]"
-die() { echo "prepare-wikitext-103.sh: error: $1" >&2; exit "${2:-1}"; }
-say() { echo "prepare-wikitext-103.sh: $*" >&2; }
-[[ $# -le 1 && "${1:-}" != -* ]] || { echo "$usage" >&2; exit 2; }
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
+[[ $# -le 1 && "${1:-}" != -* ]] || usage_error
 
 DEST="${1:-$ROOT/data-bin/wikitext-103}"
 RAW_DIR="${RAW_DIR:-$ROOT/data/wikitext-103}"
@@ -58,7 +59,7 @@ for f in encoder.json vocab.bpe dict.txt; do
 done
 
 manual_help() {
-  echo "prepare-wikitext-103.sh: cannot download $1 (no network access?)." >&2
+  say "cannot download $1 (no network access?)."
   echo "Download these files yourself, put them exactly here, and rerun this script:" >&2
   local i
   for i in "${!want_url[@]}"; do

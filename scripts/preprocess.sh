@@ -5,13 +5,15 @@
 # per sentence), e.g. data/sample. Skips the work if <dest-dir>/dict.txt exists
 # (FORCE=1 redoes it). WORKERS (default 2) sets fairseq-preprocess --workers.
 set -euo pipefail
-usage="usage: bash scripts/preprocess.sh <text-dir> <dest-dir>"
-[[ $# -eq 2 ]] || { echo "$usage" >&2; exit 2; }
-SRC="$1"; DEST="$2"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
+usage="usage: bash scripts/preprocess.sh <text-dir> <dest-dir>"
+[[ $# -eq 2 ]] || usage_error
+SRC="$1"; DEST="$2"
 FAIRSEQ_PREPROCESS="${FAIRSEQ_PREPROCESS:-$ROOT/.venv/bin/fairseq-preprocess}"
 for split in train valid test; do
-  [[ -f "$SRC/$split.bpe" ]] || { echo "preprocess: missing $SRC/$split.bpe ($usage)" >&2; exit 2; }
+  [[ -f "$SRC/$split.bpe" ]] || usage_error "preprocess.sh: error: missing $SRC/$split.bpe"
 done
 if [[ -f "$DEST/dict.txt" ]]; then
   if [[ "${FORCE:-0}" != 1 ]]; then

@@ -1,11 +1,17 @@
 # shellcheck shell=bash
-# The paper's Wikitext-103 training recipe, shared by scripts/train.sh and scripts/slurm/*.sbatch.
-# Source it (it defines functions and the preset lists, and runs nothing):
+# The paper's Wikitext-103 training recipe, shared by scripts/train.sh, scripts/slurm/train.sbatch and
+# scripts/make_experiment_configs.py (which writes configs/experiments/*.yaml from train.sh's command).
+# Source it with ROOT set (it sources scripts/lib.sh, defines functions and the preset lists, runs nothing):
 #   source "$ROOT/scripts/recipe.sh"
+#   recipe_check_preset <preset>                   # unknown: an error listing the presets (exit 2)
 #   recipe_init <preset> <data-bin> <world-size>   # validates, sets RECIPE_* variables
 #   "${RECIPE_ARGS[@]}"                            # the fairseq-train arguments (data first)
+# Every preset is a registered arch of the plugin (fairseq_tnn/models/tnn_lm.py, tnn_mlm.py), passed as
+# --arch <preset>.
 #
-# Per preset (FACTS.md sections 1 and 2; the SKI paper's appendix for the FD-TNN learning rates):
+# Per preset (docs/references.md#published-configurations: Qin et al., "Toeplitz Neural Network for
+# Sequence Modeling", ICLR 2023; docs/references.md#ski-tnn-and-fd-tnn: Moreno, Mei, Walters, "SKI to go
+# Faster", NeurIPS 2023, whose appendix gives the FD-TNN learning rates):
 #   causal (tnn_language_modeling, cross_entropy; tied embeddings come from the preset):
 #     adam (0.9, 0.98), weight decay 0.2, clip 1.0, lr 5e-4 (FD-TNN 1e-3), inverse_sqrt,
 #     4000 warmup updates from 1e-7, 128 sequences x 512 tokens per update, --sample-break-mode none
@@ -38,20 +44,8 @@
 
 TNN_CAUSAL_PRESETS="tnn_lm_wt103 tnn_lm_wt103_rpe3 fd_tnn_lm_wt103 tnn_lm_tiny fd_tnn_lm_tiny"
 TNN_MASKED_PRESETS="tnn_mlm_wt103 tnn_mlm_wt103_rpe3 fd_tnn_mlm_wt103 ski_tnn_mlm_wt103 tnn_mlm_tiny fd_tnn_mlm_tiny ski_tnn_mlm_tiny"
-# Presets that are a registered arch plus flags (the SKI paper's 3-layer-RPE bidirectional baseline).
-declare -gA TNN_PRESET_ARCH=([tnn_mlm_wt103_rpe3]=tnn_mlm_wt103)
-declare -gA TNN_PRESET_FLAGS=([tnn_mlm_wt103_rpe3]="--rpe-layers 3")
-
-recipe_die() { echo "${RECIPE_PROG:-recipe}: error: $*" >&2; exit "${RECIPE_EXIT:-1}"; }
-
-# Quote a command line so that it can be pasted into a shell (and split back with shlex).
-quote_cmd() {
-  local out="" a
-  for a in "$@"; do
-    if [[ "$a" =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then out+="$a "; else out+="'${a//\'/\'\\\'\'}' "; fi
-  done
-  printf '%s\n' "${out% }"
-}
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
 
 recipe_kind() {  # <preset> -> causal | masked | (empty for an unknown preset)
   local p
@@ -60,15 +54,17 @@ recipe_kind() {  # <preset> -> causal | masked | (empty for an unknown preset)
   echo ""
 }
 
-is_pos_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
+recipe_check_preset() {  # <preset>: an error naming it and listing the presets unless it is one
+  [[ -n "$(recipe_kind "$1")" ]] || die "unknown preset '$1'; choose one of: $TNN_CAUSAL_PRESETS $TNN_MASKED_PRESETS" 2
+}
 
 # recipe_update_freq <seqs per update> <batch per process> <processes>
 recipe_update_freq() {
   local seqs="$1" batch="$2" world="$3"
   is_pos_int "$seqs" && is_pos_int "$batch" && is_pos_int "$world" \
-    || RECIPE_EXIT=2 recipe_die "SEQS_PER_UPDATE ($seqs), BATCH_PER_GPU ($batch) and the number of processes ($world) must be positive integers"
+    || die "SEQS_PER_UPDATE ($seqs), BATCH_PER_GPU ($batch) and the number of processes ($world) must be positive integers" 2
   if (( seqs % (batch * world) != 0 )); then
-    RECIPE_EXIT=2 recipe_die "SEQS_PER_UPDATE=$seqs is not divisible by BATCH_PER_GPU=$batch x $world processes = $((batch * world)); change BATCH_PER_GPU or the number of processes"
+    die "SEQS_PER_UPDATE=$seqs is not divisible by BATCH_PER_GPU=$batch x $world processes = $((batch * world)); change BATCH_PER_GPU or the number of processes" 2
   fi
   echo $(( seqs / (batch * world) ))
 }
@@ -76,14 +72,10 @@ recipe_update_freq() {
 # recipe_init <preset> <data-bin> <world size>: sets RECIPE_KIND, RECIPE_SAVE_DIR, RECIPE_UPDATE_FREQ, RECIPE_ARGS.
 recipe_init() {
   local preset="$1" data="$2" world="$3"
+  recipe_check_preset "$preset"
   RECIPE_KIND="$(recipe_kind "$preset")"
-  [[ -n "$RECIPE_KIND" ]] || RECIPE_EXIT=2 recipe_die "unknown preset '$preset'; choose one of: $TNN_CAUSAL_PRESETS $TNN_MASKED_PRESETS"
-  [[ -f "$data/dict.txt" ]] || RECIPE_EXIT=2 recipe_die "no binarised data in '$data' (dict.txt missing); run scripts/prepare-wikitext-103.sh first"
+  [[ -f "$data/dict.txt" ]] || die "no binarised data in '$data' (dict.txt missing); run scripts/prepare-wikitext-103.sh first" 2
   data="$(cd "$data" && pwd)"
-  local arch="${TNN_PRESET_ARCH[$preset]:-$preset}"
-  local -a preset_flags=()
-  read -r -a preset_flags <<< "${TNN_PRESET_FLAGS[$preset]:-}"
-
   local fd=0; [[ "$preset" == fd_* ]] && fd=1
   local seqs batch warmup lr tps="${TOKENS_PER_SAMPLE:-512}" max_update="${MAX_UPDATE:-50000}"
   local -a kind_args
@@ -102,7 +94,7 @@ recipe_init() {
       --lr "$lr" --lr-scheduler polynomial_decay --warmup-updates "$warmup" --total-num-update "$max_update")
   fi
   [[ "${OVERSIZED:-drop}" == drop || "${OVERSIZED:-drop}" == error ]] \
-    || RECIPE_EXIT=2 recipe_die "OVERSIZED must be drop or error, not '${OVERSIZED}'"
+    || die "OVERSIZED must be drop or error, not '${OVERSIZED}'" 2
   RECIPE_UPDATE_FREQ="$(recipe_update_freq "$seqs" "$batch" "$world")" || exit $?
 
   local precision="${PRECISION:-$([[ "${CPU:-0}" == 1 ]] && echo fp32 || echo fp16)}"
@@ -111,18 +103,18 @@ recipe_init() {
     fp16) precision_args=(--fp16) ;;
     bf16) precision_args=(--bf16-autocast) ;;
     fp32) precision_args=() ;;
-    *) RECIPE_EXIT=2 recipe_die "PRECISION must be fp16, bf16 or fp32, not '$precision'" ;;
+    *) die "PRECISION must be fp16, bf16 or fp32, not '$precision'" 2 ;;
   esac
-  [[ "${CPU:-0}" == 1 && "$precision" == fp16 ]] && RECIPE_EXIT=2 recipe_die "CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16"
+  [[ "${CPU:-0}" == 1 && "$precision" == fp16 ]] && die "CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16" 2
   local compile="${TNN_COMPILE:-$([[ "${CPU:-0}" == 1 ]] && echo 0 || echo 1)}"
-  [[ "$compile" == 0 || "$compile" == 1 ]] || RECIPE_EXIT=2 recipe_die "TNN_COMPILE must be 0 or 1, not '$compile'"
+  [[ "$compile" == 0 || "$compile" == 1 ]] || die "TNN_COMPILE must be 0 or 1, not '$compile'" 2
   [[ "$compile" == 1 ]] && precision_args+=(--tnn-compile)
 
   local save_root="${SAVE_ROOT:-$ROOT/checkpoints}"
   [[ "$save_root" == /* ]] || save_root="$PWD/$save_root"
   RECIPE_SAVE_DIR="$save_root/${RUN_NAME:-$preset}"
 
-  RECIPE_ARGS=("$data" --user-dir "$ROOT/fairseq_tnn" --arch "$arch" "${preset_flags[@]}" "${kind_args[@]}"
+  RECIPE_ARGS=("$data" --user-dir "$ROOT/fairseq_tnn" --arch "$preset" "${kind_args[@]}"
     --tokens-per-sample "$tps" --batch-size "$batch" --update-freq "$RECIPE_UPDATE_FREQ" --max-update "$max_update"
     "${precision_args[@]}"
     --seed "${SEED:-1}" --num-workers "${NUM_WORKERS:-1}"
@@ -148,7 +140,7 @@ recipe_claim_save_dir() {
   local dir="$RECIPE_SAVE_DIR" dry="${1:-}"
   if [[ -d "$dir" ]] && [[ -n "$(ls -A "$dir" 2>/dev/null)" ]] && ! recipe_has_checkpoint "$dir" \
       && [[ "${FORCE:-0}" != 1 && "${RESUME:-0}" != 1 ]]; then
-    echo "${RECIPE_PROG:-recipe}: $dir holds no checkpoint (an earlier attempt that saved nothing): moving its files to $dir/previous-attempt/ and starting again" >&2
+    say "$dir holds no checkpoint (an earlier attempt that saved nothing): moving its files to $dir/previous-attempt/ and starting again"
     if [[ -z "$dry" ]]; then
       local prev="$dir/previous-attempt" f
       rm -rf "$prev.new"; mkdir -p "$prev.new"
@@ -159,12 +151,12 @@ recipe_claim_save_dir() {
     fi
   elif [[ -d "$dir" ]] && [[ -n "$(ls -A "$dir" 2>/dev/null)" ]]; then
     if [[ "${FORCE:-0}" == 1 ]]; then
-      echo "${RECIPE_PROG:-recipe}: FORCE=1: deleting $dir" >&2
+      say "FORCE=1: deleting $dir"
       [[ -n "$dry" ]] || rm -rf "$dir"
     elif [[ "${RESUME:-0}" == 1 ]]; then
-      echo "${RECIPE_PROG:-recipe}: RESUME=1: continuing the run in $dir" >&2
+      say "RESUME=1: continuing the run in $dir"
     else
-      recipe_die "$dir already exists; refusing to overwrite it (FORCE=1 deletes it and starts over, RESUME=1 continues from its checkpoint_last.pt)"
+      die "$dir already exists; refusing to overwrite it (FORCE=1 deletes it and starts over, RESUME=1 continues from its checkpoint_last.pt)"
     fi
   fi
   [[ -n "$dry" ]] || mkdir -p "$dir"

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Creates .venv and installs everything fairseq-tnn needs, in the order that works
-# (FACTS.md section 3): torch first, then fairseq-fixed built against that torch,
+# (docs/references.md#installing-fairseq): torch first, then fairseq-fixed built against that torch,
 # then the rest, then this plugin (editable). Never lets pip replace torch.
 # Idempotent: a second run with unchanged requirements does nothing.
 #
 # Environment: PYTHON (default python3), VENV (default <repo>/.venv),
 #              TORCH_VERSION (default 2.13.0; a GPU machine gets CUDA from the same line).
 set -euo pipefail
-[[ $# -eq 0 ]] || { echo "usage: bash scripts/setup.sh   (no arguments; settings are environment variables)" >&2; exit 2; }
-
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=lib.sh
+source "$ROOT/scripts/lib.sh"
+usage="usage: bash scripts/setup.sh   (no arguments; settings are environment variables)"
+[[ $# -eq 0 ]] || usage_error
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-$ROOT/.venv}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"

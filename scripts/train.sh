@@ -32,17 +32,12 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage="usage: bash scripts/train.sh <preset> <data-bin> [extra fairseq-train args...]"
-RECIPE_PROG=train.sh
 # shellcheck source=recipe.sh
 source "$ROOT/scripts/recipe.sh"
 
-if [[ $# -lt 2 || "$1" == -* ]]; then
-  echo "$usage" >&2
-  echo "presets: $TNN_CAUSAL_PRESETS $TNN_MASKED_PRESETS" >&2
-  exit 2
-fi
+[[ $# -ge 2 && "$1" != -* ]] || usage_error "presets: $TNN_CAUSAL_PRESETS $TNN_MASKED_PRESETS"
 PRESET="$1"; DATA="$2"; shift 2
-[[ -n "$(recipe_kind "$PRESET")" ]] || { echo "$usage" >&2; RECIPE_EXIT=2 recipe_die "unknown preset '$PRESET'; choose one of: $TNN_CAUSAL_PRESETS $TNN_MASKED_PRESETS"; }
+[[ -n "$(recipe_kind "$PRESET")" ]] || { echo "$usage" >&2; recipe_check_preset "$PRESET"; }
 
 FAIRSEQ_BIN="${FAIRSEQ_BIN:-$ROOT/.venv/bin}"
 PYTHON="${PYTHON:-$FAIRSEQ_BIN/python}"
@@ -59,7 +54,7 @@ count_gpus() {
 if [[ -z "${NPROC:-}" ]]; then
   if [[ "$CPU" == 1 ]]; then NPROC=1; else NPROC="$(count_gpus)"; (( NPROC >= 1 )) || NPROC=1; fi
 fi
-is_pos_int "$NPROC" || RECIPE_EXIT=2 recipe_die "NPROC must be a positive integer, not '$NPROC'"
+is_pos_int "$NPROC" || die "NPROC must be a positive integer, not '$NPROC'" 2
 
 recipe_init "$PRESET" "$DATA" "$NPROC"
 
@@ -78,5 +73,5 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
 fi
 recipe_claim_save_dir
 quote_cmd "${cmd[@]}" >> "$RECIPE_SAVE_DIR/command.txt"
-echo "train.sh: $PRESET, $NPROC process(es), update-freq $RECIPE_UPDATE_FREQ; logs and checkpoints in $RECIPE_SAVE_DIR" >&2
+say "$PRESET, $NPROC process(es), update-freq $RECIPE_UPDATE_FREQ; logs and checkpoints in $RECIPE_SAVE_DIR"
 exec "${cmd[@]}"

@@ -22,11 +22,12 @@ SLURM = SCRIPTS / "slurm"
 CAUSAL = ["tnn_lm_wt103", "tnn_lm_wt103_rpe3", "fd_tnn_lm_wt103"]
 MASKED = ["tnn_mlm_wt103", "tnn_mlm_wt103_rpe3", "fd_tnn_mlm_wt103", "ski_tnn_mlm_wt103"]
 EXPERIMENTS = CAUSAL + MASKED
+LIBRARIES = [SCRIPTS / "lib.sh", SCRIPTS / "recipe.sh"]  # sourced, not run
 BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIPTS / "eval_extrapolation.sh",
-                SCRIPTS / "recipe.sh", SLURM / "common.sh", *sorted(SLURM.glob("*.sbatch")), SCRIPTS / "demo.sh",
+                *LIBRARIES, *sorted(SLURM.glob("*.sbatch")), SCRIPTS / "demo.sh",
                 SCRIPTS / "preprocess.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh", SCRIPTS / "make_sample_data.sh"]
 PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
-              SCRIPTS / "plot_kernels.py"]
+              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
 BASE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
 BASE_ENV.update(FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
@@ -71,8 +72,37 @@ def dry_train(preset, data, **env):
 def test_bash_syntax_and_strict_mode(script):
     ok(["bash", "-n", script])
     text = script.read_text()
-    if script.suffix in (".sh", ".sbatch") and script.name not in ("recipe.sh", "common.sh"):
+    if script not in LIBRARIES:
         assert "set -euo pipefail" in text
+
+
+def test_every_script_uses_the_shared_helpers():
+    """scripts/lib.sh holds die, say, usage_error, quote_cmd and is_pos_int; every script that uses one sources it
+    (directly or through recipe.sh) and none defines its own copy."""
+    scripts = sorted({*SCRIPTS.glob("*.sh"), *SLURM.glob("*.sbatch")})
+    assert set(scripts) == set(BASH_SCRIPTS)  # a new script is checked here too
+    users = []
+    for script in scripts:
+        if script.name == "lib.sh":
+            continue
+        text = script.read_text()
+        if re.search(r"\b(die|say|usage_error|quote_cmd|is_pos_int)\b", text):
+            users.append(script.name)
+            assert re.search(r'^\s*source "\$ROOT/scripts/(lib|recipe)\.sh"', text, re.M), f"{script.name} does not source lib.sh"
+        own = re.findall(r"^\s*(\w*die|say|quote_cmd|usage_error|is_pos_int)\s*\(\)", text, re.M)
+        assert not own, f"{script.name} defines {own}; use scripts/lib.sh's"
+    assert set(users) == {s.name for s in scripts} - {"lib.sh", "test.sh"}, users  # test.sh: two lines, no errors
+
+
+def test_die_names_the_calling_script_and_takes_an_exit_code(tmp_path):
+    script = tmp_path / "caller.sh"
+    script.write_text(f'set -euo pipefail\nROOT={shlex.quote(str(ROOT))}\nsource "$ROOT/scripts/lib.sh"\n'
+                      'quote_cmd a "b c" "it\'s"\n[[ "${1:-}" == 3 ]] && die "three" 3\ndie "plain"\n')
+    rc, out, err = sh(["bash", script])
+    assert (rc, out, err) == (1, "a 'b c' 'it'\\''s'\n", "caller.sh: error: plain\n")
+    assert shlex.split(out) == ["a", "b c", "it's"]
+    rc, _, err = sh(["bash", script, "3"], {"PROG": "named"})
+    assert (rc, err) == (3, "named: error: three\n")
 
 
 @pytest.mark.parametrize("script", PY_SCRIPTS, ids=lambda p: p.name)
@@ -115,7 +145,7 @@ def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, ba
     f = flags(args)
     save_dir = str(tmp_path / "ck" / preset)
     expect = {
-        "--user-dir": [USER_DIR], "--arch": [preset.replace("_rpe3", "") if preset in MASKED else preset],
+        "--user-dir": [USER_DIR], "--arch": [preset],  # every preset is a registered arch
         "--task": ["tnn_language_modeling" if causal else "tnn_masked_lm"],
         "--criterion": ["cross_entropy" if causal else "masked_lm"],
         "--sample-break-mode": ["none" if causal else "complete"],
@@ -133,7 +163,7 @@ def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, ba
     for key, value in expect.items():
         assert f.get(key) == value, (key, f.get(key), value)
     assert "--cpu" not in f
-    assert ("--rpe-layers" in f) == (preset == "tnn_mlm_wt103_rpe3")
+    assert "--rpe-layers" not in f  # the arch says it (tnn_*_wt103_rpe3), no flag on top
     # the paper's tokens per update, whatever the number of processes
     assert batch * update_freq * nproc == (128 if causal else 512)
 
@@ -250,14 +280,35 @@ def sbatch_header(path):
     return dict(re.findall(r"^#SBATCH --([a-z-]+)=(\S+)", path.read_text(), re.M))
 
 
+TRAIN_SBATCH = SLURM / "train.sbatch"
+
+
+def test_one_sbatch_script_for_every_preset():
+    assert sorted(p.name for p in SLURM.iterdir()) == ["extrapolation.sbatch", "train.sbatch"]
+    head = sbatch_header(TRAIN_SBATCH)
+    assert head == {"job-name": "fairseq-tnn", "nodes": "1", "ntasks-per-node": "8", "gpus-per-node": "8",
+                    "cpus-per-task": "8", "time": "2-00:00:00", "output": "slurm-%x-%j.out"}
+    assert re.search(r"^#SBATCH --requeue$", TRAIN_SBATCH.read_text(), re.M)
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "usage: sbatch scripts/slurm/train.sbatch <preset>"),
+    (["--max-epoch", "3"], "usage: sbatch scripts/slurm/train.sbatch <preset>"),
+    (["tnn_lm_wt104"], "train.sbatch: error: unknown preset 'tnn_lm_wt104'; choose one of: "),
+])
+def test_sbatch_refuses_a_missing_or_unknown_preset_before_any_work(tmp_path, args, message):
+    """Checked first: outside SLURM and without data, the error is still about the preset, and lists them all."""
+    rc, out, err = sh(["bash", TRAIN_SBATCH, *args], {"DATA": str(tmp_path / "none"), "SAVE_ROOT": str(tmp_path / "ck")})
+    assert rc == 2 and message in err and out == "", (rc, out, err)
+    assert all(p in err for p in EXPERIMENTS + ["tnn_lm_tiny"]), err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_sbatch_dry_run_is_train_sh_recipe_under_srun(data_bin, tmp_path, experiment):
-    script = SLURM / f"{experiment}.sbatch"
-    head = sbatch_header(script)
-    assert head["job-name"] == experiment and head["ntasks-per-node"] == head["gpus-per-node"] == "8"
     env = {"DRY_RUN": "1", "DATA": str(data_bin), "SAVE_ROOT": str(tmp_path), "SLURM_NNODES": "2",
            "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "4242"}
-    out, _ = ok(["bash", script, "--max-epoch", "3"], env)
+    out, _ = ok(["bash", TRAIN_SBATCH, experiment, "--max-epoch", "3"], env)
     argv = shlex.split(out)
     assert argv[:3] == ["srun", "--kill-on-bad-exit=1", cli("fairseq-train")], argv
     f = flags(argv[3:])
@@ -272,13 +323,13 @@ def test_sbatch_dry_run_is_train_sh_recipe_under_srun(data_bin, tmp_path, experi
 def test_sbatch_root_from_submit_dir_when_slurm_runs_a_spool_copy(data_bin, tmp_path):
     spool = tmp_path / "slurmd" / "job4242"
     spool.mkdir(parents=True)
-    shutil.copy(SLURM / "fd_tnn_lm_wt103.sbatch", spool / "slurm_script")
+    shutil.copy(TRAIN_SBATCH, spool / "slurm_script")
     env = {"DRY_RUN": "1", "DATA": str(data_bin), "SAVE_ROOT": str(tmp_path / "ck"), "SLURM_NNODES": "1",
            "SLURM_NTASKS": "8", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(ROOT)}
-    out, _ = ok(["bash", spool / "slurm_script"], env)
+    out, _ = ok(["bash", spool / "slurm_script", "fd_tnn_lm_wt103"], env)
     f = flags(shlex.split(out)[3:])
     assert f["--user-dir"] == [USER_DIR] and f["--distributed-world-size"] == ["8"] and f["--update-freq"] == ["2"]
-    rc, _, err = sh(["bash", spool / "slurm_script"], {**env, "SLURM_SUBMIT_DIR": str(tmp_path)})
+    rc, _, err = sh(["bash", spool / "slurm_script", "fd_tnn_lm_wt103"], {**env, "SLURM_SUBMIT_DIR": str(tmp_path)})
     assert rc == 2 and "cannot find the repository" in err
 
 
@@ -288,15 +339,15 @@ def test_sbatch_requeued_job_continues_its_run_and_a_new_job_refuses_it(data_bin
     (run_dir / "checkpoint_last.pt").write_bytes(b"precious")
     env = {"DRY_RUN": "1", "DATA": str(data_bin), "SAVE_ROOT": str(tmp_path), "SLURM_NNODES": "1",
            "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "5"}
-    rc, out, err = sh(["bash", SLURM / "tnn_lm_wt103.sbatch"], env)
+    rc, out, err = sh(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], env)
     assert rc == 1 and "already exists; refusing to overwrite it" in err and out == ""
-    out, err = ok(["bash", SLURM / "tnn_lm_wt103.sbatch"], {**env, "SLURM_RESTART_COUNT": "1"})
+    out, err = ok(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], {**env, "SLURM_RESTART_COUNT": "1"})
     assert "RESUME=1: continuing the run" in err and out.startswith("srun ")
     assert (run_dir / "checkpoint_last.pt").read_bytes() == b"precious"
 
 
 def test_sbatch_outside_slurm_refuses(data_bin):
-    rc, out, err = sh(["bash", SLURM / "tnn_lm_wt103.sbatch"], {"DATA": str(data_bin)})
+    rc, out, err = sh(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], {"DATA": str(data_bin)})
     assert rc == 2 and "not inside a SLURM job" in err and out == ""
 
 
@@ -531,9 +582,37 @@ def compose_experiment(name, overrides=()):
     return cfg
 
 
+GENERATOR = SCRIPTS / "make_experiment_configs.py"
+
+
+def test_experiment_yamls_are_what_the_generator_writes():
+    """configs/experiments/*.yaml are generated from train.sh's recipe and the registered archs, never edited by
+    hand: a recipe or arch change without regenerating fails here, naming the command that regenerates them."""
+    assert sorted(p.stem for p in (ROOT / "configs/experiments").glob("*.yaml")) == sorted(EXPERIMENTS)
+    rc, out, err = sh([sys.executable, GENERATOR, "--check"], {"MAX_UPDATE": "7", "NPROC": "3", "LR": "1"})  # knobs ignored
+    assert rc == 0, f"configs/experiments/ is stale:\n{err[-3000:]}"
+    assert out == ""
+
+
+def test_generator_check_names_a_stale_config_and_the_command(tmp_path):
+    for experiment in ("tnn_lm_wt103", "ski_tnn_mlm_wt103"):
+        shutil.copy(ROOT / "configs/experiments" / f"{experiment}.yaml", tmp_path)
+    stale = tmp_path / "ski_tnn_mlm_wt103.yaml"
+    stale.write_text(stale.read_text().replace("ski_rank: 32", "ski_rank: 16"))
+    rc, out, err = sh([sys.executable, GENERATOR, "--check", "--out-dir", tmp_path, "tnn_lm_wt103", "ski_tnn_mlm_wt103"])
+    assert rc == 1 and f"{stale}: differs" in err and "tnn_lm_wt103.yaml" not in err, err
+    assert "regenerate with: .venv/bin/python scripts/make_experiment_configs.py" in err
+    assert "ski_rank: 16" in stale.read_text()  # --check writes nothing
+    out, _ = ok([sys.executable, GENERATOR, "--out-dir", tmp_path, "ski_tnn_mlm_wt103"])
+    assert stale.read_text() == (ROOT / "configs/experiments/ski_tnn_mlm_wt103.yaml").read_text()
+    rc, _, err = sh([sys.executable, GENERATOR, "--check", "tnn_lm_tiny"])
+    assert rc == 2 and "unknown preset 'tnn_lm_tiny'" in err and "ski_tnn_mlm_wt103" in err
+
+
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_yaml_equals_train_sh_recipe(data_bin, tmp_path, experiment):
-    """Every field fairseq would train with, from the yaml (model written out) vs from train.sh (arch preset)."""
+    """Every field fairseq would train with, from the yaml (model written out) vs from train.sh (arch preset):
+    the generator's output means what train.sh's command means."""
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from omegaconf import OmegaConf
