@@ -13,15 +13,14 @@ import time
 import pytest
 import torch
 
-from conftest import LM_TRAIN, USER_DIR, cli, run
+from conftest import cli, lm_args, mlm_args, run
 from fairseq_tnn import compat, launch
 
 # 2 ranks x 4 sequences x 64 tokens per update, or 1 rank x 4 x 64 x --update-freq 2. fairseq shuffles
 # the list of batches with the same seed on every rank; rank r takes batches r, r + 2, r + 4, ...
 # (ShardedIterator) and --update-freq 2 takes them in consecutive pairs (GroupedIterator), so update
 # k sees batches 2k and 2k + 1 in both runs.
-TRAIN = [*LM_TRAIN, "--arch", "tnn_lm_tiny", "--tokens-per-sample", 64, "--batch-size", 4, "--log-interval", 1,
-         "--no-epoch-checkpoints", "--disable-validation"]
+TRAIN = lm_args(tokens_per_sample=64, batch_size=4, log_interval=1, no_epoch_checkpoints=True, disable_validation=True)
 FIRST, RESUMED = 6, 8  # updates in the first 2-process run, and after resuming it
 
 # Installed as sitecustomize in the launched processes: records every write under TNN_WATCH_DIR
@@ -131,10 +130,7 @@ def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin
     assert_only_rank_0_wrote(writes, save_dir)
 
 
-MASKED_TRAIN = ["--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm", "--criterion", "masked_lm",
-                "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete", "--tokens-per-sample", 128,
-                "--batch-size", 4, "--optimizer", "adam", "--lr", "0.001", "--log-format", "simple",
-                "--log-interval", 1, "--seed", 1, "--num-workers", 0, "--no-epoch-checkpoints", "--disable-validation"]
+MASKED_TRAIN = mlm_args(batch_size=4, disable_validation=True)
 
 
 @pytest.mark.parametrize("kind", ["causal", "masked"])

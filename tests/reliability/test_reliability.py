@@ -10,24 +10,19 @@ import subprocess
 import pytest
 import torch
 
-from conftest import LM_TRAIN, ROOT, USER_DIR, cli, run, split_tokens
+from conftest import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run, split_tokens
 
 TPS = 64
 
 
 def lm_cmd(data_bin, save_dir, max_update=16, arch="tnn_lm_tiny", *extra):
-    return [cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", arch, "--tokens-per-sample", TPS,
-            "--batch-size", 8, "--max-update", max_update, "--save-dir", save_dir, "--log-interval", 1,
-            "--save-interval-updates", 6, "--no-epoch-checkpoints", "--disable-validation", *extra]
+    return lm_train_cmd(data_bin, *extra, arch=arch, tokens_per_sample=TPS, max_update=max_update, save_dir=save_dir,
+                        log_interval=1, save_interval_updates=6, no_epoch_checkpoints=True, disable_validation=True)
 
 
 def mlm_cmd(data_bin, save_dir, max_update=16, *extra):
-    return [cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
-            "--criterion", "masked_lm", "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete",
-            "--tokens-per-sample", 128, "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001",
-            "--max-update", max_update, "--save-dir", save_dir, "--log-format", "simple", "--log-interval", 1,
-            "--save-interval-updates", 6, "--no-epoch-checkpoints", "--disable-validation", "--seed", 1,
-            "--num-workers", 0, *extra]
+    return mlm_train_cmd(data_bin, *extra, max_update=max_update, save_dir=save_dir, save_interval_updates=6,
+                         disable_validation=True)
 
 
 def losses_by_update(log):
