@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from fairseq_tnn.ops.ski_causal import ski_causal_cumsum, ski_causal_local, ski_causal_tno_ref
-from test_ops_ski import assert_matches_reference
-from test_ops_ski import make_inputs as make_bnd_inputs
+from test_ski import assert_matches_reference
+from test_ski import make_inputs as make_bnd_inputs
 
 TOL = {torch.float32: 3e-5, torch.float64: 1e-11}
 # (n, r, m): n = 1, n < r (rank reduced to n), r = 2, m = 1, m > n, segments of unequal length, n = 512
