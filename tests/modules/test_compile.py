@@ -55,6 +55,7 @@ def test_compiled_layer_equals_eager(kind):
     assert list(compiled.state_dict()) == list(eager.state_dict())
 
 
+@pytest.mark.slow
 def test_tnn_compile_trains_and_checkpoint_loads_in_either_mode(data_bin, tmp_path):
     """fairseq-train --tnn-compile learns; its checkpoint scores the same with and without compilation."""
     save = tmp_path / "ck"

@@ -97,6 +97,7 @@ def assert_only_rank_0_wrote(writes, save_dir):
     assert any(w.endswith(str(save_dir / "checkpoint_last.pt")) for w in writes), writes
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc):
     save_dir, log, writes, first = two_procs
     assert "training on 2 devices" in log, log[-3000:]
@@ -118,6 +119,7 @@ def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc):
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin, hook_dir):
     save_dir = two_procs[0]
     log, writes = launch_2_procs(data_bin, save_dir, RESUMED, hook_dir)
@@ -133,6 +135,7 @@ def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin
 MASKED_TRAIN = mlm_args(batch_size=4, disable_validation=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["causal", "masked"])
 def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data_bin, tmp_path, kind):
     """Every process of a 2-rank run is SIGKILLed (as when a node dies or the job is cancelled) between the
@@ -174,6 +177,7 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
         assert loss == pytest.approx(reference[update][0], abs=1.1e-3), (update, resumed, reference)
 
 
+@pytest.mark.slow
 def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tmp_path):
     """Stock fairseq ignores torchrun's environment on CPU: both processes would train alone and write the
     same checkpoint files. The plugin's tasks refuse that, naming the launcher to use."""
@@ -185,6 +189,7 @@ def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tm
     assert not list(save_dir.glob("*.pt"))
 
 
+@pytest.mark.slow
 def test_old_style_checkpoint_loads_and_weights_only_stays_on(two_procs, data_bin, tmp_path):
     from fairseq import checkpoint_utils, options
     from fairseq.distributed import utils as distributed_utils

@@ -54,6 +54,7 @@ def kill_at(cmd, update):
     return "".join(seen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["causal", "masked"])
 def test_sigkill_then_resume_matches_an_uninterrupted_run(data_bin, tmp_path, kind):
     make = (lambda d: lm_cmd(data_bin, d)) if kind == "causal" else (lambda d: mlm_cmd(data_bin, d))
@@ -189,6 +190,7 @@ ALL_ARCHS = ["tnn_lm_wt103", "tnn_lm_wt103_rpe3", "fd_tnn_lm_wt103", "tnn_mlm_wt
              "ski_tnn_mlm_wt103"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_every_architecture_evaluates_at_14336_tokens(arch):
     """28x the paper's training length, the published layer sizes (fewer layers to fit CI), finite loss."""
