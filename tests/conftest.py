@@ -46,7 +46,7 @@ def split_tokens(data_bin: Path, split: str) -> int:
     return int(ds.sizes.sum())
 
 
-def options(defaults: dict, overrides: dict) -> list:
+def fairseq_options(defaults: dict, overrides: dict) -> list:
     """fairseq command-line options from {name: value}, names with underscores for dashes (save_dir is
     --save-dir). A keyword override replaces an option's value in place or adds it at the end; True makes a
     bare flag (cpu=True is --cpu), None or False leaves the option out."""
@@ -76,18 +76,18 @@ MLM_OPTIONS = {
     "optimizer": "adam", "lr": "0.001", "log_format": "simple", "log_interval": 1, "seed": 1, "num_workers": 0,
     "no_epoch_checkpoints": True,
 }
-# What the causal recipe leaves to the caller's taste: a constant learning rate with Adam's default betas.
+# Overrides that take the schedule out of the causal recipe: a constant learning rate, Adam's default betas.
 NO_LR_SCHEDULE = dict(lr_scheduler=None, warmup_updates=None, adam_betas=None)
 
 
 def lm_args(**overrides) -> list:
     """The causal recipe's fairseq-train options (after the data directory), with keyword overrides."""
-    return options(LM_OPTIONS, overrides)
+    return fairseq_options(LM_OPTIONS, overrides)
 
 
 def mlm_args(**overrides) -> list:
     """The masked recipe's fairseq-train options (after the data directory), with keyword overrides."""
-    return options(MLM_OPTIONS, overrides)
+    return fairseq_options(MLM_OPTIONS, overrides)
 
 
 def lm_train_cmd(data_bin, *extra, **overrides) -> list:

@@ -34,6 +34,7 @@ def layers_of(model):
     return model.decoder.layers if hasattr(model, "decoder") else model.encoder.layers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_compiled_layer_equals_eager(kind):
     torch._dynamo.reset()

@@ -60,6 +60,7 @@ def test_bf16_autocast_refuses_low_precision_weights():
         _autocast_for(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,task", [("fd_tnn_lm_tiny", "tnn_language_modeling"), ("ski_tnn_mlm_tiny", "tnn_masked_lm")])
 def test_fairseq_train_with_bf16_autocast_learns(data_bin, tmp_path, arch, task):
     """--bf16-autocast through fairseq-train (CPU autocast here; CUDA on a GPU): fp32 weights in the
