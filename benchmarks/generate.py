@@ -52,7 +52,7 @@ WT103_VOCAB = 50264
 MIB = 2.0 ** 20
 
 
-from benchmarks.run import _proc_status_kib  # noqa: E402  (one reader of /proc/self/status)
+from benchmarks.measure import _proc_status_kib  # noqa: E402  (one reader of /proc/self/status)
 
 
 def _reset_hwm():

@@ -94,7 +94,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     if bound:
-        from benchmarks.run import FixedSpectrumTno, IdentityTno
+        from benchmarks.measure import FixedSpectrumTno, IdentityTno
         from fairseq_tnn.models.blocks import compile_layers
         layers = model.decoder.layers if causal else model.encoder.layers
         for layer in layers:
@@ -291,7 +291,7 @@ def main(argv=None):
         p.error(f"--out={a.out} already holds trainer.json; refusing to overwrite it (--force, or another --out)")
     os.makedirs(a.out, exist_ok=True)
     import fairseq_tnn  # noqa: F401  (registers the models and tasks)
-    from benchmarks.run import _machine
+    from benchmarks.measure import _machine
     t0 = time.time()
     groups = run_suite(a.device, precision, a.quick, rounds, per_round, warmup, lambda m: print(m, flush=True))
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else None

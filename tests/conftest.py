@@ -62,12 +62,62 @@ def split_tokens(data_bin: Path, split: str) -> int:
     return int(ds.sizes.sum())
 
 
-LM_TRAIN = [
-    "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling", "--criterion", "cross_entropy",
-    "--sample-break-mode", "none", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-    "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "10", "--lr", "0.003",
-    "--log-format", "simple", "--log-interval", "5", "--seed", "1", "--num-workers", "0",
-]
+def fairseq_options(defaults: dict, overrides: dict) -> list:
+    """fairseq command-line options from {name: value}, names with underscores for dashes (save_dir is
+    --save-dir). A keyword override replaces an option's value in place or adds it at the end; True makes a
+    bare flag (cpu=True is --cpu), None or False leaves the option out."""
+    merged = {**defaults, **overrides}
+    args = []
+    for name, value in merged.items():
+        if value is None or value is False:
+            continue
+        args.append("--" + name.replace("_", "-"))
+        if value is not True:
+            args.append(value)
+    return args
+
+
+# The causal recipe of the CLI tests: tnn_language_modeling, Adam with an inverse-sqrt schedule, on CPU.
+LM_OPTIONS = {
+    "user_dir": USER_DIR, "cpu": True, "task": "tnn_language_modeling", "criterion": "cross_entropy",
+    "arch": "tnn_lm_tiny", "sample_break_mode": "none", "tokens_per_sample": 64, "batch_size": 8,
+    "optimizer": "adam", "adam_betas": "(0.9, 0.98)", "lr_scheduler": "inverse_sqrt", "warmup_updates": 10,
+    "lr": "0.003", "log_format": "simple", "log_interval": 5, "seed": 1, "num_workers": 0,
+}
+# The masked recipe: tnn_masked_lm with whole lines per block ("complete"; the longest sample line, 112
+# pieces + eos + bos, fits 128 tokens), Adam at a constant rate, on CPU.
+MLM_OPTIONS = {
+    "user_dir": USER_DIR, "cpu": True, "task": "tnn_masked_lm", "criterion": "masked_lm",
+    "arch": "tnn_mlm_tiny", "sample_break_mode": "complete", "tokens_per_sample": 128, "batch_size": 8,
+    "optimizer": "adam", "lr": "0.001", "log_format": "simple", "log_interval": 1, "seed": 1, "num_workers": 0,
+    "no_epoch_checkpoints": True,
+}
+# Overrides that take the schedule out of the causal recipe: a constant learning rate, Adam's default betas.
+NO_LR_SCHEDULE = dict(lr_scheduler=None, warmup_updates=None, adam_betas=None)
+
+
+def lm_args(**overrides) -> list:
+    """The causal recipe's fairseq-train options (after the data directory), with keyword overrides."""
+    return fairseq_options(LM_OPTIONS, overrides)
+
+
+def mlm_args(**overrides) -> list:
+    """The masked recipe's fairseq-train options (after the data directory), with keyword overrides."""
+    return fairseq_options(MLM_OPTIONS, overrides)
+
+
+def lm_train_cmd(data_bin, *extra, **overrides) -> list:
+    """fairseq-train of the causal recipe on data_bin; extra arguments go last."""
+    return [cli("fairseq-train"), data_bin, *lm_args(**overrides), *extra]
+
+
+def mlm_train_cmd(data_bin, *extra, **overrides) -> list:
+    """fairseq-train of the masked recipe on data_bin; extra arguments go last."""
+    return [cli("fairseq-train"), data_bin, *mlm_args(**overrides), *extra]
+
+
+# The causal recipe without a model or batch shape, for commands that name their own.
+LM_TRAIN = lm_args(arch=None, tokens_per_sample=None, batch_size=None)
 
 
 def valid_ppls(log: str):
@@ -80,18 +130,14 @@ def tiny_checkpoints(data_bin, tmp_path_factory):
     generation, scoring and fill-mask tests. The causal ones train with --sample-break-mode eos
     (fairseq's numpy-2-sensitive path, see fairseq_tnn/patches.py)."""
     root = tmp_path_factory.mktemp("tiny-checkpoints")
-    common = ["--cpu", "--user-dir", USER_DIR, "--batch-size", 8, "--max-update", 20, "--validate-interval-updates", 20,
-              "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", 10, "--seed", 1, "--num-workers", 0,
-              "--optimizer", "adam", "--lr", "0.003", "--max-valid-steps", 2]
+    common = dict(batch_size=8, max_update=20, validate_interval_updates=20, no_epoch_checkpoints=True,
+                  log_interval=10, lr="0.003", max_valid_steps=2, tokens_per_sample=128)
     out = {}
     for arch in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
         out[arch] = root / arch
-        run([cli("fairseq-train"), data_bin, *common, "--task", "tnn_language_modeling", "--criterion", "cross_entropy",
-             "--arch", arch, "--sample-break-mode", "eos", "--tokens-per-sample", 128, "--save-dir", out[arch]])
+        run(lm_train_cmd(data_bin, arch=arch, sample_break_mode="eos", save_dir=out[arch], **common, **NO_LR_SCHEDULE))
     out["tnn_mlm_tiny"] = root / "tnn_mlm_tiny"
-    run([cli("fairseq-train"), data_bin, *common, "--task", "tnn_masked_lm", "--criterion", "masked_lm",
-         "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete", "--tokens-per-sample", 128,
-         "--save-dir", out["tnn_mlm_tiny"]])
+    run(mlm_train_cmd(data_bin, arch="tnn_mlm_tiny", save_dir=out["tnn_mlm_tiny"], **common))
     for path in out.values():
         assert (path / "checkpoint_best.pt").is_file(), path
     return out
@@ -99,3 +145,5 @@ def tiny_checkpoints(data_bin, tmp_path_factory):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where none is present, as in CI)")
+    config.addinivalue_line("markers", "slow: takes more than about 20 s on 2 CPU cores (left out of "
+                                       "`bash scripts/test.sh --fast`)")

@@ -1,7 +1,7 @@
 """Nonsensical settings stop fairseq-train with an error naming the option, before any training."""
 import pytest
 
-from conftest import LM_TRAIN, USER_DIR, cli, run
+from conftest import LM_TRAIN, cli, mlm_train_cmd, run
 
 CASES = [
     (["--arch", "tnn_lm_tiny", "--decay", "1.5"], "--decay=1.5"),
@@ -26,9 +26,8 @@ def test_bad_option_stops_before_training(data_bin, tmp_path, args, message):
 
 
 def test_masked_model_refuses_causal_task_and_reverse(data_bin, tmp_path):
-    log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
-               "--criterion", "masked_lm", "--arch", "tnn_lm_tiny", "--max-update", 1, "--batch-size", 2,
-               "--save-dir", tmp_path / "ck", "--optimizer", "adam", "--lr", "0.001"], expect_ok=False)
+    log = run(mlm_train_cmd(data_bin, arch="tnn_lm_tiny", max_update=1, batch_size=2, save_dir=tmp_path / "ck"),
+              expect_ok=False)
     assert "is a causal language model" in log and "--task tnn_language_modeling" in log
     assert "begin training" not in log
 
@@ -39,8 +38,7 @@ def test_masked_model_refuses_causal_task_and_reverse(data_bin, tmp_path):
     (["--arch", "ski_tnn_mlm_tiny", "--decay", "1.0"], "--decay=1.0"),
 ])
 def test_bad_ski_option_stops_before_training(data_bin, tmp_path, args, message):
-    log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
-               "--criterion", "masked_lm", "--max-update", 1, "--batch-size", 2, "--tokens-per-sample", 128,
-               "--save-dir", tmp_path / "ck", "--optimizer", "adam", "--lr", "0.001", *args], expect_ok=False)
+    log = run(mlm_train_cmd(data_bin, *args, arch=None, max_update=1, batch_size=2, save_dir=tmp_path / "ck"),
+              expect_ok=False)
     assert message in log, log[-2000:]
     assert "begin training" not in log

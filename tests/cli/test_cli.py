@@ -4,21 +4,20 @@ import re
 
 import pytest
 
-from conftest import LM_TRAIN, ROOT, USER_DIR, cli, run, split_tokens, valid_ppls
+from conftest import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run, split_tokens, valid_ppls
 
 TPS = 64
 
 
-def lm_train_cmd(data_bin, save_dir, max_update, *extra):
-    return [cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", "tnn_lm_tiny", "--tokens-per-sample", TPS,
-            "--batch-size", 8, "--max-update", max_update, "--save-dir", save_dir,
-            "--save-interval-updates", 50, "--validate-interval-updates", 10, "--no-epoch-checkpoints", *extra]
+def train_cmd(data_bin, save_dir, max_update):
+    return lm_train_cmd(data_bin, tokens_per_sample=TPS, max_update=max_update, save_dir=save_dir,
+                        save_interval_updates=50, validate_interval_updates=10, no_epoch_checkpoints=True)
 
 
 @pytest.fixture(scope="module")
 def lm_run(data_bin, tmp_path_factory):
     save_dir = tmp_path_factory.mktemp("lm") / "checkpoints"
-    log = run(lm_train_cmd(data_bin, save_dir, 100))
+    log = run(train_cmd(data_bin, save_dir, 100))
     return save_dir, log
 
 
@@ -49,7 +48,7 @@ def test_training_learns_and_logs_step_metrics(lm_run, data_bin):
 
 def test_resume_from_checkpoint_last(lm_run, data_bin):
     save_dir, _ = lm_run
-    log = run(lm_train_cmd(data_bin, save_dir, 110))
+    log = run(train_cmd(data_bin, save_dir, 110))
     assert re.search(r"[Ll]oaded checkpoint .*checkpoint_last\.pt \(epoch \d+ @ 100 updates\)", log), log[-3000:]
     assert re.search(r"num_updates[ =]110", log), log[-3000:]
 
@@ -76,9 +75,8 @@ def eval_lm(data_bin, checkpoint, tokens_per_sample, *extra):
 
 def test_fd_tnn_lm_trains_and_extrapolates(data_bin, tmp_path):
     save_dir = tmp_path / "ck"
-    log = run([cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", "fd_tnn_lm_tiny", "--tokens-per-sample", TPS,
-               "--batch-size", 8, "--max-update", 30, "--save-dir", save_dir, "--no-epoch-checkpoints",
-               "--validate-interval-updates", 10])
+    log = run(lm_train_cmd(data_bin, arch="fd_tnn_lm_tiny", tokens_per_sample=TPS, max_update=30, save_dir=save_dir,
+                           no_epoch_checkpoints=True, validate_interval_updates=10))
     ppls = valid_ppls(log)
     assert len(ppls) >= 3 and ppls[-1] < ppls[0], ppls
     log = eval_lm(data_bin, save_dir / "checkpoint_last.pt", 8 * TPS)
@@ -89,11 +87,8 @@ def test_fd_tnn_lm_trains_and_extrapolates(data_bin, tmp_path):
 @pytest.mark.parametrize("arch", ["tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"])
 def test_masked_lm_trains_and_validates_at_8x_length(data_bin, tmp_path, arch):
     # 128 tokens: the longest sample line (112 pieces + eos + bos) fits one block in "complete" mode
-    log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
-               "--criterion", "masked_lm", "--arch", arch, "--sample-break-mode", "complete",
-               "--tokens-per-sample", 128, "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001",
-               "--max-update", 6, "--save-dir", tmp_path / "ck", "--log-format", "simple", "--log-interval", 2,
-               "--num-workers", 0, "--no-epoch-checkpoints", "--validate-interval-updates", 6])
+    log = run(mlm_train_cmd(data_bin, arch=arch, tokens_per_sample=128, max_update=6, save_dir=tmp_path / "ck",
+                            log_interval=2, validate_interval_updates=6))
     losses = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)]
     assert losses and all(math.isfinite(x) for x in losses), log[-3000:]
     assert (tmp_path / "ck" / "checkpoint_last.pt").exists()
@@ -124,10 +119,9 @@ def test_log_file_has_each_line_once_over_three_epochs(data_bin, tmp_path):
     """fairseq 0.12 adds a --log-file handler per progress bar (one per epoch); the plugin keeps one, so epoch 3's
     lines are not written three times. Three short epochs: the valid split as the training set."""
     log_file = tmp_path / "train.log"
-    run([cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", "tnn_lm_tiny", "--tokens-per-sample", TPS,
-         "--batch-size", 16, "--max-epoch", 3, "--train-subset", "valid", "--valid-subset", "test",
-         "--max-valid-steps", 2, "--save-dir", tmp_path / "ck", "--no-save", "--log-format", "json",
-         "--log-interval", 5, "--log-file", log_file])
+    run(lm_train_cmd(data_bin, tokens_per_sample=TPS, batch_size=16, max_epoch=3, train_subset="valid",
+                     valid_subset="test", max_valid_steps=2, save_dir=tmp_path / "ck", no_save=True, log_format="json",
+                     log_interval=5, log_file=log_file))
     lines = log_file.read_text().splitlines()
     inner = re.findall(r'"num_updates": "([0-9]+)"', "\n".join(lines))
     assert len(inner) >= 9 and len(inner) == len(set(inner)), inner  # every train_inner update once

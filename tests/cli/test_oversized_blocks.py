@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import USER_DIR, cli, run
+from conftest import USER_DIR, cli, mlm_train_cmd, run
 
 TPS = 64
 
@@ -17,12 +17,8 @@ def line_sizes(data_bin, split):
 
 
 def mlm_train(data_bin, save_dir, mode, *extra, expect_ok=True):
-    return run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
-                "--criterion", "masked_lm", "--arch", "tnn_mlm_tiny", "--sample-break-mode", mode,
-                "--tokens-per-sample", TPS, "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001", "--max-update", 2,
-                "--save-dir", save_dir, "--log-format", "simple", "--log-interval", 1, "--num-workers", 0,
-                "--no-epoch-checkpoints", "--validate-interval-updates", 2, "--max-valid-steps", 2, *extra],
-               expect_ok=expect_ok)
+    return run(mlm_train_cmd(data_bin, *extra, sample_break_mode=mode, tokens_per_sample=TPS, max_update=2,
+                             save_dir=save_dir, validate_interval_updates=2, max_valid_steps=2), expect_ok=expect_ok)
 
 
 def dropped(log, split):

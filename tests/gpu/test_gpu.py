@@ -58,6 +58,7 @@ def test_compiled_equals_eager_on_gpu(arch):
         assert_compiled_matches_eager(eager, compiled, torch.randn(2, n, 512, device="cuda"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)
 def test_fp16_evaluation_at_14336_tokens(arch):
     torch.manual_seed(0)

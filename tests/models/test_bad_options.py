@@ -1,4 +1,4 @@
-"""Issue 6: a table of invalid settings across all architectures and tasks.
+"""A table of invalid settings across all architectures and tasks.
 
 Each runs fairseq-train's own argument parsing, task setup and model building in
 process (fast), and must stop with a message naming the option, the value and what

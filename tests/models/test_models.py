@@ -1,7 +1,9 @@
 """Model-level checks: parameter count, causality, padding, presets, configs."""
 
+import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fairseq_tnn.models.build import build_arch
 
@@ -84,22 +86,58 @@ def test_masked_model_is_bidirectional_and_padding_invariant(arch):
 
 
 def test_masked_lm_scores_only_masked_positions_and_classifies():
-    model = build("tnn_mlm_tiny", vocab=60)
+    torch.manual_seed(0)
+    model = build("tnn_mlm_tiny", vocab=60).double().eval()
     tokens = torch.randint(4, 60, (2, 12))
     masked = torch.zeros_like(tokens, dtype=torch.bool)
     masked[0, 3] = masked[1, 7] = True
     logits, _ = model(tokens, masked_tokens=masked)
     assert logits.shape == (2, 60)
+    # the masked positions' rows of the logits at every position, in order
+    every_position, _ = model(tokens)
+    torch.testing.assert_close(logits, every_position[masked])
+    torch.testing.assert_close(logits, torch.stack([every_position[0, 3], every_position[1, 7]]))
     model.register_classification_head("sentiment", num_classes=3)
+    model.double().eval()
     scores, _ = model(tokens, classification_head_name="sentiment")
     assert scores.shape == (2, 3)
+    # by hand: the mean of the features over the positions, then dense -> tanh -> out_proj
+    features, _ = model(tokens, features_only=True)
+    head = model.classification_heads["sentiment"]
+    torch.testing.assert_close(scores, head.out_proj(torch.tanh(head.dense(features.mean(dim=1)))))
+    # padding on the right leaves the scores as they were: the mean skips padded positions (and the TNN kernel
+    # does not depend on the length, see test_masked_model_is_bidirectional_and_padding_invariant)
+    padded = torch.cat([tokens, torch.full((2, 5), model.encoder.padding_idx)], dim=1)
+    scores_padded, _ = model(padded, classification_head_name="sentiment")
+    torch.testing.assert_close(scores_padded, scores, rtol=1e-9, atol=1e-9)
 
 
 def test_post_norm_and_layernorm_options_build_and_run():
+    torch.manual_seed(0)
     model = build("tnn_lm_tiny", vocab=40, norm_position="post", norm_type="layernorm", gtu_activation="gelu")
-    logits, _ = model(torch.randint(4, 40, (2, 9)))
+    model = model.double().eval()
+    tokens = torch.randint(4, 40, (2, 9))
+    logits, _ = model(tokens)
     assert logits.shape == (2, 9, 40) and torch.isfinite(logits).all()
     assert model.decoder.final_norm is None
+    # every layer ends in a LayerNorm (weight 1, bias 0 as built): each position's features have mean 0 and
+    # variance 1, and the logits are those features through the output projection
+    features, _ = model(tokens, features_only=True)
+    torch.testing.assert_close(features.mean(dim=-1), torch.zeros(2, 9, dtype=torch.float64), rtol=0, atol=1e-9)
+    torch.testing.assert_close(features.var(dim=-1, unbiased=False), torch.ones(2, 9, dtype=torch.float64),
+                               rtol=0, atol=1e-3)
+    torch.testing.assert_close(logits, model.decoder.output_layer(features))
+    # one layer by hand, post-norm: y = LN(x + GTU(x)), out = LN(y + GLU(y)), GTU gates with gelu
+    layer = model.decoder.layers[0]
+    assert all((norm.weight == 1).all() and (norm.bias == 0).all() for norm in (layer.token_norm, layer.channel_norm))
+    x = torch.randn(2, 9, 64, dtype=torch.float64)
+    gtu = layer.gtu
+    u, v = gtu.uv_proj(x).chunk(2, dim=-1)
+    mixed = gtu.out_proj(F.gelu(u) * gtu.tno(F.gelu(v)))
+    y = F.layer_norm(x + mixed, (64,))
+    glu = layer.glu
+    a, b = glu.in_proj(y).chunk(2, dim=-1)
+    torch.testing.assert_close(layer(x), F.layer_norm(y + glu.out_proj(F.silu(a) * b), (64,)))
 
 
 @pytest.mark.parametrize("field,value,match", [
@@ -132,12 +170,42 @@ def test_type_specific_fields_follow_the_final_tno_type():
     assert not hasattr(tno, "rpe")  # SKI-TNN has no RPE MLP
 
 
+def ski_operator_without_interpolation(n, conv_weight, knots, decay):
+    """SKI's per-channel Toeplitz matrix (d, n, n) when W is the identity, by hand: T[i, j] = band tap
+    conv_weight[j - i + (m - 1) / 2] for |i - j| <= (m - 1) / 2, plus f(sign(i - j) decay^|i - j|), f the
+    linear interpolation of the knots at -1 .. -1/r, 0 (value 0), 1/r .. 1."""
+    d, m = conv_weight.shape
+    r = knots.shape[0] // 2
+    grid = np.concatenate([np.arange(-r, 0) / r, [0.0], np.arange(1, r + 1) / r])
+    values = np.concatenate([knots[:r].numpy(), np.zeros((1, d)), knots[r:].numpy()])  # (2r + 1, d)
+    lag = np.arange(n)[:, None] - np.arange(n)[None, :]
+    warped = np.sign(lag) * decay ** np.abs(lag)
+    t = np.stack([np.interp(warped, grid, values[:, c]) for c in range(d)])
+    half = (m - 1) // 2
+    for i in range(n):
+        for j in range(max(0, i - half), min(n, i + half + 1)):
+            t[:, i, j] += conv_weight[:, j - i + half].numpy()
+    return torch.from_numpy(t)
+
+
 def test_ski_on_sequences_shorter_than_the_rank():
     """Documented behaviour: for n < r the rank drops to n (W = identity)."""
+    from fairseq_tnn.ops.ski import interp_matrix
     model = build("ski_tnn_mlm_tiny", vocab=50, ski_rank=16).eval()
     for n in (1, 2, 5, 15):
         out, _ = model(torch.randint(4, 50, (2, n)), features_only=True)
         assert out.shape == (2, n, 64) and torch.isfinite(out).all()
+    # the values: W is the identity and each channel's operator is the band plus A, computed by hand
+    tno = model.encoder.layers[0].gtu.tno
+    weight, knots = tno.conv_weight.detach().double(), tno.knots.detach().double()
+    assert knots.shape[0] == 2 * 16
+    for n in (1, 2, 5, 15):
+        torch.testing.assert_close(interp_matrix(n, 16, dtype=torch.float64), torch.eye(n, dtype=torch.float64))
+        x = torch.randn(2, n, weight.shape[0], dtype=torch.float64)
+        with torch.no_grad():
+            y = tno.double()(x)
+        t = ski_operator_without_interpolation(n, weight, knots, tno.decay)
+        torch.testing.assert_close(y, torch.einsum("cij,bjc->bic", t, x), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("arch,overrides,match", [

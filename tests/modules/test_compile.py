@@ -20,6 +20,7 @@ def layers_of(model):
     return model.decoder.layers if hasattr(model, "decoder") else model.encoder.layers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_compiled_layer_equals_eager(kind):
     torch._dynamo.reset()
@@ -41,6 +42,7 @@ def test_compiled_layer_equals_eager(kind):
     assert list(compiled.state_dict()) == list(eager.state_dict())
 
 
+@pytest.mark.slow
 def test_tnn_compile_trains_and_checkpoint_loads_in_either_mode(data_bin, tmp_path):
     """fairseq-train --tnn-compile learns; its checkpoint scores the same with and without compilation."""
     save = tmp_path / "ck"

@@ -59,20 +59,18 @@ def test_bf16_autocast_refuses_low_precision_weights():
         _autocast_for(model)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,task", [("fd_tnn_lm_tiny", "tnn_language_modeling"), ("ski_tnn_mlm_tiny", "tnn_masked_lm")])
 def test_fairseq_train_with_bf16_autocast_learns(data_bin, tmp_path, arch, task):
     """--bf16-autocast through fairseq-train (CPU autocast here; CUDA on a GPU): fp32 weights in the
     checkpoint, finite losses that fall."""
     import re
 
-    from conftest import USER_DIR, cli, run
+    from conftest import NO_LR_SCHEDULE, lm_train_cmd, mlm_train_cmd, run
     causal = task == "tnn_language_modeling"
-    log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", task, "--arch", arch,
-               "--bf16-autocast", "--criterion", "cross_entropy" if causal else "masked_lm",
-               "--sample-break-mode", "none" if causal else "complete", "--tokens-per-sample", 128,
-               "--batch-size", 8, "--optimizer", "adam", "--lr", "0.003", "--max-update", 30, "--seed", 1,
-               "--save-dir", tmp_path / "ck", "--log-format", "simple", "--log-interval", 5, "--num-workers", 0,
-               "--no-epoch-checkpoints", "--validate-interval-updates", 10])
+    settings = dict(arch=arch, bf16_autocast=True, tokens_per_sample=128, lr="0.003", max_update=30,
+                    save_dir=tmp_path / "ck", log_interval=5, no_epoch_checkpoints=True, validate_interval_updates=10)
+    log = run(lm_train_cmd(data_bin, **settings, **NO_LR_SCHEDULE) if causal else mlm_train_cmd(data_bin, **settings))
     losses = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)]
     assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, log[-3000:]
     state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=False)

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from conftest import LM_TRAIN, USER_DIR, cli, run
+from conftest import cli, lm_args, mlm_args, run
 from fairseq_tnn import patches
 from fairseq_tnn.distributed import launch
 
@@ -21,8 +21,7 @@ from fairseq_tnn.distributed import launch
 # the list of batches with the same seed on every rank; rank r takes batches r, r + 2, r + 4, ...
 # (ShardedIterator) and --update-freq 2 takes them in consecutive pairs (GroupedIterator), so update
 # k sees batches 2k and 2k + 1 in both runs.
-TRAIN = [*LM_TRAIN, "--arch", "tnn_lm_tiny", "--tokens-per-sample", 64, "--batch-size", 4, "--log-interval", 1,
-         "--no-epoch-checkpoints", "--disable-validation"]
+TRAIN = lm_args(tokens_per_sample=64, batch_size=4, log_interval=1, no_epoch_checkpoints=True, disable_validation=True)
 FIRST, RESUMED = 6, 8  # updates in the first 2-process run, and after resuming it
 
 # Installed as sitecustomize in the launched processes: records every write under TNN_WATCH_DIR
@@ -99,6 +98,7 @@ def assert_only_rank_0_wrote(writes, save_dir):
     assert any(w.endswith(str(save_dir / "checkpoint_last.pt")) for w in writes), writes
 
 
+@pytest.mark.slow
 def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc):
     save_dir, log, writes, first = two_procs
     assert "training on 2 devices" in log, log[-3000:]
@@ -120,6 +120,7 @@ def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc):
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.slow
 def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin, hook_dir):
     save_dir = two_procs[0]
     log, writes = launch_2_procs(data_bin, save_dir, RESUMED, hook_dir)
@@ -132,12 +133,10 @@ def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin
     assert_only_rank_0_wrote(writes, save_dir)
 
 
-MASKED_TRAIN = ["--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm", "--criterion", "masked_lm",
-                "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete", "--tokens-per-sample", 128,
-                "--batch-size", 4, "--optimizer", "adam", "--lr", "0.001", "--log-format", "simple",
-                "--log-interval", 1, "--seed", 1, "--num-workers", 0, "--no-epoch-checkpoints", "--disable-validation"]
+MASKED_TRAIN = mlm_args(batch_size=4, disable_validation=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["causal", "masked"])
 def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data_bin, tmp_path, kind):
     """Every process of a 2-rank run is SIGKILLed (as when a node dies or the job is cancelled) between the
@@ -179,6 +178,7 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
         assert loss == pytest.approx(reference[update][0], abs=1.1e-3), (update, resumed, reference)
 
 
+@pytest.mark.slow
 def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tmp_path):
     """Stock fairseq ignores torchrun's environment on CPU: both processes would train alone and write the
     same checkpoint files. The plugin's tasks refuse that, naming the launcher to use."""
@@ -190,6 +190,7 @@ def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tm
     assert not list(save_dir.glob("*.pt"))
 
 
+@pytest.mark.slow
 def test_old_style_checkpoint_loads_and_weights_only_stays_on(two_procs, data_bin, tmp_path):
     from fairseq import checkpoint_utils, options
     from fairseq.distributed import utils as distributed_utils

@@ -1,4 +1,5 @@
-"""Issue 6: faults, bad data and numbers, proven by injecting them."""
+"""Faults, bad data and bad numbers, each proven by injecting it: a training run SIGKILLed and resumed, damaged
+and older checkpoints, seeds, empty or oversized or mismatched data, evaluation at 14,336 tokens, bf16 autocast."""
 import hashlib
 import math
 import os
@@ -10,24 +11,19 @@ import subprocess
 import pytest
 import torch
 
-from conftest import LM_TRAIN, ROOT, USER_DIR, cli, run, split_tokens
+from conftest import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run, split_tokens
 
 TPS = 64
 
 
 def lm_cmd(data_bin, save_dir, max_update=16, arch="tnn_lm_tiny", *extra):
-    return [cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", arch, "--tokens-per-sample", TPS,
-            "--batch-size", 8, "--max-update", max_update, "--save-dir", save_dir, "--log-interval", 1,
-            "--save-interval-updates", 6, "--no-epoch-checkpoints", "--disable-validation", *extra]
+    return lm_train_cmd(data_bin, *extra, arch=arch, tokens_per_sample=TPS, max_update=max_update, save_dir=save_dir,
+                        log_interval=1, save_interval_updates=6, no_epoch_checkpoints=True, disable_validation=True)
 
 
 def mlm_cmd(data_bin, save_dir, max_update=16, *extra):
-    return [cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
-            "--criterion", "masked_lm", "--arch", "tnn_mlm_tiny", "--sample-break-mode", "complete",
-            "--tokens-per-sample", 128, "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001",
-            "--max-update", max_update, "--save-dir", save_dir, "--log-format", "simple", "--log-interval", 1,
-            "--save-interval-updates", 6, "--no-epoch-checkpoints", "--disable-validation", "--seed", 1,
-            "--num-workers", 0, *extra]
+    return mlm_train_cmd(data_bin, *extra, max_update=max_update, save_dir=save_dir, save_interval_updates=6,
+                         disable_validation=True)
 
 
 def losses_by_update(log):
@@ -58,6 +54,7 @@ def kill_at(cmd, update):
     return "".join(seen)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["causal", "masked"])
 def test_sigkill_then_resume_matches_an_uninterrupted_run(data_bin, tmp_path, kind):
     make = (lambda d: lm_cmd(data_bin, d)) if kind == "causal" else (lambda d: mlm_cmd(data_bin, d))
@@ -193,6 +190,7 @@ ALL_ARCHS = ["tnn_lm_wt103", "tnn_lm_wt103_rpe3", "fd_tnn_lm_wt103", "tnn_mlm_wt
              "ski_tnn_mlm_wt103"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ALL_ARCHS)
 def test_every_architecture_evaluates_at_14336_tokens(arch):
     """28x the paper's training length, the published layer sizes (fewer layers to fit CI), finite loss."""

@@ -19,6 +19,7 @@ RUN_AS_WRITTEN = {"docs/using-models.md": "scripts/test_docs_using_models.py"}
 COVERAGE = [
     (r"^bash scripts/demo\.sh$", ["scripts/test_scripts.py::test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports"]),
     (r"^bash scripts/test\.sh$", [CI]),
+    (r"^bash scripts/test\.sh --fast$", ["scripts/test_fast_lane.py::test_fast_lane_selects_three_layers_without_slow_tests"]),
     (r"^bash scripts/setup\.sh$", ["scripts/test_scripts.py::test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports"]),
     (r"^bash scripts/preprocess\.sh data/sample data-bin/sample$",
      ["scripts/test_scripts.py::test_preprocess_skips_a_binarised_dir_and_redoes_it_with_force"]),

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, USER_DIR, cli, run
+from conftest import ROOT, mlm_train_cmd, run
 
 SCRIPTS = ROOT / "scripts"
 
@@ -50,10 +50,8 @@ def test_drawn_matrices_are_the_operator_the_tno_applies(kind, causal):
 @pytest.fixture(scope="module")
 def ski_checkpoint(data_bin, tmp_path_factory):
     save = tmp_path_factory.mktemp("ski")
-    run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm", "--criterion",
-         "masked_lm", "--arch", "ski_tnn_mlm_tiny", "--sample-break-mode", "none", "--tokens-per-sample", 48,
-         "--batch-size", 4, "--optimizer", "adam", "--lr", "0.001", "--max-update", 1, "--save-dir", save,
-         "--num-workers", 0, "--disable-validation", "--no-epoch-checkpoints"])
+    run(mlm_train_cmd(data_bin, arch="ski_tnn_mlm_tiny", sample_break_mode="none", tokens_per_sample=48, batch_size=4,
+                      max_update=1, save_dir=save, disable_validation=True))
     return save / "checkpoint_last.pt"
 
 

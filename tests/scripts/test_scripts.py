@@ -764,6 +764,7 @@ def test_make_sample_data_refuses_to_overwrite_the_corpus():
     assert {p.name: p.read_bytes() for p in (ROOT / "data" / "sample").iterdir()} == before
 
 
+@pytest.mark.slow
 def test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports(tmp_path):
     """README command 1, shortened: both models trained, the Table-1 rows, the extrapolation table and plot,
     the training curves and step times; a second run reuses the finished runs."""

@@ -1,5 +1,6 @@
 """Using trained models: fairseq's generator with the incremental TNN decoder (exact against the full
-forward), the hub interfaces (sample / score / generate / fill_mask), and the numpy-2 shim."""
+forward), the hub interfaces (sample / score / generate / fill_mask), and the numpy-2 shim. In the CLI layer:
+its models are checkpoints trained through fairseq-train (conftest's tiny_checkpoints)."""
 import inspect
 
 import numpy
