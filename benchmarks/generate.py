@@ -64,7 +64,8 @@ def _reset_hwm():
 
 
 def build(arch: str, vocab: int, device: str):
-    import fairseq_tnn  # noqa: F401  (registers the archs)
+    import fairseq_tnn
+    fairseq_tnn.register()  # registers the archs
     from fairseq_tnn.models.build import build_arch
     torch.manual_seed(0)
     model = build_arch(arch, vocab).to(device).eval()

@@ -26,7 +26,8 @@ MIB = 2.0 ** 20
 
 def build_tnn(arch: str, vocab: int, **overrides):
     """A registered tnn_lm / tnn_mlm model, built as fairseq builds it (arch preset, then the dataclass)."""
-    import fairseq_tnn  # noqa: F401  (registers the models)
+    import fairseq_tnn
+    fairseq_tnn.register()  # registers the models
     from fairseq_tnn.models.build import build_arch
     return build_arch(arch, vocab, **overrides)
 
@@ -128,7 +129,6 @@ def _model_step(cfg: Dict, sizes: Dict):
 
 def _layer_step(cfg: Dict, sizes: Dict):
     """(step function, tensors alive between steps) for one TNO layer alone, forward + backward."""
-    from argparse import Namespace
 
     from fairseq_tnn.modules.tno import build_tno
     from fairseq_tnn.ops import ski_causal
@@ -144,7 +144,7 @@ def _layer_step(cfg: Dict, sizes: Dict):
     spec = torch.randn(d1, size // 2 + 1, generator=g, dtype=torch.complex64) / math.sqrt(n)
     if key in ("tnn", "fd", "ski_op"):
         tno_type = {"tnn": "tnn", "fd": "fd", "ski_op": "ski"}[key]
-        module = build_tno(tno_type, d1, causal, Namespace())
+        module = build_tno(tno_type, d1, causal)
         params = list(module.parameters())
 
         def fn():

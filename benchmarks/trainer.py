@@ -290,7 +290,8 @@ def main(argv=None):
     if os.path.exists(os.path.join(a.out, "trainer.json")) and not a.force:
         p.error(f"--out={a.out} already holds trainer.json; refusing to overwrite it (--force, or another --out)")
     os.makedirs(a.out, exist_ok=True)
-    import fairseq_tnn  # noqa: F401  (registers the models and tasks)
+    import fairseq_tnn
+    fairseq_tnn.register()  # registers the models and tasks
     from benchmarks.measure import _machine
     t0 = time.time()
     groups = run_suite(a.device, precision, a.quick, rounds, per_round, warmup, lambda m: print(m, flush=True))

@@ -11,6 +11,7 @@ B. One log-file handler: ``fairseq.logging.progress_bar.progress_bar`` adds a ne
    everything else is fairseq's own function.
 C. numpy 2 (see below).
 D. Unreadable checkpoints (see the end of this docstring).
+E. fairseq's data-prefetch threads stopped before the interpreter exits (:func:`stop_background_consumers`).
 
 A. Make fairseq 0.12's checkpoint loading work with torch >= 2.6.
 
@@ -71,17 +72,22 @@ Nothing is written or deleted: the failed attempt leaves every checkpoint as it 
 ``install()`` applies every fix; applying them again changes nothing.
 """
 import argparse
+import atexit
 import functools
 import glob
 import io
 import logging
 import os
+import queue
+import threading
+import time
 import types
 
 import numpy
 
 import torch
 from fairseq import checkpoint_utils
+from fairseq.data import iterators as iterators_module
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar as progress_bar_module
 
@@ -171,8 +177,38 @@ def _readable_checkpoint_errors(load):
     return load_checkpoint_to_cpu
 
 
+def stop_background_consumers(timeout: float = 10.0) -> None:
+    """E. Stop fairseq's data-prefetch threads before the interpreter finalizes.
+
+    ``BufferedIterator`` (``--data-buffer-size``, default 10) fills its queue from a daemon
+    ``BackgroundConsumer`` thread. An iterator left unfinished (``--max-valid-steps``, or an epoch cut
+    by ``--max-update``) leaves that thread building batches when ``fairseq-train`` returns. Once
+    CPython finalizes, a daemon thread that asks for the GIL is ended with ``pthread_exit``; when that
+    happens inside torch's C++ (a ``torch.from_numpy`` storage's deleter re-acquiring the GIL under
+    ``~TensorImpl``), the forced unwind crosses a ``noexcept`` destructor and the process aborts with
+    "terminate called without an active exception" (exit code 134) after training has finished (seen
+    intermittently with stock fairseq 0.12 and torch 2.13 too). atexit handlers run before
+    finalization: each live consumer is told to stop after its current item (``_max_len = 0``, which
+    fairseq checks after every put) and its queue is drained until it ends, ``timeout`` seconds at most.
+    """
+    consumers = [t for t in threading.enumerate()
+                 if isinstance(t, iterators_module.BackgroundConsumer) and t.is_alive()]
+    deadline = time.monotonic() + timeout
+    for consumer in consumers:
+        consumer._max_len = 0
+        while consumer.is_alive() and time.monotonic() < deadline:
+            try:
+                while True:  # unblock a put() waiting on a full queue
+                    consumer._queue.get_nowait()
+            except queue.Empty:
+                pass
+            consumer.join(0.01)
+
+
 def install():
     """Install every fix (idempotent)."""
+    atexit.unregister(stop_background_consumers)  # registered once however often installed
+    atexit.register(stop_background_consumers)
     distributed_utils._broadcast_object_slow = broadcast_object_slow
     if not getattr(progress_bar_module.progress_bar, "tnn_one_file_handler", False):
         progress_bar_module.progress_bar = _one_file_handler(progress_bar_module.progress_bar)

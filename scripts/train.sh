@@ -14,7 +14,7 @@
 # Environment (defaults in brackets):
 #   NPROC [number of GPUs seen (CUDA_VISIBLE_DEVICES, else nvidia-smi), 1 with CPU=1]: processes.
 #         1 runs fairseq-train directly (with --distributed-world-size 1); more runs
-#         "python -m fairseq_tnn.launch --nproc NPROC [--cpu] -- <fairseq-train args>".
+#         "python -m fairseq_tnn.distributed.launch --nproc NPROC [--cpu] -- <fairseq-train args>".
 #   CPU [0]            1 trains on CPU (adds --cpu, fp32).
 #   DRY_RUN [0]        1 prints the exact command line instead of running it.
 #   FAIRSEQ_BIN [<repo>/.venv/bin]  where fairseq-train lives; PYTHON [$FAIRSEQ_BIN/python] runs the launcher.
@@ -61,7 +61,7 @@ recipe_init "$PRESET" "$DATA" "$NPROC"
 if (( NPROC == 1 )); then
   cmd=("$FAIRSEQ_BIN/fairseq-train" "${RECIPE_ARGS[@]}" --distributed-world-size 1 "$@")
 else
-  launch=("$PYTHON" -m fairseq_tnn.launch --nproc "$NPROC")
+  launch=("$PYTHON" -m fairseq_tnn.distributed.launch --nproc "$NPROC")
   [[ "$CPU" == 1 ]] && launch+=(--cpu)
   cmd=("${launch[@]}" -- "${RECIPE_ARGS[@]}" "$@")
 fi

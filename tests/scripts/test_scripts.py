@@ -138,7 +138,7 @@ def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, ba
         args = argv[1:]
         assert flags(args)["--distributed-world-size"] == ["1"]
     else:
-        assert argv[:6] == [sys.executable, "-m", "fairseq_tnn.launch", "--nproc", str(nproc), "--"], argv
+        assert argv[:6] == [sys.executable, "-m", "fairseq_tnn.distributed.launch", "--nproc", str(nproc), "--"], argv
         args = argv[6:]
         assert "--distributed-world-size" not in args  # the launcher sets it
     assert args[0] == str(data_bin)
@@ -173,7 +173,7 @@ def test_train_dry_run_cpu_env_overrides_and_extra_args_last(data_bin, tmp_path)
            "BATCH_PER_GPU": "4", "LR": "0.003", "WARMUP_UPDATES": "3", "SAVE_ROOT": str(tmp_path), "RUN_NAME": "smoke"}
     out, _ = ok(["bash", SCRIPTS / "train.sh", "fd_tnn_lm_tiny", data_bin, "--max-epoch", "1"], {"DRY_RUN": "1", **env})
     argv = shlex.split(out)
-    assert argv[:7] == [sys.executable, "-m", "fairseq_tnn.launch", "--nproc", "2", "--cpu", "--"], argv
+    assert argv[:7] == [sys.executable, "-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu", "--"], argv
     f = flags(argv[7:])
     assert f["--update-freq"] == ["2"] and f["--batch-size"] == ["4"] and f["--max-update"] == ["7"]
     assert f["--tokens-per-sample"] == ["64"] and f["--lr"] == ["0.003"] and f["--warmup-updates"] == ["3"]
@@ -214,8 +214,8 @@ def test_train_nproc_defaults_to_the_visible_gpus(data_bin, tmp_path):
 
 
 def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_path):
-    """The NPROC > 1 command line, run through fairseq_tnn.launch --dry-run: one rank command per process."""
-    pytest.importorskip("fairseq_tnn.launch")
+    """The NPROC > 1 command line, run through fairseq_tnn.distributed.launch --dry-run: one rank command per process."""
+    pytest.importorskip("fairseq_tnn.distributed.launch")
     argv = dry_train("tnn_lm_tiny", data_bin, CPU="1", NPROC="2", SEQS_PER_UPDATE="8", BATCH_PER_GPU="4",
                      SAVE_ROOT=str(tmp_path))
     out, _ = ok([*argv[:5], "--dry-run", *argv[5:]])
@@ -573,7 +573,9 @@ def compose_experiment(name, overrides=()):
     from fairseq.dataclass.initialize import add_defaults, hydra_init
     from hydra import compose, initialize_config_dir
 
-    import fairseq_tnn  # noqa: F401  (registers the models whose dataclasses add_defaults merges)
+    import fairseq_tnn
+
+    fairseq_tnn.register()  # registers the models whose dataclasses add_defaults merges
 
     hydra_init(name)  # as fairseq-hydra-train does: the yaml is validated against FairseqConfig
     with initialize_config_dir(config_dir=str(ROOT / "configs" / "experiments"), version_base="1.1"):
