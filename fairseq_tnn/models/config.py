@@ -50,11 +50,11 @@ def _tno_config_fields():
     for name, users in TNO_FIELD_USERS.items():
         owners = [t for t in users if name in _settings_fields(t)]
         alias_of = {t: _aliases(t)[name] for t in users if name in _aliases(t)}
-        first = _settings_fields(owners[0])[name] if owners else _settings_fields(next(iter(alias_of)))[alias_of[next(iter(alias_of))]]
-        for t in owners[1:]:
-            other = _settings_fields(t)[name]
-            assert other.type is first.type and other.metadata.get("help") == first.metadata.get("help"), \
-                f"TNO setting {name!r} is declared differently by {owners[0]} and {t}"
+        # the declarations behind the name (an alias-only name: the fields it stands for); one type, one help
+        declared = [_settings_fields(t)[name] for t in owners] or [_settings_fields(t)[f] for t, f in alias_of.items()]
+        first = declared[0]
+        assert all(f.type is first.type and f.metadata["help"] == first.metadata["help"] for f in declared), \
+            f"TNO setting {name!r} is declared differently by the types {users}"
         defaults = {t: _settings_fields(t)[name].default for t in owners}
         if len(set(map(repr, defaults.values()))) == 1:
             default_text = f"default {next(iter(defaults.values()))}"
@@ -100,6 +100,9 @@ def _require(ok: bool, option_name: str, value, allowed: str):
         raise ValueError(f"{option(option_name)}={value!r} is invalid: {allowed}")
 
 
+_WARNED = set()
+
+
 def tno_values(cfg) -> Dict[str, object]:
     """The settings of ``cfg.tno_type`` given in a model config (the rest are the type's defaults).
 
@@ -120,8 +123,10 @@ def tno_values(cfg) -> Dict[str, object]:
             raise ValueError(f"{option(old)}={value!r} and {option(target)}={values[target]!r} disagree: for "
                              f"--tno-type {tno_type}, {option(old)} is the deprecated name of {option(target)}; "
                              f"pass {option(target)} alone")
-        logger.warning(f"{option(old)} for --tno-type {tno_type} is deprecated: it is now {option(target)} (same "
-                       f"meaning); using {option(target)}={value!r}")
+        if (old, tno_type) not in _WARNED:  # once per process (validation and building both get here)
+            _WARNED.add((old, tno_type))
+            logger.warning(f"{option(old)} for --tno-type {tno_type} is deprecated: it is now {option(target)} (same "
+                           f"meaning); using {option(target)}={value!r}")
         values[target] = value
     return values
 

@@ -40,7 +40,7 @@ class SkiTno(Tno):
     summary = "ski (m-tap conv + SKI low rank; bidirectional only)"
     Settings = SkiSettings
     supports_causal = False
-    why_not_causal = ("SKI-TNO is bidirectional only (causal masking negates its benefit, the paper's appendix)")
+    why_not_causal = "SKI-TNO is bidirectional only (causal masking negates its benefit, the paper's appendix)"
 
     def __init__(self, dim: int, causal: bool, **settings):
         super().__init__(dim, causal, **settings)
