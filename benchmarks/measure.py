@@ -58,11 +58,11 @@ class FixedSpectrumTno(torch.nn.Module):
         super().__init__()
         with torch.no_grad():
             spec, self.size = tno.spectrum(n)
-        self.register_buffer("spec", spec.unsqueeze(1))  # (d, 1, F)
+        self.register_buffer("spec", spec)  # (d, F)
 
     def forward(self, x, layout="dbn"):
-        from fairseq_tnn.ops.toeplitz import SpectralConv
-        return SpectralConv.apply(x, self.spec, self.size)
+        from fairseq_tnn.ops.toeplitz import fft_conv
+        return fft_conv(x, self.spec, self.size, layout)
 
 
 class IdentityTno(torch.nn.Module):

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops.toeplitz import autocast_off
 from .activations import get_activation
 from .norm import build_norm
 
@@ -26,7 +27,7 @@ class Rpe(nn.Module):
 
     def features(self, t: torch.Tensor) -> torch.Tensor:
         """t: (m,) -> (m, hidden), the input of the last Linear, in fp32 (fp64 for fp64 weights)."""
-        with torch.autocast(t.device.type, enabled=False):
+        with autocast_off(t.device.type):
             h = self._linear(t.unsqueeze(-1), self.proj)  # (m, hidden)
             for norm, linear in zip(self.norms, self.linears):
                 h = self._linear(self.act(self._norm(norm, h)), linear)
@@ -54,7 +55,7 @@ class Rpe(nn.Module):
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         """t: (m,) positions or frequencies -> (m, out_dim), fp32 (see ``_dtype``)."""
         h = self.features(t)
-        with torch.autocast(t.device.type, enabled=False):
+        with autocast_off(t.device.type):
             return self._linear(h, self.out)
 
     def channel_major(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -69,7 +70,7 @@ class Rpe(nn.Module):
         w, b = self.out.weight.to(h.dtype), self.out.bias.to(h.dtype)
         # (hidden, m) operands are made contiguous (small copies): with a transposed view, torch's
         # backward computes the (out, m)-sized gradient product transposed and copies it
-        with torch.autocast(h.device.type, enabled=False):
+        with autocast_off(h.device.type):
             if scale is None:
                 return torch.addmm(b.unsqueeze(1), w, h.t().contiguous())  # (out, m)
             s = scale.to(h.dtype).unsqueeze(1)  # (m, 1)

@@ -103,7 +103,9 @@ def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor, layout
     mask[0] = 0.0
     mask[-1] = 0.0
     mask = mask[:, None] if layout == "bnd" else mask
-    return torch.complex(kr, ki * mask)  # d / d k_imag is 0 at both ends
+    # d / d k_imag is 0 at both ends. Interleaved by stack, not torch.complex: autograd's complex()
+    # keeps both parts for its backward, half again the spectrum's memory per layer until the backward.
+    return torch.view_as_complex(torch.stack([kr, ki * mask], dim=-1))
 
 
 def fd_causal(x: torch.Tensor, k_real: torch.Tensor, layout: str = "bnd") -> torch.Tensor:

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from torch.autograd.function import once_differentiable
 
-from .toeplitz import check_layout, fft_dtype, seq_shape, toeplitz_fft
+from .toeplitz import autocast_off, check_layout, fft_dtype, seq_shape, toeplitz_fft
 
 
 # ----------------------------------------------------------------------------
@@ -225,7 +225,9 @@ class BlockedBand(torch.autograd.Function):
     where torch's depthwise conv1d runs at a few GFLOP/s and its weight
     gradient far slower. Backward: dL/dx is the band with reversed taps
     (K flipped in both dims) applied to dL/dy the same way; dL/dK is
-    windows(x)^T @ dL/dy, one more bmm.
+    windows(x)^T @ dL/dy, one more bmm. x may have any float dtype: the GEMMs
+    run in K's, and the backward keeps x in its own (an fp16 x: half the
+    memory of an fp32 copy).
     """
 
     @staticmethod
@@ -234,7 +236,7 @@ class BlockedBand(torch.autograd.Function):
         block = k.shape[-1]
         ctx.h = h
         ctx.save_for_backward(x, k)
-        return torch.bmm(_windows(x, block, h), k).view(d, rows, n)
+        return torch.bmm(_windows(x.to(k.dtype), block, h), k).view(d, rows, n)
 
     @staticmethod
     @once_differentiable
@@ -245,14 +247,15 @@ class BlockedBand(torch.autograd.Function):
         grad = grad.contiguous()
         gk = gx = None
         if ctx.needs_input_grad[1]:
-            gk = torch.bmm(_windows(x, block, h).transpose(1, 2), grad.view(d, -1, block))  # (d, B + 2h, B)
+            gk = torch.bmm(_windows(x.to(k.dtype), block, h).transpose(1, 2), grad.view(d, -1, block))  # (d, B + 2h, B)
         if ctx.needs_input_grad[0]:
-            gx = torch.bmm(_windows(grad, block, h), k.flip(1, 2)).view(d, rows, n)
+            gx = torch.bmm(_windows(grad, block, h), k.flip(1, 2)).view(d, rows, n).to(x.dtype)
         return gx, gk, None
 
 
 def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOCK) -> torch.Tensor:
-    """Centred depthwise convolution, channel-major: x (d, R, n), conv_weight (d, m) -> (d, R, n).
+    """Centred depthwise convolution, channel-major: x (d, R, n), conv_weight (d, m) -> (d, R, n),
+    computed and returned in conv_weight's dtype (x may be in a lower precision).
 
     Same result as ``F.conv1d(x.transpose(0, 1), conv_weight[:, None], padding=(m-1)//2, groups=d)``
     (tap k multiplies x[i + k - (m-1)/2], zeros beyond the ends).
@@ -263,7 +266,7 @@ def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOC
     block = max(block, h)
     pad = -n % block
     xp = F.pad(x, (0, pad)) if pad else x.contiguous()
-    with torch.autocast(x.device.type, enabled=False):  # x and the taps' dtype, as the backward assumes
+    with autocast_off(x.device.type):  # the taps' dtype, as the backward assumes
         y = BlockedBand.apply(xp, band_matrix(conv_weight, block), h)
     return y[..., :n] if pad else y
 
@@ -293,26 +296,23 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam
     """
     check_layout(layout)
     _check(x, conv_weight, knots, lam, layout)
-    # Everything in fp32 also under autocast: the hand-written band backward multiplies saved fp32
-    # inputs with the incoming gradient, and autocast would have run the forward GEMMs in 16 bits.
-    with torch.autocast(x.device.type, enabled=False):
+    # Everything in fp32 also under autocast: the hand-written band backward multiplies its saved input
+    # (cast to fp32) with the incoming gradient, and autocast would have run the forward GEMMs in 16 bits.
+    with autocast_off(x.device.type):
         return _ski_tno(x, conv_weight, knots, lam, layout)
 
 
 def _ski_tno(x, conv_weight, knots, lam, layout):
     ct = fft_dtype(x)
-    if layout == "bnd":
-        xc = x.to(ct).permute(2, 0, 1)  # (d, b, n)
-    else:
-        xc = x.to(ct)
-    d, n = xc.shape[0], xc.shape[-1]
-    xc = xc.reshape(d, -1, n)  # (d, R, n), R = batch
-    rows = xc.shape[1]
-    y = band_conv(xc, conv_weight.to(ct))  # (d, R, n)
+    xd = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n), x's dtype
+    d, n = xd.shape[0], xd.shape[-1]
+    xd = xd.reshape(d, -1, n)  # (d, R, n), R = batch
+    rows = xd.shape[1]
+    y = band_conv(xd, conv_weight.to(ct))  # (d, R, n) in ct; its backward keeps x in x's dtype
     r = knots.shape[0] // 2
     pos, neg = ski_kernel(n, knots.to(ct), lam)  # (r_eff, d), (r_eff - 1, d)
     w = _interp_matrix_cached(n, r, x.device, ct)  # (n, r_eff)
-    z = torch.mm(xc.reshape(d * rows, n), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
+    z = torch.mm(xd.reshape(d * rows, n).to(ct), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
     az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r)
     y = y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
     if layout == "bnd":

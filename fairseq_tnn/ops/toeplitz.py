@@ -28,6 +28,7 @@ FFT, about 4x the cost of the real one, and materialises zero-padded copies.
 The backward of y = irfft(rfft(x) * S)[:n] is another such product, with the
 conjugate spectrum, so it costs one rfft and one irfft, like the forward.
 """
+import contextlib
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -61,6 +62,14 @@ def next_fast_len(m: int) -> int:
 def fft_dtype(x: torch.Tensor) -> torch.dtype:
     """The real dtype in which an FFT of ``x`` is computed."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def autocast_off(device_type: str):
+    """A region where autocast is off on ``device_type`` (a no-op context on a device without autocast,
+    such as ``meta``, where benchmarks/memory.py runs the models)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def check_layout(layout: str) -> None:
@@ -101,55 +110,59 @@ class KernelRfft(torch.autograd.Function):
 
 
 class SpectralConv(torch.autograd.Function):
-    """y = irfft(rfft(x, size) * spectrum, size)[..., :n] along the last dim.
+    """y = irfft(rfft(x, size) * spectrum, size)[..., :n] along the last dim, returned in x's dtype.
 
-    x (..., n) real; spectrum complex, broadcastable to (..., size//2+1). With
-    S the spectrum, X = rfft(x) and G = rfft(dL/dy) (zero-padded to ``size``):
+    x (..., n) real, of any float dtype; spectrum complex, broadcastable to (..., size//2+1). The
+    FFTs run in the spectrum's precision (float32 for complex64, also for an fp16 x). With S the
+    spectrum, X = rfft(x) and G = rfft(dL/dy) (zero-padded to ``size``):
 
         dL/dx = irfft(G * conj(S))[..., :n]        (the adjoint: correlation)
         dL/dS = sum over broadcast dims of conj(X) * G * w / size
 
-    (w = bin multiplicities, torch's complex-gradient convention, as for
-    irfft's own backward). X is saved only when the spectrum needs a gradient.
-    Every pass over the activations counts (on CPU these ops are bound by
-    memory bandwidth): products are taken in place where a buffer is free, the
-    batch reduction of dL/dS reuses the saved X, and y is returned as a view of
-    the first n columns of the irfft buffer rather than copied.
+    (w = bin multiplicities, torch's complex-gradient convention, as for irfft's own backward).
+
+    Memory: the backward keeps x itself, in its own dtype, and recomputes X (one more rfft) when the
+    spectrum needs a gradient. Keeping X instead would hold about 2n complex64 values (16 bytes per
+    input element, 8x an fp16 x): with it, the saved spectrum was over a third of a TNN layer's
+    activation memory (benchmarks/memory.py). y is returned compact, not as a view of the first n
+    columns of the size-long irfft buffer, which a later operator that saves y would keep alive
+    whole. Every other pass over the activations counts too (on CPU they are bound by memory
+    bandwidth): products are taken in place where a buffer is free and the batch reduction of dL/dS
+    overwrites the recomputed X.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
         n = x.shape[-1]
-        xf = torch.fft.rfft(x, n=size)  # (..., size//2+1)
+        ct = spectrum.real.dtype
         ctx.size, ctx.n = size, n
         ctx.spectrum_shape = spectrum.shape
-        if ctx.needs_input_grad[1]:
-            ctx.save_for_backward(xf, spectrum)
-            prod = xf * spectrum
-        else:
-            ctx.save_for_backward(None, spectrum)
-            prod = xf.mul_(spectrum)
-        return torch.fft.irfft(prod, n=size)[..., :n]
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, spectrum)
+        xf = torch.fft.rfft(x.to(ct), n=size)  # (..., size//2+1)
+        y = torch.fft.irfft(xf.mul_(spectrum), n=size)[..., :n]
+        return y.to(x.dtype) if x.dtype != ct else y.contiguous()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        xf, spectrum = ctx.saved_tensors
+        x, spectrum = ctx.saved_tensors
         size, n = ctx.size, ctx.n
-        gf = torch.fft.rfft(grad, n=size)
+        ct = spectrum.real.dtype
+        gf = torch.fft.rfft(grad.to(ct), n=size)
         gx = gs = None
         if ctx.needs_input_grad[1]:
+            xf = torch.fft.rfft(x.to(ct), n=size)
             gs = _reduce_conj_product(xf, gf, ctx.spectrum_shape)
-            gs = gs * (_half_weights(size, gs.device, gs.real.dtype) / size)
+            gs = gs * (_half_weights(size, gs.device, ct) / size)
         if ctx.needs_input_grad[0]:
-            gx = torch.fft.irfft(gf.mul_(spectrum.conj()), n=size)[..., :n]
+            gx = torch.fft.irfft(gf.mul_(spectrum.conj()), n=size)[..., :n].to(grad.dtype)
         return gx, gs, None
 
 
 def _reduce_conj_product(a: torch.Tensor, b: torch.Tensor, shape) -> torch.Tensor:
     """sum of conj(a) * b over the dims where ``shape`` broadcasts (a, b of equal shape).
 
-    Overwrites ``a`` (the saved forward spectrum, not needed afterwards): conjugating and
+    Overwrites ``a`` (the recomputed forward spectrum, not needed afterwards): conjugating and
     multiplying in place, then summing, beat ``torch.linalg.vecdot`` (which materialises
     the product and then clones it) by ~20%."""
     return a.conj_physical_().mul_(b).sum_to_size(shape)
@@ -251,16 +264,12 @@ def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "
     cases; ``bnd`` pays for the two transposing copies.
     """
     check_layout(layout)
-    ct = fft_dtype(x)
-    cdt = torch.complex128 if ct == torch.float64 else torch.complex64
+    cdt = torch.complex128 if fft_dtype(x) == torch.float64 else torch.complex64
     spec = spectrum.to(cdt)
-    if layout == "bnd":
-        xt = x.to(ct).transpose(-1, -2)  # (..., d, n)
-        y = SpectralConv.apply(xt, spec.t(), size)  # spectrum (d, F) broadcasts over the leading dims
-        return y.transpose(-1, -2).to(x.dtype)
-    xc = x.to(ct)
+    if layout == "bnd":  # spectrum (d, F) broadcasts over the leading dims of x^T (..., d, n)
+        return SpectralConv.apply(x.transpose(-1, -2), spec.t(), size).transpose(-1, -2)
     spec = spec.reshape(spec.shape[0], *([1] * (x.dim() - 2)), spec.shape[-1])  # (d, 1.., F)
-    return SpectralConv.apply(xc, spec, size).to(x.dtype)
+    return SpectralConv.apply(x, spec, size)
 
 
 def toeplitz_fft(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor] = None,

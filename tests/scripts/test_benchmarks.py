@@ -100,6 +100,48 @@ def test_trainer_benchmark_refuses_cuda_without_a_gpu(tmp_path):
     assert proc.returncode == 2 and "--device cuda: no CUDA device" in proc.stdout
 
 
+def test_memory_accounting_of_every_configuration(tmp_path):
+    """benchmarks/memory.py --quick: the saved tensors of each configuration, by layer part, against the bounds."""
+    out = tmp_path / "mem"
+    cmd = [sys.executable, str(ROOT / "benchmarks/memory.py"), "--quick", "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    result = json.loads((out / "memory.json").read_text())
+    assert [(g["section"], g["n"], g["batch"]) for g in result["groups"]] == [("causal", 32, 2), ("masked", 32, 2)]
+    for g in result["groups"]:
+        by = {c["key"]: c for c in g["configs"]}
+        assert set(by) == {"tnn6", "fd3", "ski", "bound_identity"} - ({"ski"} if g["section"] == "causal" else set())
+        bound = by["bound_identity"]
+        assert bound["total_vs_no_mixing"] == 1.0 and bound["resident_mib"] > 0
+        for c in by.values():
+            assert c["total_mib"] == pytest.approx(c["activations_mib"] + c["resident_mib"])
+            assert c["layer_bytes_per_token"] == pytest.approx(sum(p["bytes_per_token_layer"] for p in c["parts"]))
+            assert c["activations_mib"] >= bound["activations_mib"]  # a token mixer adds to what no mixing keeps
+        parts = {(p["part"], p["op"], p["dtype"]) for p in by["tnn6"]["parts"]}
+        # fp16 recipe: the FFT product keeps its fp16 input (and the complex spectrum of the kernel)
+        assert ("gtu.tno", "SpectralConv", "float16") in parts and ("gtu.uv_proj", "addmm", "float16") not in parts
+        assert ("gtu", "mul", "float16") in parts and ("glu.in_proj", "linear", "float16") in parts
+    assert "| masked | 2 x 32 | SKI-TNN |" in (out / "memory.md").read_text()
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 2 and "refusing to overwrite" in proc.stdout
+
+
+def test_saved_tensor_log_names_the_module_and_operator(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))
+    memory = importlib.import_module("benchmarks.memory")
+    torch = importlib.import_module("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU())
+    x = torch.randn(5, 4, requires_grad=True)
+    with memory.SavedTensorLog(model, ignore=list(model.parameters())) as log:
+        y = model(x)
+    records = sorted((r["module"], r["op"], r["bytes"]) for r in log.storages.values())
+    # Linear keeps its input (not its weight: a parameter), ReLU its output
+    assert records == [("0", "linear", x.nbytes), ("1", "relu", y.nbytes)]
+    assert not model[0]._forward_hooks and not model[0]._forward_pre_hooks  # removed on exit
+    from fairseq_tnn.ops.toeplitz import SpectralConv
+    assert "apply" not in SpectralConv.__dict__  # the plugin's autograd Functions are restored too
+
+
 # ----------------------------------------------------------------------------
 # targets(): the verdicts, on synthetic measurements of every configuration they read
 # ----------------------------------------------------------------------------

@@ -1,0 +1,289 @@
+"""Where a training step's memory goes: the tensors autograd keeps for the backward pass, by model part.
+
+    python benchmarks/memory.py [--quick] [--precision fp16|fp32] [--out results/bench-memory] [--force]
+
+For the configurations of the GPU benchmark (``benchmarks/trainer.py``: causal 8 x 512; masked 16 x 512 and
+4 x 2048; Wikitext-103's 50,264-symbol dictionary; the published model sizes; TNN with the 6- and 3-layer
+RPE, FD-TNN, SKI-TNN and the two bounds, a fixed spectrum and no token mixing), one forward pass and the
+loss run on PyTorch's ``meta`` device: every operator computes shapes and dtypes but no values, so the
+published sizes cost no memory and a second of CPU, and the result is the same on any device. Every tensor
+autograd saves is recorded (``torch.autograd.graph.saved_tensors_hooks``) with the module that saved it and
+the operator (the torch function, or the plugin's ``autograd.Function``), counted once per storage (a view
+of a saved tensor keeps its whole storage alive, so the storage's bytes count), parameters excluded.
+
+The activation memory of a step is what these tensors hold when the forward ends, the peak of the step is
+that plus the resident state and the backward's transient buffers. The resident state is computed per
+parameter: ``--precision fp16`` is fairseq's ``--fp16`` recipe, an fp16 model (the activations in fp16
+except where the code chooses fp32: the FFTs, the RPE) with fp16 gradients and FP16Optimizer's fp32 master
+weights, their gradients and Adam's two moments (20 bytes per parameter); ``fp32`` is 16 bytes per
+parameter. What no token mixer can avoid is the "no token mixing" bound's activation memory.
+
+Writes ``memory.json`` and ``memory.md`` into ``--out``: per configuration the totals (activations,
+resident, their sum) and ratios against TNN and the bound, and per part of a TNN layer the bytes saved per
+token and layer, e.g. the GTU's gate ``mul`` or the TNO's ``SpectralConv``.
+"""
+import argparse
+import contextlib
+import inspect
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from typing import Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.overrides import TorchFunctionMode  # noqa: E402
+
+from benchmarks.trainer import CONFIGS, FULL_GROUPS, LABELS, MASKED_FRACTION, PAPER, QUICK_GROUPS, QUICK_KEYS, \
+    QUICK_MODEL, QUICK_VOCAB, VOCAB  # noqa: E402
+
+MIB = 2.0 ** 20
+# resident bytes per parameter: fp16 weights + fp16 grads + fp32 master weights + their grads + Adam's 2 moments
+RESIDENT_BYTES = {"fp16": 2 + 2 + 4 + 4 + 8, "fp32": 4 + 4 + 8}
+# The GPU peaks issue 10 measured before this accounting (H100, --fp16, 4 x 2048, torch.cuda.max_memory_allocated)
+MEASURED_GPU_PEAK_MIB = {("masked", 2048, "tnn6"): 8552, ("masked", 2048, "fd3"): 8952, ("masked", 2048, "ski"): 7265}
+
+
+class SavedTensorLog(TorchFunctionMode):
+    """Records every tensor autograd saves during the ``with`` block: its storage, bytes, the module
+    that was running and the operator that saved it. ``ignore``: storages not to count (parameters)."""
+
+    def __init__(self, model: torch.nn.Module, ignore=()):
+        super().__init__()
+        self.model = model
+        self.ops: List[str] = []
+        self.modules: List[str] = []
+        self.ignore = {t.untyped_storage()._cdata for t in ignore}
+        self.storages: Dict[int, Dict] = {}  # storage id -> record
+        self._handles = []
+        self._stack = contextlib.ExitStack()
+        self._functions = []
+
+    # the module that is running
+    def _enter_module(self, name):
+        def hook(module, args):
+            self.modules.append(name)
+        return hook
+
+    def _exit_module(self, module, args, output):
+        self.modules.pop()
+
+    # the operator that is running: torch functions through this mode, the plugin's autograd Functions
+    # (which save their tensors after their forward returns, outside any torch function) by wrapping apply
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.ops.append(getattr(func, "__name__", str(func)))
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.ops.pop()
+
+    def _wrap_functions(self):
+        from fairseq_tnn.ops import fd, ski, ski_causal, toeplitz
+        for mod in (toeplitz, fd, ski, ski_causal):
+            for name, cls in vars(mod).items():
+                if inspect.isclass(cls) and issubclass(cls, torch.autograd.Function) and cls.__module__ == mod.__name__:
+                    self._functions.append((cls, cls.__dict__["apply"] if "apply" in cls.__dict__ else None))
+                    cls.apply = classmethod(self._named_apply(name))
+
+    def _named_apply(self, name):
+        log = self
+
+        def apply(cls, *args, **kwargs):
+            log.ops.append(name)
+            try:
+                return super(cls, cls).apply(*args, **kwargs)
+            finally:
+                log.ops.pop()
+        return apply
+
+    def _pack(self, t: torch.Tensor):
+        st = t.untyped_storage()
+        key = st._cdata
+        if key not in self.ignore and key not in self.storages:
+            self.storages[key] = {"bytes": st.nbytes(), "module": self.modules[-1] if self.modules else "",
+                                  "op": self.ops[-1] if self.ops else "?", "dtype": str(t.dtype).replace("torch.", ""),
+                                  "shape": list(t.shape)}
+        return t
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._enter_module(name)))
+            self._handles.append(module.register_forward_hook(self._exit_module))
+        self._wrap_functions()
+        self._stack.enter_context(torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self._stack.close()
+        for h in self._handles:
+            h.remove()
+        for cls, apply in self._functions:
+            if apply is None:
+                del cls.apply
+            else:
+                cls.apply = apply
+        return False
+
+
+def _layer_part(module: str) -> Optional[str]:
+    """'encoder.layers.3.gtu.tno.rpe.linears.0' -> 'gtu.tno.rpe'; None outside the layers."""
+    parts = module.split(".")
+    if "layers" not in parts:
+        return None
+    inner = parts[parts.index("layers") + 2:]
+    return ".".join(inner[:3]) if inner else "layer"
+
+
+def build_config(section: str, key: str, arch: str, bound: Optional[str], n: int, quick: bool, precision: str):
+    """The model of one configuration on the meta device (bounds: TNN with its TNOs replaced)."""
+    from benchmarks.measure import FixedSpectrumTno, IdentityTno, build_tnn
+    overrides = dict(QUICK_MODEL[section]) if quick else {}
+    with torch.device("meta"):
+        model = build_tnn(arch, QUICK_VOCAB if quick else VOCAB, **overrides)
+        layers = model.decoder.layers if section == "causal" else model.encoder.layers
+        if bound:
+            for layer in layers:
+                layer.gtu.tno = FixedSpectrumTno(layer.gtu.tno, n) if bound == "fixed" else IdentityTno()
+    if precision == "fp16":
+        model.half()
+    return model.train(), len(layers)
+
+
+def forward_and_loss(model, section: str, batch: int, n: int, vocab: int) -> torch.Tensor:
+    """One training forward and fairseq's loss, on meta tensors. Causal: the model's own forward and the
+    cross_entropy criterion (fp32 log-softmax of every position). Masked: the encoder's layers on an
+    unpadded batch (its forward checks the padding on the host, which the meta device cannot), the LM head
+    on the 15% masked positions and the masked_lm criterion."""
+    tokens = torch.zeros(batch, n, dtype=torch.long, device="meta")
+    if section == "causal":
+        logits, _ = model(tokens)
+        target = torch.zeros(batch * n, dtype=torch.long, device="meta")
+    else:
+        enc = model.encoder
+        x = enc.dropout(enc.embed_scale * enc.embed_tokens(tokens))
+        if enc.layernorm_embedding is not None:
+            x = enc.layernorm_embedding(x)
+        for layer in enc.layers:
+            x = layer(x, None)
+        if enc.final_norm is not None:
+            x = enc.final_norm(x)
+        masked = max(1, round(MASKED_FRACTION * batch * n))
+        rows = torch.zeros(masked, dtype=torch.long, device="meta")  # stands for the masked positions
+        logits = enc.lm_head(x.reshape(batch * n, -1).index_select(0, rows))
+        target = torch.zeros(masked, dtype=torch.long, device="meta")
+    lprobs = F.log_softmax(logits.reshape(-1, logits.shape[-1]), dim=-1, dtype=torch.float32)
+    return F.nll_loss(lprobs, target, reduction="sum")
+
+
+def account(section: str, key: str, arch: str, bound, n: int, batch: int, quick: bool, precision: str) -> Dict:
+    model, num_layers = build_config(section, key, arch, bound, n, quick, precision)
+    params = list(model.parameters()) + list(model.buffers())
+    log = SavedTensorLog(model, ignore=params)
+    with log:
+        loss = forward_and_loss(model, section, batch, n, QUICK_VOCAB if quick else VOCAB)
+    assert loss.requires_grad
+    tokens = batch * n
+    parts, outside = defaultdict(int), defaultdict(int)
+    for rec in log.storages.values():
+        part = _layer_part(rec["module"])
+        if part is None:
+            outside[f"{rec['module'] or 'loss'} {rec['op']}"] += rec["bytes"]
+        else:
+            parts[(part, rec["op"], rec["dtype"])] += rec["bytes"]
+    activations = sum(r["bytes"] for r in log.storages.values())
+    n_params = sum(p.numel() for p in model.parameters())
+    resident = n_params * RESIDENT_BYTES[precision]
+    return {"key": key, "label": LABELS[key], "arch": arch, "bound": bound, "layers": num_layers,
+            "parameters": n_params, "activations_mib": activations / MIB, "resident_mib": resident / MIB,
+            "total_mib": (activations + resident) / MIB,
+            "layer_bytes_per_token": sum(parts.values()) / num_layers / tokens,
+            "parts": [{"part": p, "op": op, "dtype": dt, "bytes_per_token_layer": b / num_layers / tokens}
+                      for (p, op, dt), b in sorted(parts.items(), key=lambda kv: -kv[1])],
+            "outside_layers_mib": {k: v / MIB for k, v in sorted(outside.items(), key=lambda kv: -kv[1])}}
+
+
+def run(quick: bool, precision: str) -> List[Dict]:
+    groups = []
+    for section, n, batch in (QUICK_GROUPS if quick else FULL_GROUPS):
+        configs = [account(section, key, arch, bound, n, batch, quick, precision)
+                   for key, arch, _, bound in CONFIGS[section] if not quick or key in QUICK_KEYS]
+        tnn = next(c for c in configs if c["key"] == "tnn6")
+        bound = next(c for c in configs if c["key"] == "bound_identity")
+        for c in configs:
+            c["total_vs_tnn"] = c["total_mib"] / tnn["total_mib"]
+            c["total_vs_no_mixing"] = c["total_mib"] / bound["total_mib"]
+            c["layer_vs_no_mixing"] = c["layer_bytes_per_token"] / bound["layer_bytes_per_token"]
+            c["paper"] = PAPER.get((section, n, c["key"], "tnn6"), "")
+            measured = MEASURED_GPU_PEAK_MIB.get((section, n, c["key"]))
+            if measured and not quick:
+                c["measured_gpu_peak_mib_before"] = measured
+        groups.append({"section": section, "n": n, "batch": batch, "configs": configs})
+    return groups
+
+
+def markdown(result: Dict) -> str:
+    meta = result["meta"]
+    out = [f"# Activation memory of one training step ({meta['precision']}, vocabulary {meta['vocab']})", "",
+           f"torch {meta['torch']}, meta device; `{meta['command']}`.", "",
+           "Activations: the tensors autograd saves for the backward (storages, parameters excluded). Resident: "
+           f"parameters, gradients and optimizer state ({RESIDENT_BYTES[meta['precision']]} bytes per parameter). "
+           "Layer: a TNN layer's saved bytes per token.", "",
+           "| section | batch x n | configuration | activations MiB | resident MiB | sum MiB | vs TNN | "
+           "vs no mixing | layer B / token | layer vs no mixing | paper (memory vs TNN) |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for g in result["groups"]:
+        for c in g["configs"]:
+            out.append(f"| {g['section']} | {g['batch']} x {g['n']} | {c['label']} | {c['activations_mib']:.0f} | "
+                       f"{c['resident_mib']:.0f} | {c['total_mib']:.0f} | {c['total_vs_tnn']:.2f}x | "
+                       f"{c['total_vs_no_mixing']:.2f}x | {c['layer_bytes_per_token']:.0f} | "
+                       f"{c['layer_vs_no_mixing']:.2f}x | {c['paper']} |")
+    g = result["groups"][-1]
+    out += ["", f"## Inside one layer ({g['section']}, {g['batch']} x {g['n']}): bytes saved per token", "",
+            "| configuration | part | operator | dtype | bytes / token |", "|---|---|---|---|---:|"]
+    for c in g["configs"]:
+        for p in c["parts"]:
+            out.append(f"| {c['label']} | {p['part']} | {p['op']} | {p['dtype']} | {p['bytes_per_token_layer']:.1f} |")
+    out += ["", "## Outside the layers (MiB)", "", "| configuration | module and operator | MiB |", "|---|---|---:|"]
+    for c in g["configs"][:1]:
+        for k, v in c["outside_layers_mib"].items():
+            out.append(f"| {c['label']} | {k} | {v:.1f} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--precision", choices=sorted(RESIDENT_BYTES), default="fp16",
+                   help="fp16: fairseq's --fp16 recipe (default); fp32")
+    p.add_argument("--quick", action="store_true", help="tiny models and sizes (a smoke test)")
+    p.add_argument("--out", default="results/bench-memory")
+    p.add_argument("--force", action="store_true", help="overwrite the results of an earlier run in --out")
+    a = p.parse_args(argv)
+    if os.path.exists(os.path.join(a.out, "memory.json")) and not a.force:
+        p.error(f"--out={a.out} already holds memory.json; refusing to overwrite it (--force, or another --out)")
+    os.makedirs(a.out, exist_ok=True)
+    import fairseq_tnn
+    fairseq_tnn.register()  # registers the models
+    t0 = time.time()
+    groups = run(a.quick, a.precision)
+    meta = {"precision": a.precision, "vocab": QUICK_VOCAB if a.quick else VOCAB, "torch": torch.__version__,
+            "command": "python benchmarks/memory.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "seconds": round(time.time() - t0, 1)}
+    result = {"meta": meta, "groups": groups}
+    with open(os.path.join(a.out, "memory.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    md = markdown(result)
+    with open(os.path.join(a.out, "memory.md"), "w") as f:
+        f.write(md)
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()
