@@ -55,6 +55,7 @@ COVERAGE = [
     (r"^python scripts/plot_kernels\.py --init-study ",
      ["scripts/test_plot_kernels.py::test_init_study_reproduces_the_smoothness_and_decay_figures"]),
     (r"^\.venv/bin/python benchmarks/run\.py (?!--device)", ["scripts/test_benchmarks.py::test_quick_benchmark_writes_json_markdown_and_plots"]),
+    (r"^\.venv/bin/python benchmarks/memory\.py ", ["scripts/test_benchmarks.py::test_memory_accounting_of_every_configuration"]),
     (r"^(\.venv/bin/)?python3? benchmarks/run\.py --device ",
      ["scripts/test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer_eager_and_compiled",
       "scripts/test_benchmarks.py::test_trainer_benchmark_refuses_cuda_without_a_gpu"]),
