@@ -1,0 +1,68 @@
+"""patches F: FP16Optimizer's syncs between the fp16 model and its flat fp32 master copy, one multi-tensor
+copy per direction, do exactly what fairseq's per-parameter loops do (the same flat layout and values)."""
+import pytest
+import torch
+from fairseq.optim.fp16_optimizer import FP16Optimizer
+
+from fairseq_tnn import patches
+
+
+def fp16_optimizer(monkeypatch, params):
+    """An FP16Optimizer's sync state for ``params`` (fairseq's own build_fp32_params, flat, on the CPU:
+    a CPU tensor's device index is None, which stands for the current CUDA device here)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    opt = object.__new__(FP16Optimizer)
+    opt.fp16_params = params
+    opt.fp32_params = FP16Optimizer.build_fp32_params(None, params, flatten=True)
+    return opt
+
+
+def model_params(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(7, 3), (3,), (5, 2, 2), (1,), (4, 4)]
+    params = [torch.nn.Parameter(torch.randn(s, generator=g).half()) for s in shapes]
+    for i, p in enumerate(params):
+        p.grad = None if i == 3 else torch.randn(p.shape, generator=g).half()  # one parameter got no gradient
+    return params
+
+
+def test_patched_syncs_are_installed():
+    mixin = FP16Optimizer.__mro__[1]
+    assert mixin._sync_fp16_grads_to_fp32 is patches.sync_fp16_grads_to_fp32
+    assert mixin._sync_fp32_params_to_fp16 is patches.sync_fp32_params_to_fp16
+
+
+@pytest.mark.parametrize("step", range(2))  # the second round reuses the cached views
+def test_gradient_and_weight_syncs_equal_fairseqs_loops(monkeypatch, step):
+    ours, theirs = fp16_optimizer(monkeypatch, model_params(0)), fp16_optimizer(monkeypatch, model_params(0))
+    original_grads, original_params = patches._FP16_SYNCS
+    for _ in range(step + 1):
+        for opt in (ours, theirs):
+            opt._needs_sync = True
+        patches.sync_fp16_grads_to_fp32(ours)
+        original_grads(theirs)
+        assert not ours._needs_sync
+        flat, ref = ours.fp32_params[None], theirs.fp32_params[None]
+        assert torch.equal(flat.grad, ref.grad) and flat.grad.dtype == torch.float32
+        assert flat.grad[7 * 3 + 3 + 5 * 2 * 2].item() == 0.0  # the parameter without a gradient: zeros
+        # an optimizer step on the master weights, then back into the fp16 model
+        for f in (flat, ref):
+            f.data.add_(f.grad, alpha=-0.5)
+        patches.sync_fp32_params_to_fp16(ours)
+        original_params(theirs)
+        for a, b in zip(ours.fp16_params, theirs.fp16_params):
+            assert a.dtype == torch.float16 and torch.equal(a, b)
+    assert torch.equal(torch.cat([p.detach().float().view(-1) for p in ours.fp16_params]),
+                       ours.fp32_params[None].detach().half().float())
+
+
+def test_unflattened_master_weights_keep_fairseqs_code():
+    opt, ref = object.__new__(FP16Optimizer), object.__new__(FP16Optimizer)
+    for o in (opt, ref):
+        o.fp16_params = model_params(1)
+        o.fp32_params = FP16Optimizer.build_fp32_params(None, o.fp16_params, flatten=False)  # a list
+        o._needs_sync = True
+    patches.sync_fp16_grads_to_fp32(opt)
+    patches._FP16_SYNCS[0](ref)
+    for a, b in zip(opt.fp32_params, ref.fp32_params):
+        assert torch.equal(a.grad, b.grad)
