@@ -233,3 +233,28 @@ def test_targets_without_memory_or_outside_the_target_lengths(report):
     for g in groups:
         g["n"] //= 2
     assert report.targets(groups) == []
+
+
+def test_trainer_memory_against_the_no_mixing_bound(monkeypatch):
+    """The GPU run's peak memory of each model over the same model with no token mixing, per mode (CPU runs
+    record no peak: no rows)."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    trainer = importlib.import_module("benchmarks.trainer")
+
+    def config(key, compiled, peak=None, bound=None):
+        c = {"key": key, "compiled": compiled, "bound": bound, "label": key, "median_ms": 10.0, "kernel_ms": 5.0,
+             "wall_over_kernel": 2.0, "kernels": 100}
+        return c if peak is None else dict(c, peak_mib=peak)
+
+    group = {"section": "masked", "n": 2048, "batch": 4, "configs": [
+        config("tnn6", False, 1150.0), config("ski", False, 1050.0), config("bound_identity", False, 1000.0, "identity"),
+        config("tnn6", True, 900.0), config("bound_identity", True, 800.0, "identity")]}
+    rows = trainer.memory_bounds([group])
+    assert [(r["key"], r["compiled"], r["vs_no_mixing"]) for r in rows] == \
+        [("tnn6", False, 1.15), ("ski", False, 1.05), ("tnn6", True, 1.125)]
+    cpu = {**group, "configs": [{k: v for k, v in c.items() if k != "peak_mib"} for c in group["configs"]]}
+    assert trainer.memory_bounds([cpu]) == []
+    meta = {"device": "cuda", "precision": "fp16", "machine": "H100", "torch": "2.13", "cuda": "13.0", "vocab": 50264,
+            "rounds": 1, "per_round": 1}
+    md = trainer.markdown({"meta": meta, "groups": [group], "ratios": trainer.ratios([group]), "memory_bounds": rows})
+    assert "| masked | 4 x 2048 | TNN (RPE 6) | no | 1.15x |" in md
