@@ -40,7 +40,7 @@ echo "setup: building fairseq-fixed against the installed torch (first time: sev
 pip_install "$(req cython)" "$(req numpy)" "$(req wheel)"
 pip_install --no-build-isolation "$(req fairseq-fixed)"
 pip_install "$(req sentencepiece)" "$(req sacremoses)" "$(req tensorboard)" "$(req tensorboardX)" \
-  "$(req matplotlib)" "$(req pytest)"
+  "$(req matplotlib)" "$(req pytest)" "$(req pytest-xdist)"
 pip_install --no-deps --no-build-isolation -e "$ROOT"
 
 "$PY" - <<'PY'

@@ -13,11 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # (fairseq installed elsewhere, e.g. as wheels in a --target directory on a GPU machine).
 BIN = Path(os.environ["FAIRSEQ_BIN"]) if os.environ.get("FAIRSEQ_BIN") else Path(sys.executable).parent
 USER_DIR = str(ROOT / "fairseq_tnn")  # absolute, as a user passes it
+# Threads for torch in the tests and in the commands they run: 2, shared out among pytest-xdist's workers
+# (scripts/test.sh runs one per core) so that the workers do not oversubscribe the cores.
+THREADS = str(max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(THREADS))
 
 
 def run(cmd, expect_ok=True, timeout=900, env=None):
     """Run a command line, return its combined output; check the exit status."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", THREADS))
     full_env.update(env or {})
     proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=timeout, env=full_env, cwd=ROOT)
