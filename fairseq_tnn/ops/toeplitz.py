@@ -122,8 +122,8 @@ class SpectralConv(torch.autograd.Function):
     (w = bin multiplicities, torch's complex-gradient convention, as for irfft's own backward).
 
     Memory: the backward keeps x itself, in its own dtype, and recomputes X (one more rfft) when the
-    spectrum needs a gradient. Keeping X instead would hold about 2n complex64 values (16 bytes per
-    input element, 8x an fp16 x): with it, the saved spectrum was over a third of a TNN layer's
+    spectrum needs a gradient. Keeping X instead would hold size/2 + 1 (about n) complex64 values per
+    sequence, 8 bytes per input element, 4x an fp16 x: it was over a quarter of a TNN layer's
     activation memory (benchmarks/memory.py). y is returned compact, not as a view of the first n
     columns of the size-long irfft buffer, which a later operator that saves y would keep alive
     whole. Every other pass over the activations counts too (on CPU they are bound by memory

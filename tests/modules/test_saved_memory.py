@@ -1,5 +1,5 @@
 """What each TNO keeps for its backward: its input, in the input's own dtype, and nothing else of the
-activations' size (benchmarks/memory.py found the rfft of the input, 8x an fp16 input, held over a third of
+activations' size (benchmarks/memory.py found the rfft of the input, 4x an fp16 input, held over a quarter of
 a TNN layer's activation memory, an fp32 copy in SKI's band, and both parts of FD's spectrum kept by
 torch.complex)."""
 import pytest
