@@ -19,6 +19,26 @@ import torch.nn.functional as F
 
 MIB = 2.0 ** 20
 
+def add_out_options(parser: argparse.ArgumentParser, default: str) -> None:
+    """--out DIR and --force, shared by the benchmark scripts."""
+    parser.add_argument("--out", default=default, help="output directory")
+    parser.add_argument("--force", action="store_true", help="overwrite the results of an earlier run in --out")
+
+
+def refuse_overwrite(parser: argparse.ArgumentParser, args, result_file: str) -> None:
+    """Stop with an error, before any work, when --out already holds ``result_file`` and --force is not given."""
+    if os.path.exists(os.path.join(args.out, result_file)) and not args.force:
+        parser.error(f"--out={args.out} already holds {result_file}; refusing to overwrite it (--force, or another --out)")
+
+
+def write_results(out: str, stem: str, result: Dict, md: str) -> None:
+    """``<out>/<stem>.json`` (the whole result) and ``<out>/<stem>.md`` (its tables)."""
+    with open(os.path.join(out, stem + ".json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(out, stem + ".md"), "w") as f:
+        f.write(md)
+
+
 # ----------------------------------------------------------------------------
 # Building the models and operators (in the timing process and in the memory children)
 # ----------------------------------------------------------------------------

@@ -25,7 +25,6 @@ token and layer, e.g. the GTU's gate ``mul`` or the TNO's ``SpectralConv``.
 import argparse
 import contextlib
 import inspect
-import json
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
+from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
 from benchmarks.trainer import CONFIGS, FULL_GROUPS, LABELS, MASKED_FRACTION, PAPER, QUICK_GROUPS, QUICK_KEYS, \
     QUICK_MODEL, QUICK_VOCAB, VOCAB  # noqa: E402
 
@@ -262,11 +262,9 @@ def main(argv=None):
     p.add_argument("--precision", choices=sorted(RESIDENT_BYTES), default="fp16",
                    help="fp16: fairseq's --fp16 recipe (default); fp32")
     p.add_argument("--quick", action="store_true", help="tiny models and sizes (a smoke test)")
-    p.add_argument("--out", default="results/bench-memory")
-    p.add_argument("--force", action="store_true", help="overwrite the results of an earlier run in --out")
+    add_out_options(p, "results/bench-memory")
     a = p.parse_args(argv)
-    if os.path.exists(os.path.join(a.out, "memory.json")) and not a.force:
-        p.error(f"--out={a.out} already holds memory.json; refusing to overwrite it (--force, or another --out)")
+    refuse_overwrite(p, a, "memory.json")
     os.makedirs(a.out, exist_ok=True)
     import fairseq_tnn
     fairseq_tnn.register()  # registers the models
@@ -276,11 +274,8 @@ def main(argv=None):
             "command": "python benchmarks/memory.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "seconds": round(time.time() - t0, 1)}
     result = {"meta": meta, "groups": groups}
-    with open(os.path.join(a.out, "memory.json"), "w") as f:
-        json.dump(result, f, indent=1)
     md = markdown(result)
-    with open(os.path.join(a.out, "memory.md"), "w") as f:
-        f.write(md)
+    write_results(a.out, "memory", result, md)
     print(md)
     return result
 

@@ -49,7 +49,6 @@ Modules: ``benchmarks/plan.py`` (sizes, labels, the groups of configurations), `
 (the papers' and the authors' figures, with their sources); this file is the command line.
 """
 import argparse
-import json
 import multiprocessing as mp
 import os
 import sys
@@ -66,7 +65,7 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.measure import _machine, memory_child, time_group  # noqa: E402
+from benchmarks.measure import _machine, add_out_options, memory_child, refuse_overwrite, time_group, write_results  # noqa: E402
 from benchmarks.plan import FULL, QUICK, plan  # noqa: E402
 from benchmarks.report import markdown, plots, targets  # noqa: E402
 
@@ -81,7 +80,7 @@ def main(argv=None):
                                 epilog="--device cuda|cpu [--quick] [--out DIR] [--force]: whole fairseq updates "
                                        "through fairseq's Trainer, eager vs compiled (see benchmarks/trainer.py)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test, seconds)")
-    p.add_argument("--out", default="results/bench", help="output directory")
+    add_out_options(p, "results/bench")
     p.add_argument("--sections", nargs="+", default=["causal", "bidirectional", "rpe", "layer"],
                    choices=["causal", "bidirectional", "rpe", "layer"])
     p.add_argument("--rounds", type=int, help="timed rounds per group (default 5, quick 3)")
@@ -89,10 +88,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-memory", action="store_true", help="skip the memory measurements")
     p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--force", action="store_true", help="overwrite the results of an earlier run in --out")
     a = p.parse_args(argv)
-    if os.path.exists(os.path.join(a.out, "results.json")) and not a.force:
-        p.error(f"--out={a.out} already holds results.json; refusing to overwrite it (--force, or another --out)")
+    refuse_overwrite(p, a, "results.json")
     sizes = dict(QUICK if a.quick else FULL)
     for k in ("rounds", "warmup"):
         if getattr(a, k) is not None:
@@ -145,11 +142,8 @@ def main(argv=None):
     result["targets"] = targets(groups)
     result["plots"] = [] if a.no_plots else plots(result, a.out)
     meta["seconds"] = round(time.time() - t_start, 1)
-    with open(os.path.join(a.out, "results.json"), "w") as f:
-        json.dump(result, f, indent=1)
     md = markdown(result)
-    with open(os.path.join(a.out, "results.md"), "w") as f:
-        f.write(md)
+    write_results(a.out, "results", result, md)
     log(md)
     log(f"done in {meta['seconds']} s; wrote {a.out}/results.json, results.md" + (", *.png" if result["plots"] else ""))
     logf.close()

@@ -22,7 +22,6 @@ batches of the paper's per-GPU sizes (causal 8 x 512; masked 16 x 512 and 4 x 20
 Writes ``trainer.json``, ``trainer.md`` and ``trainer.png`` into ``--out``.
 """
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+
+from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
 
 VOCAB = 50264  # Wikitext-103's dictionary (GPT-2 BPE), fairseq's 4 specials included
 QUICK_VOCAB = 1000
@@ -290,11 +291,10 @@ def main(argv=None):
     p.add_argument("--precision", choices=["fp16", "bf16", "fp32"],
                    help="fp16 (--fp16, default on cuda), bf16 (--bf16-autocast) or fp32 (default on cpu)")
     p.add_argument("--quick", action="store_true", help="tiny models and sizes (a smoke test)")
-    p.add_argument("--out", default="results/bench-trainer")
+    add_out_options(p, "results/bench-trainer")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
     p.add_argument("--per-round", type=int, default=None, help="updates per configuration and round (default 4, quick 1)")
     p.add_argument("--warmup", type=int, default=None, help="untimed updates first (default 5, quick 2)")
-    p.add_argument("--force", action="store_true", help="overwrite the results of an earlier run in --out")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch (use --device cpu)")
@@ -307,8 +307,7 @@ def main(argv=None):
     for name, v, lo in (("rounds", rounds, 1), ("per-round", per_round, 1), ("warmup", warmup, 1)):
         if v < lo:
             p.error(f"--{name}={v} must be >= {lo}")
-    if os.path.exists(os.path.join(a.out, "trainer.json")) and not a.force:
-        p.error(f"--out={a.out} already holds trainer.json; refusing to overwrite it (--force, or another --out)")
+    refuse_overwrite(p, a, "trainer.json")
     os.makedirs(a.out, exist_ok=True)
     import fairseq_tnn
     fairseq_tnn.register()  # registers the models and tasks
@@ -321,11 +320,8 @@ def main(argv=None):
             "command": "python benchmarks/trainer.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "seconds": round(time.time() - t0, 1)}
     result = {"meta": meta, "groups": groups, "ratios": ratios(groups), "memory_bounds": memory_bounds(groups)}
-    with open(os.path.join(a.out, "trainer.json"), "w") as f:
-        json.dump(result, f, indent=1)
     md = markdown(result)
-    with open(os.path.join(a.out, "trainer.md"), "w") as f:
-        f.write(md)
+    write_results(a.out, "trainer", result, md)
     plot(result, os.path.join(a.out, "trainer.png"))
     print(md)
     return result
