@@ -122,6 +122,7 @@ def test_memory_accounting_of_every_configuration(tmp_path):
         assert ("gtu.tno", "SpectralConv", "float16") in parts and ("gtu.uv_proj", "addmm", "float16") not in parts
         assert ("gtu", "mul", "float16") in parts and ("glu.in_proj", "linear", "float16") in parts
     assert "| masked | 2 x 32 | SKI-TNN |" in (out / "memory.md").read_text()
+    assert all(c["paper_memory_vs_tnn"] == "" for g in result["groups"] for c in g["configs"])  # not at quick sizes
     proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert proc.returncode == 2 and "refusing to overwrite" in proc.stdout
 
