@@ -142,7 +142,7 @@ def _layer_part(module: str) -> Optional[str]:
     return ".".join(inner[:3]) if inner else "layer"
 
 
-def build_config(section: str, key: str, arch: str, bound: Optional[str], n: int, quick: bool, precision: str):
+def build_config(section: str, arch: str, bound: Optional[str], n: int, quick: bool, precision: str):
     """The model of one configuration on the meta device (bounds: TNN with its TNOs replaced)."""
     from benchmarks.measure import FixedSpectrumTno, IdentityTno, build_tnn
     overrides = dict(QUICK_MODEL[section]) if quick else {}
@@ -184,7 +184,7 @@ def forward_and_loss(model, section: str, batch: int, n: int, vocab: int) -> tor
 
 
 def account(section: str, key: str, arch: str, bound, n: int, batch: int, quick: bool, precision: str) -> Dict:
-    model, num_layers = build_config(section, key, arch, bound, n, quick, precision)
+    model, num_layers = build_config(section, arch, bound, n, quick, precision)
     params = list(model.parameters()) + list(model.buffers())
     log = SavedTensorLog(model, ignore=params)
     with log:

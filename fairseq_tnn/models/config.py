@@ -17,7 +17,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from ..modules.activations import ACTIVATIONS
 from ..modules.norm import NORM_CHOICES
 from ..modules.tno import TNO_TYPES, tno_class, tno_settings
-from ..modules.tno.base import option
+from ..modules.tno.base import option, require
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +95,6 @@ TnnBlockConfig = dataclasses.make_dataclass("TnnBlockConfig", _tno_config_fields
 TnnBlockConfig.__doc__ = "TnnLayerConfig plus the settings of every registered TNO type (None: the type's default)."
 
 
-def _require(ok: bool, option_name: str, value, allowed: str):
-    if not ok:
-        raise ValueError(f"{option(option_name)}={value!r} is invalid: {allowed}")
-
-
 _WARNED = set()
 
 
@@ -112,7 +107,7 @@ def tno_values(cfg) -> Dict[str, object]:
     fields, aliases = _settings_fields(tno_type), _aliases(tno_type)
     for name, users in TNO_FIELD_USERS.items():
         value = getattr(cfg, name, None)
-        _require(value is None or name in fields or name in aliases, name, value,
+        require(value is None or name in fields or name in aliases, name, value,
                  f"it applies to --tno-type {' or '.join(users)} only, not {tno_type}")
     values = {name: getattr(cfg, name) for name in fields if getattr(cfg, name, None) is not None}
     for old, target in aliases.items():
@@ -135,15 +130,15 @@ def validate_block_config(cfg, embed_dim_field: str, layers_field: str, causal: 
     """Refuse nonsensical hyperparameters with an error naming the option, before any work."""
     for name in (embed_dim_field, layers_field, "expand_ratio"):
         value = getattr(cfg, name)
-        _require(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
+        require(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
     glu_dim = getattr(cfg, "glu_dim", None)
-    _require(glu_dim is None or glu_dim >= 1, "glu_dim", glu_dim, "must be an integer >= 1 (or unset for the embedding dim)")
-    _require(0.0 <= cfg.dropout < 1.0, "dropout", cfg.dropout, "must be in [0, 1)")
+    require(glu_dim is None or glu_dim >= 1, "glu_dim", glu_dim, "must be an integer >= 1 (or unset for the embedding dim)")
+    require(0.0 <= cfg.dropout < 1.0, "dropout", cfg.dropout, "must be in [0, 1)")
     for name in ("gtu_activation", "glu_activation"):
         value = str(getattr(cfg, name))
-        _require(value in ACTIVATIONS, name, value, f"must be one of {sorted(ACTIVATIONS)}")
-    _require(str(cfg.norm_type) in NORM_CHOICES, "norm_type", cfg.norm_type, f"must be one of {list(NORM_CHOICES)}")
-    _require(str(cfg.norm_position) in ("pre", "post"), "norm_position", cfg.norm_position, "must be 'pre' or 'post'")
+        require(value in ACTIVATIONS, name, value, f"must be one of {sorted(ACTIVATIONS)}")
+    require(str(cfg.norm_type) in NORM_CHOICES, "norm_type", cfg.norm_type, f"must be one of {list(NORM_CHOICES)}")
+    require(str(cfg.norm_position) in ("pre", "post"), "norm_position", cfg.norm_position, "must be 'pre' or 'post'")
     tno_class(str(cfg.tno_type))
     block_tno_settings(cfg, causal)
 
