@@ -152,3 +152,74 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where none is present, as in CI)")
     config.addinivalue_line("markers", "slow: takes more than about 20 s on 2 CPU cores (left out of "
                                        "`bash scripts/test.sh --fast`)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Devices: the operator and module tests take the `device` fixture and run once per device, "cpu" and
+# "cuda"; the CUDA cases carry the `gpu` marker and are skipped, with the reason "needs a CUDA GPU", where
+# torch sees no GPU (the summary line counts them). A test of such a file that does not take `device` runs
+# on CPU only, by design: it checks shapes, errors or pure index arithmetic that does not depend on the device.
+# ---------------------------------------------------------------------------------------------------------
+NEEDS_CUDA = "needs a CUDA GPU"
+CUDA_MARKS = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason=NEEDS_CUDA)]
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA_MARKS)]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """The device a test builds its tensors and modules on: "cpu", then "cuda" (skipped without a GPU).
+    On CUDA, TF32 is off for the test (cuBLAS matmuls and cuDNN convolutions in full fp32), so fp32
+    comparisons against the dense references hold the same tolerances as on CPU up to tol()'s factor;
+    the previous settings come back after the test."""
+    if request.param != "cuda":
+        yield request.param
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield "cuda"
+        torch.cuda.synchronize()  # an asynchronous CUDA error fails this test, not a later one
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])
+
+
+# The factor by which a comparison's CPU tolerance grows on CUDA, by dtype. With TF32 off, cuBLAS and cuFFT
+# round fp32 and fp64 as MKL/pocketfft do, to the same order, but in other orders of summation (and cuFFT
+# with other radices), so fp32 gets 4x headroom; fp64 tolerances are already orders above its rounding, and
+# half-precision ones are set by rounding the inputs and output to 8 or 11 bits, the same on either device.
+CUDA_TOL_FACTOR = {torch.float32: 4.0, torch.complex64: 4.0}
+
+
+def tol(table, dtype, device):
+    """The tolerance table[dtype] for a comparison run on device: as given (the CPU one) on CPU, times
+    CUDA_TOL_FACTOR[dtype] (1 for dtypes not named there) on CUDA. table[dtype] is a number or a dict of
+    numbers (e.g. torch.testing.assert_close's rtol and atol), each scaled."""
+    value = table[dtype]
+    factor = CUDA_TOL_FACTOR.get(dtype, 1.0) if torch.device(device).type == "cuda" else 1.0
+    return {k: v * factor for k, v in value.items()} if isinstance(value, dict) else value * factor
+
+
+def on(device, *tensors):
+    """Each tensor moved to device (made on CPU first, from a seeded CPU generator, so that every device gets
+    the same values); a leaf that required grad is a leaf on device that requires grad."""
+    out = [None if t is None else t.detach().to(device).requires_grad_(t.requires_grad) for t in tensors]
+    return out[0] if len(out) == 1 else out
+
+
+def assert_on(device, *tensors):
+    """Every tensor is on device: a test that means CUDA did not compute on CPU (or the other way round)."""
+    want = torch.device(device).type
+    for i, t in enumerate(tensors):
+        if t is not None:
+            assert t.device.type == want, f"tensor {i} is on {t.device}, the test runs on {want}"
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how many tests were skipped for want of a CUDA GPU (the device fixture's CUDA cases and tests/gpu)."""
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if NEEDS_CUDA in str(getattr(r, "longrepr", ""))]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} CUDA test(s) skipped: {NEEDS_CUDA} "
+                                    f"(torch.cuda.is_available() is False)")

@@ -1,8 +1,12 @@
-"""FD-TNO ops: FFT paths against explicit-DFT dense references, forward and gradients."""
+"""FD-TNO ops: FFT paths against explicit-DFT dense references, forward and gradients, on every device (the
+`device` fixture: CPU, and CUDA where present). The tests without `device` check the frequency grid and
+errors: CPU only, by design."""
 import math
 
 import pytest
 import torch
+
+from conftest import assert_on, on, tol
 
 from fairseq_tnn.ops.fd import (
     fd_bidirectional,
@@ -23,7 +27,7 @@ TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
 
 
 def absmax(t):
-    return t.abs().max() if t.numel() else torch.zeros((), dtype=t.real.dtype)
+    return t.abs().max() if t.numel() else torch.zeros((), dtype=t.real.dtype, device=t.device)
 
 
 def assert_close_rel(actual, expected, tol):
@@ -32,13 +36,14 @@ def assert_close_rel(actual, expected, tol):
     assert err <= tol * scale, f"max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
 
 
-def make_inputs(n, dtype, d=3, b=2, seed=0):
+def make_inputs(n, dtype, d=3, b=2, seed=0, device="cpu"):
+    """x (b, n, d), k_real and k_imag (N'+1, d) on device, drawn on CPU."""
     g = torch.Generator().manual_seed(seed)
     size, _ = fd_grid(n)
     x = torch.randn(b, n, d, generator=g, dtype=torch.float64).to(dtype)
     k_real = torch.randn(size // 2 + 1, d, generator=g, dtype=torch.float64).to(dtype)
     k_imag = torch.randn(size // 2 + 1, d, generator=g, dtype=torch.float64).to(dtype)
-    return x, k_real, k_imag
+    return on(device, x, k_real, k_imag)
 
 
 def grads(fn, inputs, cotangent):
@@ -65,55 +70,62 @@ def test_grid_longer_is_finer():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_causal_matches_ref(n, dtype):
-    x, k_real, _ = make_inputs(n, dtype)
+def test_causal_matches_ref(n, dtype, device):
+    x, k_real, _ = make_inputs(n, dtype, device=device)
     g = torch.randn_like(x)
     y, (gx, gk) = grads(fd_causal, [x, k_real], g)
     y_ref, (gx_ref, gk_ref) = grads(fd_causal_ref, [x, k_real], g)
     assert y.dtype == dtype and y.shape == x.shape
-    assert_close_rel(y, y_ref, TOL[dtype])
-    assert_close_rel(gx, gx_ref, TOL[dtype])
-    assert_close_rel(gk, gk_ref, TOL[dtype])
+    assert_on(device, y, y_ref, gx, gk)
+    t = tol(TOL, dtype, device)
+    assert_close_rel(y, y_ref, t)
+    assert_close_rel(gx, gx_ref, t)
+    assert_close_rel(gk, gk_ref, t)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_bidirectional_matches_ref(n, dtype):
-    x, k_real, k_imag = make_inputs(n, dtype)
+def test_bidirectional_matches_ref(n, dtype, device):
+    x, k_real, k_imag = make_inputs(n, dtype, device=device)
     g = torch.randn_like(x)
     y, (gx, gr, gi) = grads(fd_bidirectional, [x, k_real, k_imag], g)
     y_ref, (gx_ref, gr_ref, gi_ref) = grads(fd_bidirectional_ref, [x, k_real, k_imag], g)
     assert y.dtype == dtype and not y.is_complex() and y.shape == x.shape
-    assert_close_rel(y, y_ref, TOL[dtype])
-    assert_close_rel(gx, gx_ref, TOL[dtype])
-    assert_close_rel(gr, gr_ref, TOL[dtype])
-    assert_close_rel(gi, gi_ref, TOL[dtype])
+    assert_on(device, y, y_ref, gx, gr, gi)
+    t = tol(TOL, dtype, device)
+    assert_close_rel(y, y_ref, t)
+    assert_close_rel(gx, gx_ref, t)
+    assert_close_rel(gr, gr_ref, t)
+    assert_close_rel(gi, gi_ref, t)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", LENGTHS)
-def test_causal_spectrum(n, dtype):
-    _, k_real, _ = make_inputs(n, dtype)
+def test_causal_spectrum(n, dtype, device):
+    _, k_real, _ = make_inputs(n, dtype, device=device)
+    t = tol(TOL, dtype, device)
     size = 2 * (k_real.shape[0] - 1)
     spec = hilbert_causal_spectrum(k_real)
     assert spec.is_complex() and spec.shape == k_real.shape
     # The real part is the given one; the implied kernel vanishes at negative lags.
-    assert_close_rel(spec.real, k_real, TOL[dtype])
+    assert_close_rel(spec.real, k_real, t)
     kernel = torch.fft.irfft(spec, n=size, dim=0)  # (N, d)
-    assert absmax(kernel[size // 2 + 1 :]) <= TOL[dtype] * kernel.abs().max()
+    assert absmax(kernel[size // 2 + 1 :]) <= t * kernel.abs().max()
     # Same kernel and spectrum from the explicit inverse / forward DFT.
     kernel_ref = fd_time_kernel(k_real)
+    assert_on(device, spec, kernel_ref)
     assert (kernel_ref[size // 2 + 1 :] == 0).all()
-    assert_close_rel(kernel, kernel_ref, TOL[dtype])
+    assert_close_rel(kernel, kernel_ref, t)
     spec_ref = fd_spectrum_ref(kernel_ref)
-    assert_close_rel(torch.view_as_real(spec), torch.view_as_real(spec_ref), TOL[dtype])
+    assert_close_rel(torch.view_as_real(spec), torch.view_as_real(spec_ref), t)
 
 
-def test_causal_gradient_causality():
+def test_causal_gradient_causality(device):
     n = 7
-    x, k_real, _ = make_inputs(n, torch.float64, d=2, b=1)
+    x, k_real, _ = make_inputs(n, torch.float64, d=2, b=1, device=device)
     x.requires_grad_(True)
     y = fd_causal(x, k_real)
+    assert_on(device, y)
     for i in range(n):
         (gx,) = torch.autograd.grad(y[:, i].sum(), x, retain_graph=True)
         assert absmax(gx[:, i + 1 :]) < 1e-12, f"y[{i}] depends on future x"
@@ -121,12 +133,13 @@ def test_causal_gradient_causality():
 
 
 @pytest.mark.parametrize("n", [1, 7, 64])
-def test_bidirectional_forced_real_at_dc_and_nyquist(n):
-    _, k_real, k_imag = make_inputs(n, torch.float32)
+def test_bidirectional_forced_real_at_dc_and_nyquist(n, device):
+    _, k_real, k_imag = make_inputs(n, torch.float32, device=device)
     spec = fd_bidirectional_spectrum(k_real, k_imag)
+    assert_on(device, spec)
     assert spec.imag[0].eq(0).all() and spec.imag[-1].eq(0).all()
     assert torch.equal(spec.real, k_real) and torch.equal(spec.imag[1:-1], k_imag[1:-1])
-    x, k_real, k_imag = make_inputs(n, torch.float32)
+    x, k_real, k_imag = make_inputs(n, torch.float32, device=device)
     k_imag.requires_grad_(True)
     (gi,) = torch.autograd.grad(fd_bidirectional(x, k_real, k_imag).square().sum(), k_imag)
     assert gi[0].eq(0).all() and gi[-1].eq(0).all()
@@ -136,14 +149,15 @@ def test_bidirectional_forced_real_at_dc_and_nyquist(n):
 
 @pytest.mark.parametrize("n", [64, 513])
 @pytest.mark.parametrize("causal", [True, False])
-def test_bf16_input(n, causal):
-    x, k_real, k_imag = make_inputs(n, torch.float32)
+def test_bf16_input(n, causal, device):
+    x, k_real, k_imag = make_inputs(n, torch.float32, device=device)
     x16 = x.to(torch.bfloat16)
     args = (k_real,) if causal else (k_real, k_imag)
     fn = fd_causal if causal else fd_bidirectional
     y16 = fn(x16, *args)
     y32 = fn(x16.float(), *args)
     assert y16.dtype == torch.bfloat16
+    assert_on(device, y16, y32)
     # The FFTs run in float32 on the same (bf16-representable) input, so the only
     # difference is rounding the output to bf16's 8-bit significand: <= 2^-9 |y|.
     assert_close_rel(y16.float(), y32, 2.0**-8)
@@ -160,9 +174,10 @@ def test_bad_shapes():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 7, 64, 513])
 @pytest.mark.parametrize("causal", [True, False])
-def test_channel_major_matches_ref(n, causal, dtype):
+def test_channel_major_matches_ref(n, causal, dtype, device):
     """layout="dbn": x (d, batch, n), spectra (d, N'+1); forward and gradients against the reference."""
-    x, k_real, k_imag = make_inputs(n, dtype)
+    x, k_real, k_imag = make_inputs(n, dtype, device=device)
+    t = tol(TOL, dtype, device)
     xt, krt, kit = x.permute(2, 0, 1).contiguous(), k_real.t().contiguous(), k_imag.t().contiguous()
     args = [xt, krt] if causal else [xt, krt, kit]
     fast = (lambda *a: fd_causal(*a, layout="dbn")) if causal else (lambda *a: fd_bidirectional(*a, layout="dbn"))
@@ -171,8 +186,9 @@ def test_channel_major_matches_ref(n, causal, dtype):
     y, gs = grads(fast, args, g)
     y_ref, gs_ref = grads(ref, args, g)
     assert y.shape == xt.shape
-    assert_close_rel(y, y_ref, TOL[dtype])
+    assert_on(device, y, y_ref, *gs)
+    assert_close_rel(y, y_ref, t)
     default = fd_causal(x, k_real) if causal else fd_bidirectional(x, k_real, k_imag)
-    assert_close_rel(y.permute(1, 2, 0), default, TOL[dtype])
+    assert_close_rel(y.permute(1, 2, 0), default, t)
     for a, b in zip(gs, gs_ref):
-        assert_close_rel(a, b, TOL[dtype])
+        assert_close_rel(a, b, t)

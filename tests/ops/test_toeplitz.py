@@ -1,31 +1,36 @@
-"""The FFT Toeplitz product against the dense reference: forward and gradients."""
+"""The FFT Toeplitz product against the dense reference: forward and gradients, on every device (the
+`device` fixture: CPU, and CUDA where present). The tests without `device` check shapes, errors and sizes:
+CPU only, by design."""
 import pytest
 import torch
 
+from conftest import assert_on, on, tol
 from fairseq_tnn.ops.toeplitz import next_fast_len, toeplitz_dense, toeplitz_fft, toeplitz_ref
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-9, atol=1e-9)}
 
 
-def _inputs(n, d, dtype, causal, b=2, seed=0):
+def _inputs(n, d, dtype, causal, b=2, seed=0, device="cpu"):
+    """x (b, n, d), pos (n, d), neg (n - 1, d) or None: leaves on device that require grad, drawn on CPU."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(b, n, d, generator=g, dtype=dtype, requires_grad=True)
     pos = torch.randn(n, d, generator=g, dtype=dtype, requires_grad=True)
     neg = None if causal else torch.randn(n - 1, d, generator=g, dtype=dtype, requires_grad=True)
-    return x, pos, neg
+    return on(device, x, pos, neg)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 513, 1024, 4096])
-def test_fft_matches_dense_forward_and_gradients(n, causal, dtype):
+def test_fft_matches_dense_forward_and_gradients(n, causal, dtype, device):
     d = 3 if n <= 1024 else 2
-    x, pos, neg = _inputs(n, d, dtype, causal)
+    x, pos, neg = _inputs(n, d, dtype, causal, device=device)
     leaves = [t for t in (x, pos, neg) if t is not None]
     y_fast = toeplitz_fft(x, pos, neg)
     y_ref = toeplitz_ref(x, pos, neg)
+    assert_on(device, y_fast, y_ref)
     scale = y_ref.abs().max().clamp(min=1)
-    torch.testing.assert_close(y_fast / scale, y_ref / scale, **TOL[dtype])
+    torch.testing.assert_close(y_fast / scale, y_ref / scale, **tol(TOL, dtype, device))
     grad_out = torch.randn_like(y_ref)
     g_fast = torch.autograd.grad(y_fast, leaves, grad_out)
     g_ref = torch.autograd.grad(y_ref, leaves, grad_out)
@@ -34,7 +39,7 @@ def test_fft_matches_dense_forward_and_gradients(n, causal, dtype):
             assert a.numel() == 0
             continue
         s = b.abs().max().clamp(min=1)
-        torch.testing.assert_close(a / s, b / s, **TOL[dtype])
+        torch.testing.assert_close(a / s, b / s, **tol(TOL, dtype, device))
 
 
 def test_dense_matrix_is_toeplitz_with_the_right_lags():
@@ -45,20 +50,22 @@ def test_dense_matrix_is_toeplitz_with_the_right_lags():
     assert toeplitz_dense(pos)[0].tolist() == [[1, 0, 0], [2, 1, 0], [3, 2, 1]]
 
 
-def test_causal_output_ignores_the_future():
-    x, pos, _ = _inputs(50, 4, torch.float64, True, b=1)
+def test_causal_output_ignores_the_future(device):
+    x, pos, _ = _inputs(50, 4, torch.float64, True, b=1, device=device)
     y = toeplitz_fft(x, pos)
     jac = torch.autograd.grad(y[0, 20].sum(), x)[0][0]  # (n, d)
+    assert_on(device, y, jac)
     assert jac[21:].abs().max() == 0 or jac[21:].abs().max() < 1e-12
     assert jac[:21].abs().max() > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_inputs_use_fp32_ffts(dtype):
-    x, pos, neg = _inputs(300, 8, torch.float32, False)
+def test_half_inputs_use_fp32_ffts(dtype, device):
+    x, pos, neg = _inputs(300, 8, torch.float32, False, device=device)
     ref = toeplitz_ref(x.double(), pos.double(), neg.double())
     y = toeplitz_fft(x.to(dtype), pos.to(dtype), neg.to(dtype))
     assert y.dtype == dtype
+    assert_on(device, y, ref)
     # error is the rounding of inputs and output to half precision, not of the FFT
     rel = ((y.double() - ref).norm() / ref.norm()).item()
     assert rel < 2e-2
@@ -92,8 +99,8 @@ def test_bad_shapes_are_refused():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 513])
-def test_channel_major_matches_dense_forward_and_gradients(n, causal, dtype):
-    x, pos, neg = _inputs(n, 3, dtype, causal)
+def test_channel_major_matches_dense_forward_and_gradients(n, causal, dtype, device):
+    x, pos, neg = _inputs(n, 3, dtype, causal, device=device)
     xt = x.detach().permute(2, 0, 1).contiguous().requires_grad_(True)  # (d, b, n)
     post = pos.detach().t().contiguous().requires_grad_(True)  # (d, n)
     negt = None if neg is None else neg.detach().t().contiguous().requires_grad_(True)
@@ -101,10 +108,11 @@ def test_channel_major_matches_dense_forward_and_gradients(n, causal, dtype):
     y_fast = toeplitz_fft(xt, post, negt, layout="dbn")
     y_ref = toeplitz_ref(xt, post, negt, layout="dbn")
     assert y_fast.shape == xt.shape
+    assert_on(device, y_fast, y_ref)
     scale = y_ref.abs().max().clamp(min=1)
-    torch.testing.assert_close(y_fast / scale, y_ref / scale, **TOL[dtype])
+    torch.testing.assert_close(y_fast / scale, y_ref / scale, **tol(TOL, dtype, device))
     # the same operator as the default layout
-    torch.testing.assert_close(y_fast.permute(1, 2, 0), toeplitz_fft(x, pos, neg).detach(), **TOL[dtype])
+    torch.testing.assert_close(y_fast.permute(1, 2, 0), toeplitz_fft(x, pos, neg).detach(), **tol(TOL, dtype, device))
     grad_out = torch.randn_like(y_ref)
     g_fast = torch.autograd.grad(y_fast, leaves, grad_out)
     g_ref = torch.autograd.grad(y_ref, leaves, grad_out)
@@ -112,38 +120,43 @@ def test_channel_major_matches_dense_forward_and_gradients(n, causal, dtype):
         if b.numel() == 0:
             continue
         s = b.abs().max().clamp(min=1)
-        torch.testing.assert_close(a / s, b / s, **TOL[dtype])
+        torch.testing.assert_close(a / s, b / s, **tol(TOL, dtype, device))
 
 
-def test_channel_major_takes_extra_batch_dims():
+def test_channel_major_takes_extra_batch_dims(device):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 2, 4, 10, generator=g, dtype=torch.float64)  # (d, b1, b2, n)
     pos, neg = torch.randn(3, 10, generator=g, dtype=torch.float64), torch.randn(3, 9, generator=g, dtype=torch.float64)
-    torch.testing.assert_close(toeplitz_fft(x, pos, neg, layout="dbn"), toeplitz_ref(x, pos, neg, layout="dbn"))
+    x, pos, neg = on(device, x, pos, neg)
+    y = toeplitz_fft(x, pos, neg, layout="dbn")
+    assert_on(device, y)
+    torch.testing.assert_close(y, toeplitz_ref(x, pos, neg, layout="dbn"))
 
 
 @pytest.mark.parametrize("size,length", sorted({(size, length) for size in (8, 9, 16) for length in (1, 4, 8, size)}))
-def test_kernel_rfft_backward_is_torchs(size, length):
+def test_kernel_rfft_backward_is_torchs(size, length, device):
     """The hand-written rfft backward (one real inverse FFT) equals torch's generic one, for kernels from one
     tap to the full FFT size (a kernel is never longer than the FFT it is zero-padded to)."""
     from fairseq_tnn.ops.toeplitz import KernelRfft
-    k = torch.randn(3, length, dtype=torch.float64, requires_grad=True)
-    cot = torch.randn(3, size // 2 + 1, dtype=torch.complex128)
+    k = torch.randn(3, length, dtype=torch.float64, device=device, requires_grad=True)
+    cot = torch.randn(3, size // 2 + 1, dtype=torch.complex128, device=device)
     (g_fast,) = torch.autograd.grad(KernelRfft.apply(k, size), k, cot)
     (g_ref,) = torch.autograd.grad(torch.fft.rfft(k, n=size), k, cot)
+    assert_on(device, g_fast)
     torch.testing.assert_close(g_fast, g_ref, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(lambda t: torch.view_as_real(KernelRfft.apply(t, size)), (k,))
 
 
 @pytest.mark.parametrize("size", [8, 9, 16])
-def test_spectral_conv_backward_is_torchs(size):
+def test_spectral_conv_backward_is_torchs(size, device):
     """SpectralConv's gradients (input, and the complex spectrum in torch's convention) equal autograd's."""
     from fairseq_tnn.ops.toeplitz import SpectralConv
     n = 5
-    x = torch.randn(3, 2, n, dtype=torch.float64, requires_grad=True)
-    spec = torch.randn(3, 1, size // 2 + 1, dtype=torch.complex128, requires_grad=True)
-    cot = torch.randn(3, 2, n, dtype=torch.float64)
+    x = torch.randn(3, 2, n, dtype=torch.float64, device=device, requires_grad=True)
+    spec = torch.randn(3, 1, size // 2 + 1, dtype=torch.complex128, device=device, requires_grad=True)
+    cot = torch.randn(3, 2, n, dtype=torch.float64, device=device)
     y = SpectralConv.apply(x, spec, size)
+    assert_on(device, y)
     y_ref = torch.fft.irfft(torch.fft.rfft(x, n=size) * spec, n=size)[..., :n]
     torch.testing.assert_close(y, y_ref)
     for a, b in zip(torch.autograd.grad(y, (x, spec), cot), torch.autograd.grad(y_ref, (x, spec), cot)):
