@@ -1,7 +1,11 @@
-"""SKI-TNO ops: fast path against the dense reference, interpolation, f, and Theorem 1."""
+"""SKI-TNO ops: fast path against the dense reference, interpolation, f, and Theorem 1. The fast paths
+against their references run on every device (the `device` fixture: CPU, and CUDA where present); the
+interpolation, f, Theorem 1 and the errors on CPU only."""
 
 import pytest
 import torch
+
+from conftest import assert_on, on, tol
 
 from fairseq_tnn.ops.ski import (
     inducing_points,
@@ -39,30 +43,31 @@ def assert_close_rel(actual, expected, tol):
     assert err <= tol * scale, f"max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
 
 
-def make_inputs(n, r, m, dtype, d=3, b=2, seed=0):
+def make_inputs(n, r, m, dtype, d=3, b=2, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(b, n, d, generator=g, dtype=torch.float64).to(dtype)
     conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
     knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
-    return x, conv_weight, knots
+    return on(device, x, conv_weight, knots)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,r,m", CASES)
-def test_ski_tno_matches_ref(n, r, m, dtype):
-    assert_matches_reference(ski_tno, ski_tno_ref, make_inputs(n, r, m, dtype), TOL[dtype])
+def test_ski_tno_matches_ref(n, r, m, dtype, device):
+    assert_matches_reference(ski_tno, ski_tno_ref, make_inputs(n, r, m, dtype, device=device), tol(TOL, dtype, device))
 
 
 def assert_matches_reference(fast, reference, inputs, tol):
     """fast(x, conv_weight, knots) equals reference(...): the output and the gradients of all three."""
     inputs = [t.requires_grad_(True) for t in inputs]
     x = inputs[0]
-    g = torch.randn(x.shape, dtype=x.dtype)
+    g = torch.randn(x.shape, dtype=x.dtype, device=x.device)
     y = fast(*inputs, lam=0.9)
     grads = torch.autograd.grad(y, inputs, g)
     y_ref = reference(*inputs, lam=0.9)
     grads_ref = torch.autograd.grad(y_ref, inputs, g)
     assert y.dtype == x.dtype and y.shape == x.shape
+    assert_on(x.device, y, y_ref, *grads)
     assert_close_rel(y, y_ref, tol)
     for name, a, b in zip(("x", "conv_weight", "knots"), grads, grads_ref):
         assert a.shape == b.shape, name
@@ -81,12 +86,13 @@ def test_sparse_tap_convention():
     assert torch.equal(y, torch.tensor([0, 0, 5, 4, 3, 2, 1, 0, 0.0]))
 
 
-def test_bf16_input():
-    x, conv_weight, knots = make_inputs(256, 16, 17, torch.float32)
+def test_bf16_input(device):
+    x, conv_weight, knots = make_inputs(256, 16, 17, torch.float32, device=device)
     x16 = x.to(torch.bfloat16)
     y16 = ski_tno(x16, conv_weight, knots, lam=0.99)
     y32 = ski_tno(x16.float(), conv_weight, knots, lam=0.99)
     assert y16.dtype == torch.bfloat16
+    assert_on(device, y16, y32)
     # Computed in float32 on the same input; only the output rounding (2^-9 relative) differs.
     assert_close_rel(y16.float(), y32, 2.0**-8)
 
@@ -265,22 +271,23 @@ def test_bad_lam(lam):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,r,m", [(1, 4, 3), (5, 8, 3), (31, 4, 17), (100, 7, 1), (512, 32, 17)])
-def test_channel_major_matches_ref(n, r, m, dtype):
-    x, conv_weight, knots = make_inputs(n, r, m, dtype)
+def test_channel_major_matches_ref(n, r, m, dtype, device):
+    x, conv_weight, knots = make_inputs(n, r, m, dtype, device=device)
     xt = x.permute(2, 0, 1).contiguous()  # (d, b, n)
     inputs = [t.requires_grad_(True) for t in (xt, conv_weight, knots)]
-    g = torch.randn(xt.shape, dtype=dtype)
+    g = torch.randn(xt.shape, dtype=dtype, device=device)
     y = ski_tno(*inputs, lam=0.9, layout="dbn")
     y_ref = ski_tno_ref(*inputs, lam=0.9, layout="dbn")
     assert y.shape == xt.shape
-    assert_close_rel(y, y_ref, TOL[dtype])
-    assert_close_rel(y.permute(1, 2, 0), ski_tno(x, conv_weight, knots, lam=0.9), TOL[dtype])
+    assert_on(device, y, y_ref)
+    assert_close_rel(y, y_ref, tol(TOL, dtype, device))
+    assert_close_rel(y.permute(1, 2, 0), ski_tno(x, conv_weight, knots, lam=0.9), tol(TOL, dtype, device))
     for a, b in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(y_ref, inputs, g)):
-        assert_close_rel(a, b, TOL[dtype])
+        assert_close_rel(a, b, tol(TOL, dtype, device))
 
 
 @pytest.mark.parametrize("n,m,block", [(1, 17, 32), (7, 5, 4), (32, 17, 32), (33, 17, 32), (100, 3, 8), (96, 31, 16)])
-def test_band_conv_is_torchs_depthwise_conv(n, m, block):
+def test_band_conv_is_torchs_depthwise_conv(n, m, block, device):
     """The blocked-GEMM band equals F.conv1d (centred taps, zero padding), forward and gradients,
     for lengths that are and are not multiples of the block and taps wider than the sequence."""
     import torch.nn.functional as F
@@ -289,9 +296,11 @@ def test_band_conv_is_torchs_depthwise_conv(n, m, block):
     g = torch.Generator().manual_seed(3)
     x = torch.randn(4, 3, n, generator=g, dtype=torch.float64, requires_grad=True)  # (d, R, n)
     w = torch.randn(4, m, generator=g, dtype=torch.float64, requires_grad=True)
+    x, w = on(device, x, w)
     y = band_conv(x, w, block=block)
+    assert_on(device, y)
     y_ref = F.conv1d(x.transpose(0, 1), w[:, None, :], padding=(m - 1) // 2, groups=4).transpose(0, 1)
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
-    cot = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    cot = torch.randn(y.shape, generator=g, dtype=torch.float64).to(device)
     for a, b in zip(torch.autograd.grad(y, (x, w), cot), torch.autograd.grad(y_ref, (x, w), cot)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
