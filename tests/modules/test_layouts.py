@@ -1,8 +1,10 @@
 """The TNO modules in both layouts; the operator a spectral TNO applies is the Toeplitz matrix of the
 kernel it reports (the dense reference of tests/ops); the TNN layer's channel-major path against the
-plain formula."""
+plain formula. Every test on every device (the `device` fixture: CPU, and CUDA where present)."""
 import pytest
 import torch
+
+from conftest import assert_on
 
 from fairseq_tnn.modules import Gtu, SpectralTno, build_tno
 from fairseq_tnn.ops.toeplitz import toeplitz_ref
@@ -11,19 +13,21 @@ CASES = [("tnn", True), ("tnn", False), ("fd", True), ("fd", False), ("ski", Fal
 SPECTRAL = [c for c in CASES if c[0] != "ski"]
 
 
-def small_tno(tno_type, dim, causal, **settings):
+def small_tno(tno_type, dim, causal, device="cpu", **settings):
+    """A small float64 TNO on device (initialised on CPU, so that every device gets the same parameters)."""
     base = dict(ski_rank=4, ski_taps=5) if tno_type == "ski" else dict(rpe_dim=8, rpe_layers=2)
-    return build_tno(tno_type, dim, causal, **{**base, **settings}).double()
+    return build_tno(tno_type, dim, causal, **{**base, **settings}).double().to(device)
 
 
 @pytest.mark.parametrize("tno_type,causal", CASES)
 @pytest.mark.parametrize("n", [1, 9, 64])
-def test_tno_layouts_agree(tno_type, causal, n):
+def test_tno_layouts_agree(tno_type, causal, n, device):
     torch.manual_seed(0)
-    tno = small_tno(tno_type, 6, causal)
-    x = torch.randn(2, n, 6, dtype=torch.float64, requires_grad=True)
+    tno = small_tno(tno_type, 6, causal, device)
+    x = torch.randn(2, n, 6, dtype=torch.float64, device=device, requires_grad=True)
     xt = x.detach().permute(2, 0, 1).contiguous().requires_grad_(True)
     y, yt = tno(x), tno(xt, layout="dbn")
+    assert_on(device, y, yt)
     torch.testing.assert_close(yt.permute(1, 2, 0), y, rtol=1e-10, atol=1e-10)
     g = torch.randn_like(y)
     params = list(tno.parameters())
@@ -34,29 +38,31 @@ def test_tno_layouts_agree(tno_type, causal, n):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def test_tnn_kernel_matches_the_rpe_times_decay():
+def test_tnn_kernel_matches_the_rpe_times_decay(device):
     """The channel-major kernel (decay folded into the RPE's last GEMM) is RPE(lag) * lambda^|lag|."""
     torch.manual_seed(0)
-    tno = small_tno("tnn", 5, False, decay=0.9)
+    tno = small_tno("tnn", 5, False, device, decay=0.9)
     n = 7
-    pos, neg = tno.kernel(n)  # (d, n), (d, n - 1)
-    lags = torch.arange(n, dtype=torch.float64)
+    pos, neg = tno.kernel(n, device)  # (d, n), (d, n - 1)
+    assert_on(device, pos, neg)
+    lags = torch.arange(n, dtype=torch.float64, device=device)
     torch.testing.assert_close(pos, (tno.rpe(lags) * 0.9 ** lags[:, None]).t())
     torch.testing.assert_close(neg, (tno.rpe(-lags[1:]) * 0.9 ** lags[1:, None]).t())
 
 
 @pytest.mark.parametrize("tno_type,causal", SPECTRAL)
 @pytest.mark.parametrize("n", [1, 2, 17, 64])
-def test_forward_is_the_dense_toeplitz_product_of_its_kernel(tno_type, causal, n):
+def test_forward_is_the_dense_toeplitz_product_of_its_kernel(tno_type, causal, n, device):
     """What the model runs (spectrum -> FFT product) equals the dense Toeplitz matrix of ``kernel(n)``,
     forward and every gradient (the input's and the RPE's): the kernel that incremental decoding and
     scripts/plot_kernels.py use is the operator the layer applies."""
     torch.manual_seed(0)
-    tno = small_tno(tno_type, 5, causal)
+    tno = small_tno(tno_type, 5, causal, device)
     assert isinstance(tno, SpectralTno)
-    x = torch.randn(5, 3, n, dtype=torch.float64, requires_grad=True)  # (d, batch, n)
+    x = torch.randn(5, 3, n, dtype=torch.float64, device=device, requires_grad=True)  # (d, batch, n)
     y = tno(x, layout="dbn")
-    pos, neg = tno.kernel(n)
+    pos, neg = tno.kernel(n, device)
+    assert_on(device, y, pos, neg)
     assert pos.shape == (5, n) and (neg is None) == causal
     ref = toeplitz_ref(x, pos, neg, layout="dbn")
     torch.testing.assert_close(y, ref, rtol=1e-9, atol=1e-10)
@@ -66,13 +72,14 @@ def test_forward_is_the_dense_toeplitz_product_of_its_kernel(tno_type, causal, n
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 
 
-def test_fd_planned_kernel_length_is_the_kernel_of_that_length():
+def test_fd_planned_kernel_length_is_the_kernel_of_that_length(device):
     """With ``kernel_length`` set (a planned generation), FD applies the kernel of that many positions."""
     torch.manual_seed(0)
-    tno = small_tno("fd", 4, True)
-    x = torch.randn(4, 2, 10, dtype=torch.float64)
+    tno = small_tno("fd", 4, True, device)
+    x = torch.randn(4, 2, 10, dtype=torch.float64, device=device)
     tno.kernel_length = 40
-    pos, _ = tno.kernel(40)
+    pos, _ = tno.kernel(40, device)
+    assert_on(device, pos, tno(x, layout="dbn"))
     torch.testing.assert_close(tno(x, layout="dbn"), toeplitz_ref(x, pos[:, :10], None, layout="dbn"))
     tno.kernel_length = None
     assert (tno(x, layout="dbn") - toeplitz_ref(x, pos[:, :10], None, layout="dbn")).abs().max() > 1e-6
@@ -80,18 +87,19 @@ def test_fd_planned_kernel_length_is_the_kernel_of_that_length():
 
 @pytest.mark.parametrize("tno_type,causal", CASES)
 @pytest.mark.parametrize("padded", [False, True])
-def test_gtu_channel_major_path_is_the_plain_formula(tno_type, causal, padded):
+def test_gtu_channel_major_path_is_the_plain_formula(tno_type, causal, padded, device):
     """out = W_o(silu(W_u x) * TNO(silu(W_v x))), with v zeroed at padded positions."""
     torch.manual_seed(0)
     d, d1, b, n = 8, 12, 3, 20
     tno = small_tno(tno_type, d1, causal)
-    gtu = Gtu(d, d1, tno).double()
-    x = torch.randn(b, n, d, dtype=torch.float64, requires_grad=True)
+    gtu = Gtu(d, d1, tno).double().to(device)
+    x = torch.randn(b, n, d, dtype=torch.float64, device=device, requires_grad=True)
     pad = None
     if padded:
-        pad = torch.zeros(b, n, dtype=torch.bool)
+        pad = torch.zeros(b, n, dtype=torch.bool, device=device)
         pad[0, 15:] = True
     out = gtu(x, pad)
+    assert_on(device, out)
     u, v = torch.nn.functional.silu(gtu.uv_proj(x)).chunk(2, dim=-1)
     if pad is not None:
         v = v.masked_fill(pad.unsqueeze(-1), 0.0)

@@ -1,8 +1,15 @@
 """Mixed precision: every TNO trains under bf16 and fp16 autocast (forward and the hand-written
-backwards), positions stay exact, and training through fairseq-train with --bf16-autocast works."""
+backwards), positions stay exact, and training through fairseq-train with --bf16-autocast works.
+
+The autocast tests run on every device (the `device` fixture: CPU, and CUDA where present), each under
+that device's autocast (torch.autocast(device)) in both bf16 and fp16: CPU autocast takes fp16 as well
+since torch 2.4. Their tolerances are set by the 8- and 11-bit significands, the same on either device.
+The refusal of fp16 weights and the fairseq-train run are CPU only (tests/gpu trains on CUDA)."""
 
 import pytest
 import torch
+
+from conftest import assert_on
 
 from fairseq_tnn.modules.rpe import Rpe
 from fairseq_tnn.modules.tno import build_tno
@@ -16,21 +23,22 @@ def rel(a, b):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("tno,causal", KINDS)
-def test_tno_trains_under_autocast(tno, causal, dtype):
+def test_tno_trains_under_autocast(tno, causal, dtype, device):
     """Forward and backward under autocast (fp32 parameters, as in mixed-precision training) agree
     with fp32 to the precision of the low-precision projections; every gradient is finite."""
     torch.manual_seed(0)
-    op = build_tno(tno, 48, causal)
-    x = torch.randn(2, 300, 48)
-    g = torch.randn(2, 300, 48)
+    op = build_tno(tno, 48, causal).to(device)
+    x = torch.randn(2, 300, 48).to(device)
+    g = torch.randn(2, 300, 48).to(device)
     ref_x = x.clone().requires_grad_()
     (op(ref_x, layout="bnd") * g).sum().backward()
     ref_grads = [p.grad.clone() for p in op.parameters()]
     op.zero_grad()
     low_x = x.clone().requires_grad_()
-    with torch.autocast("cpu", dtype=dtype):
+    with torch.autocast(device, dtype=dtype):
         y = op(low_x, layout="bnd")
     (y.float() * g).sum().backward()
+    assert_on(device, y, low_x.grad)
     assert rel(y, op(x)) < 3e-2
     assert rel(low_x.grad, ref_x.grad) < 3e-2
     for p, ref in zip(op.parameters(), ref_grads):
@@ -39,14 +47,15 @@ def test_tno_trains_under_autocast(tno, causal, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_rpe_positions_stay_distinct_under_autocast(dtype):
+def test_rpe_positions_stay_distinct_under_autocast(dtype, device):
     """The RPE's first projection runs in fp32 even under autocast: bf16 cannot tell lag 1000 from
     1001 (8-bit significand), fp16 not 3000 from 3001, so a low-precision projection would merge them."""
     torch.manual_seed(0)
-    rpe = Rpe(8, hidden=16, layers=1)
-    lags = torch.tensor([1000.0, 1001.0, 3000.0, 3001.0])
-    with torch.autocast("cpu", dtype=dtype):
+    rpe = Rpe(8, hidden=16, layers=1).to(device)
+    lags = torch.tensor([1000.0, 1001.0, 3000.0, 3001.0], device=device)
+    with torch.autocast(device, dtype=dtype):
         h = rpe.features(lags)
+    assert_on(device, h)
     assert not torch.equal(h[0], h[1]) and not torch.equal(h[2], h[3])
     ref = rpe.features(lags)
     assert rel(h, ref) < 3e-2

@@ -1,9 +1,12 @@
 """What each TNO keeps for its backward: its input, in the input's own dtype, and nothing else of the
 activations' size (benchmarks/memory.py found the rfft of the input, 4x an fp16 input, held over a quarter of
 a TNN layer's activation memory, an fp32 copy in SKI's band, and both parts of FD's spectrum kept by
-torch.complex)."""
+torch.complex). On every device (the `device` fixture: CPU, and CUDA where present): what autograd saves is
+counted through saved_tensors_hooks, which see CUDA tensors as they see CPU ones."""
 import pytest
 import torch
+
+from conftest import assert_on
 
 from fairseq_tnn.modules import build_tno
 
@@ -31,14 +34,15 @@ def _saved_by_tno(tno, x):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind,causal", KINDS)
-def test_a_tno_keeps_its_input_and_little_else_that_grows_with_the_batch(kind, causal, dtype):
+def test_a_tno_keeps_its_input_and_little_else_that_grows_with_the_batch(kind, causal, dtype, device):
     torch.manual_seed(0)
     d, n, batches = 8, 256, (4, 8)
-    tno = build_tno(kind, d, causal)
+    tno = build_tno(kind, d, causal).to(device)
     other = []
     for b in batches:
-        x = torch.randn(d, b, n, dtype=dtype, requires_grad=True)
+        x = torch.randn(d, b, n, dtype=dtype, device=device, requires_grad=True)
         y, saved = _saved_by_tno(tno, x)
+        assert_on(device, y)
         assert saved.pop(x.untyped_storage()._cdata) == (x.nbytes, dtype)  # x itself, not a copy
         other.append(sum(nbytes for nbytes, _ in saved.values()))
         assert y.dtype == dtype
@@ -51,11 +55,12 @@ def test_a_tno_keeps_its_input_and_little_else_that_grows_with_the_batch(kind, c
         assert growth == 0
 
 
-def test_the_fft_product_returns_a_compact_output():
+def test_the_fft_product_returns_a_compact_output(device):
     """The output is not a view of the size-long irfft buffer, which an operator saving it would keep whole."""
     from fairseq_tnn.ops.toeplitz import fft_conv, next_fast_len
     n = 40
     size = next_fast_len(2 * n - 1)
-    x = torch.randn(4, 3, n)
-    y = fft_conv(x, torch.randn(4, size // 2 + 1, dtype=torch.complex64), size, layout="dbn")
+    x = torch.randn(4, 3, n, device=device)
+    y = fft_conv(x, torch.randn(4, size // 2 + 1, dtype=torch.complex64, device=device), size, layout="dbn")
+    assert_on(device, y)
     assert y.is_contiguous() and y.untyped_storage().nbytes() == y.nbytes

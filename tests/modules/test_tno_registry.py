@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
+from conftest import assert_on
 from fairseq_tnn.modules.tno import TNO_TYPES, FdTno, SkiTno, SpectralTno, TnnTno, build_tno, register_tno, tno_settings
 from fairseq_tnn.modules.tno.base import TnoSettings, require
 from fairseq_tnn.ops.toeplitz import kernel_spectrum, next_fast_len, toeplitz_ref
@@ -80,11 +81,14 @@ def toy_registered():
     del TNO_TYPES["toy"]
 
 
-def test_a_new_type_is_one_class_and_one_registration(toy_registered):
-    tno = build_tno("toy", 3, False, toy_decay=0.25)
-    x = torch.randn(2, 6, 3, dtype=torch.float64)
-    pos, neg = tno.kernel(6)
-    torch.testing.assert_close(tno(x), toeplitz_ref(x, pos.t(), neg.t()))
+def test_a_new_type_is_one_class_and_one_registration(toy_registered, device):
+    """On every device (the `device` fixture); the other tests of this file check settings: CPU only."""
+    tno = build_tno("toy", 3, False, toy_decay=0.25).to(device)
+    x = torch.randn(2, 6, 3, dtype=torch.float64, device=device)
+    pos, neg = tno.kernel(6, device)
+    y = tno(x)
+    assert_on(device, y, pos, neg)
+    torch.testing.assert_close(y, toeplitz_ref(x, pos.t(), neg.t()))
     with pytest.raises(ValueError, match=r"--toy-decay=2.0 is invalid: must be in \(0, 1\)"):
         build_tno("toy", 3, True, toy_decay=2.0)
     with pytest.raises(ValueError, match="registered twice"):

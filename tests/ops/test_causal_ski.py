@@ -26,7 +26,8 @@ def make_inputs(n, r, m, dtype, **sizes):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n,r,m", CASES)
 def test_causal_ski_matches_dense_reference(impl, n, r, m, dtype, device):
-    assert_matches_reference(impl, ski_causal_tno_ref, make_inputs(n, r, m, dtype, device=device), tol(TOL, dtype, device))
+    inputs = make_inputs(n, r, m, dtype, device=device)
+    assert_matches_reference(impl, ski_causal_tno_ref, inputs, tol(TOL, dtype, device))
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda f: f.__name__)

@@ -62,7 +62,8 @@ def test_lag_function_spectrum_is_the_kernel_spectrum(causal, n, device):
 @pytest.mark.parametrize("n,size", [(1, 1), (4, 7), (4, 8), (30, 60), (30, 81)])
 def test_spectrum_kernel_inverts_kernel_spectrum(n, size, device):
     torch.manual_seed(1)
-    pos, neg = torch.randn(4, n, dtype=torch.float64, device=device), torch.randn(4, n - 1, dtype=torch.float64, device=device)
+    pos = torch.randn(4, n, dtype=torch.float64, device=device)
+    neg = torch.randn(4, n - 1, dtype=torch.float64, device=device)
     got_pos, got_neg = spectrum_kernel(kernel_spectrum(pos, neg, size, layout="dbn"), size, n)
     assert_on(device, got_pos, got_neg)
     torch.testing.assert_close(got_pos, pos)
