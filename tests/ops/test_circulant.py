@@ -5,7 +5,7 @@ present), but for the refusal of a too small circulant (CPU only)."""
 import pytest
 import torch
 
-from conftest import assert_on
+from conftest import assert_on, on
 
 from fairseq_tnn.ops.toeplitz import (circulant_column, circulant_lags, fft_conv, kernel_spectrum, lag_function_spectrum,
                                       next_fast_len, spectrum_kernel, toeplitz_ref)
@@ -40,8 +40,8 @@ def test_circulant_lags_are_the_circulant_column(n, size, device):
 def test_lag_function_spectrum_is_the_kernel_spectrum(causal, n, device):
     torch.manual_seed(0)
     d = 3
-    pos = torch.randn(d, n, dtype=torch.float64, device=device, requires_grad=True)
-    neg = None if causal else torch.randn(d, n - 1, dtype=torch.float64, device=device, requires_grad=True)
+    pos = on(device, torch.randn(d, n, dtype=torch.float64, requires_grad=True))
+    neg = None if causal else on(device, torch.randn(d, n - 1, dtype=torch.float64, requires_grad=True))
     size = next_fast_len(2 * n - 1)
     fn = table_function(pos, neg if neg is not None else pos.new_zeros(d, n - 1))
     got = lag_function_spectrum(fn, n, size, causal, device)
@@ -49,7 +49,7 @@ def test_lag_function_spectrum_is_the_kernel_spectrum(causal, n, device):
     assert_on(device, got, want)
     torch.testing.assert_close(got, want)
     # the product it gives is the dense Toeplitz product, and so are the gradients through it
-    x = torch.randn(d, 2, n, dtype=torch.float64, device=device, requires_grad=True)
+    x = on(device, torch.randn(d, 2, n, dtype=torch.float64, requires_grad=True))
     y = fft_conv(x, got, size, layout="dbn")
     ref = toeplitz_ref(x, pos, neg, layout="dbn")
     torch.testing.assert_close(y, ref)
@@ -62,8 +62,7 @@ def test_lag_function_spectrum_is_the_kernel_spectrum(causal, n, device):
 @pytest.mark.parametrize("n,size", [(1, 1), (4, 7), (4, 8), (30, 60), (30, 81)])
 def test_spectrum_kernel_inverts_kernel_spectrum(n, size, device):
     torch.manual_seed(1)
-    pos = torch.randn(4, n, dtype=torch.float64, device=device)
-    neg = torch.randn(4, n - 1, dtype=torch.float64, device=device)
+    pos, neg = on(device, torch.randn(4, n, dtype=torch.float64), torch.randn(4, n - 1, dtype=torch.float64))
     got_pos, got_neg = spectrum_kernel(kernel_spectrum(pos, neg, size, layout="dbn"), size, n)
     assert_on(device, got_pos, got_neg)
     torch.testing.assert_close(got_pos, pos)

@@ -138,8 +138,8 @@ def test_kernel_rfft_backward_is_torchs(size, length, device):
     """The hand-written rfft backward (one real inverse FFT) equals torch's generic one, for kernels from one
     tap to the full FFT size (a kernel is never longer than the FFT it is zero-padded to)."""
     from fairseq_tnn.ops.toeplitz import KernelRfft
-    k = torch.randn(3, length, dtype=torch.float64, device=device, requires_grad=True)
-    cot = torch.randn(3, size // 2 + 1, dtype=torch.complex128, device=device)
+    k, cot = on(device, torch.randn(3, length, dtype=torch.float64, requires_grad=True),
+                torch.randn(3, size // 2 + 1, dtype=torch.complex128))
     (g_fast,) = torch.autograd.grad(KernelRfft.apply(k, size), k, cot)
     (g_ref,) = torch.autograd.grad(torch.fft.rfft(k, n=size), k, cot)
     assert_on(device, g_fast)
@@ -152,9 +152,9 @@ def test_spectral_conv_backward_is_torchs(size, device):
     """SpectralConv's gradients (input, and the complex spectrum in torch's convention) equal autograd's."""
     from fairseq_tnn.ops.toeplitz import SpectralConv
     n = 5
-    x = torch.randn(3, 2, n, dtype=torch.float64, device=device, requires_grad=True)
-    spec = torch.randn(3, 1, size // 2 + 1, dtype=torch.complex128, device=device, requires_grad=True)
-    cot = torch.randn(3, 2, n, dtype=torch.float64, device=device)
+    x, spec, cot = on(device, torch.randn(3, 2, n, dtype=torch.float64, requires_grad=True),
+                      torch.randn(3, 1, size // 2 + 1, dtype=torch.complex128, requires_grad=True),
+                      torch.randn(3, 2, n, dtype=torch.float64))
     y = SpectralConv.apply(x, spec, size)
     assert_on(device, y)
     y_ref = torch.fft.irfft(torch.fft.rfft(x, n=size) * spec, n=size)[..., :n]
