@@ -9,7 +9,7 @@ The kernels are computed by the model's own TNO modules (fairseq_tnn/modules/tno
   tnn  TnnTno.kernel(n): the RPE MLP of the lag times lambda^|t|, the coefficients its forward applies
   fd   FdTno.kernel(n): the inverse FFT of its spectrum (RPE MLP of the frequency; Hilbert transform when causal)
   ski  SkiTno's two parts from fairseq_tnn/ops/ski.py: the band (its conv_weight taps) and the low-rank
-       W A W^T (ski_lowrank_dense of its knots); the operator is their sum. SKI's low-rank part is only
+       W A W^T (ski_lowrank_dense of the f its knots give at the length, SkiTno.lowrank_knots); the operator is their sum. SKI's low-rank part is only
        approximately Toeplitz, so its "impulse response" is the column of the middle position.
 For every layer (PNG layer<L>.png) and every channel in --channels: the impulse response against the lag (both
 directions for a bidirectional model), the magnitude and the phase of the frequency response on [0, pi], and the
@@ -130,7 +130,9 @@ def layer_kernels(tno, n: int, channels):
         else:
             from fairseq_tnn.ops.ski import _band_dense, ski_lowrank_dense
             band = _band_dense(n, tno.conv_weight[ch].double())
-            lowrank = ski_lowrank_dense(n, tno.knots[:, ch].double(), tno.decay)
+            knots = tno.lowrank_knots(n)  # f at length n (--ski-lowrank); None: the band alone
+            lowrank = (ski_lowrank_dense(n, knots[:, ch].double(), tno.decay) if knots is not None
+                       else torch.zeros_like(band))
             matrix = band + lowrank
             mid = (n - 1) // 2
             impulse = torch.full((len(ch), 2 * n - 1), float("nan"), dtype=torch.float64)

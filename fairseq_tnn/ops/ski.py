@@ -34,7 +34,7 @@ Computation is in float32 (float64 for float64 input); the output is cast to
 ``x.dtype``.
 """
 import functools
-from typing import Callable, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -271,13 +271,13 @@ def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOC
     return y[..., :n] if pad else y
 
 
-def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: float,
+def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor], lam: float,
             layout: str = "bnd") -> torch.Tensor:
     """SKI-TNO: y = Band x + W A W^T x per channel (see the module docstring).
 
     x: (b, n, d) (``layout="dbn"``: (d, *batch, n)); conv_weight: (d, m), m odd;
-    knots: (2r, d), r >= 2; 0 < lam < 1. Returns x's shape in x.dtype; computes
-    in float32 (float64 for float64 x).
+    knots: (2r, d), r >= 2, or None for the band alone; 0 < lam < 1. Returns x's
+    shape in x.dtype; computes in float32 (float64 for float64 x).
 
     Everything runs channel-major ((d, batch, n), the layout the TNN layer
     produces, so ``dbn`` needs no copies): the band by batched GEMMs over
@@ -309,15 +309,23 @@ def _ski_tno(x, conv_weight, knots, lam, layout):
     xd = xd.reshape(d, -1, n)  # (d, R, n), R = batch
     rows = xd.shape[1]
     y = band_conv(xd, conv_weight.to(ct))  # (d, R, n) in ct; its backward keeps x in x's dtype
-    r = knots.shape[0] // 2
-    pos, neg = ski_kernel(n, knots.to(ct), lam)  # (r_eff, d), (r_eff - 1, d)
-    w = _interp_matrix_cached(n, r, x.device, ct)  # (n, r_eff)
-    z = torch.mm(xd.reshape(d * rows, n).to(ct), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
-    az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r)
-    y = y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
+    if knots is not None:
+        y = _add_lowrank(y, xd, knots.to(ct), lam)
     if layout == "bnd":
         return y.view(d, x.shape[0], n).permute(1, 2, 0).to(x.dtype)
     return y.view(x.shape).to(x.dtype)
+
+
+def _add_lowrank(y, xd, knots, lam):
+    """y + W A W^T x, channel-major y and xd (d, R, n); knots in y's dtype."""
+    d, rows, n = xd.shape
+    ct = y.dtype
+    r = knots.shape[0] // 2
+    pos, neg = ski_kernel(n, knots, lam)  # (r_eff, d), (r_eff - 1, d)
+    w = _interp_matrix_cached(n, r, xd.device, ct)  # (n, r_eff)
+    z = torch.mm(xd.reshape(d * rows, n).to(ct), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
+    az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r)
+    return y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
 
 
 # ----------------------------------------------------------------------------
@@ -382,20 +390,22 @@ def _band_dense(n: int, conv_weight: torch.Tensor) -> torch.Tensor:
     return band
 
 
-def ski_tno_ref(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: float,
+def ski_tno_ref(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor], lam: float,
                 layout: str = "bnd") -> torch.Tensor:
     """Dense reference for ``ski_tno``: y = (Band + W A W^T) x per channel, O(n^2 d)."""
     check_layout(layout)
     _check(x, conv_weight, knots, lam, layout)
     ct = fft_dtype(x)
     n, _ = seq_shape(x, layout)
-    t = _band_dense(n, conv_weight.to(ct)) + ski_lowrank_dense(n, knots.to(ct), lam)  # (d, n, n)
+    t = _band_dense(n, conv_weight.to(ct))  # (d, n, n)
+    if knots is not None:
+        t = t + ski_lowrank_dense(n, knots.to(ct), lam)
     if layout == "dbn":
         return torch.einsum("cij,c...j->c...i", t, x.to(ct)).to(x.dtype)
     return torch.einsum("cij,bjc->bic", t, x.to(ct)).to(x.dtype)
 
 
-def _check(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: Union[float, torch.Tensor],
+def _check(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor], lam: Union[float, torch.Tensor],
            layout: str = "bnd") -> None:
     if layout == "bnd" and x.dim() != 3:
         raise ValueError(f"x must have shape (b, n, d), got {tuple(x.shape)}")
@@ -405,7 +415,9 @@ def _check(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam:
     if conv_weight.dim() != 2 or conv_weight.shape[0] != d:
         raise ValueError(f"conv_weight must have shape (d, m) with d={d}, got {tuple(conv_weight.shape)}")
     _check_taps(conv_weight.shape[1])
+    _check_lam(lam)
+    if knots is None:
+        return
     _rank_of(knots)
     if knots.shape[1] != d:
         raise ValueError(f"knots must have shape (2r, d) with d={d}, got {tuple(knots.shape)}")
-    _check_lam(lam)

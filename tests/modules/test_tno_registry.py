@@ -19,7 +19,7 @@ def test_the_registered_types_and_their_published_defaults():
                                                         rpe_norm_type="simplermsnorm", decay=0.99)
     assert dataclasses.asdict(FdTno.Settings()) == dict(rpe_dim=64, rpe_layers=3, rpe_activation="relu",
                                                        rpe_norm_type="simplermsnorm")
-    assert dataclasses.asdict(SkiTno.Settings()) == dict(ski_rank=32, ski_taps=17, ski_warp_decay=0.99)
+    assert dataclasses.asdict(SkiTno.Settings()) == dict(ski_rank=32, ski_taps=17, ski_warp_decay=0.99, ski_lowrank="mean")
     for cls in TNO_TYPES.values():
         assert all(f.metadata.get("help") for f in dataclasses.fields(cls.Settings)), cls
 

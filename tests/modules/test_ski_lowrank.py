@@ -1,0 +1,98 @@
+"""--ski-lowrank: the scale of SKI-TNN's low-rank part (mean, the default; sum; off), each against the dense
+reference with the documented f, forward and gradients; the sizes at initialisation that motivated the default;
+and checkpoints saved before the option, which load as 'sum' and compute what they computed."""
+import logging
+
+import pytest
+import torch
+
+from fairseq_tnn.modules.tno import build_tno
+from fairseq_tnn.ops.ski import ski_tno_ref
+
+SETTINGS = dict(ski_rank=8, ski_taps=5, ski_warp_decay=0.9)
+
+
+def reference(tno, x, knots):
+    return ski_tno_ref(x, tno.conv_weight, knots, tno.decay)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 40])
+@pytest.mark.parametrize("mode", ["mean", "sum", "off"])
+def test_each_mode_is_the_dense_operator_with_its_f(mode, n):
+    """mean: f = knots (r_eff - 1) / (n - 1); sum: f = knots; off: the band alone (no knots parameter)."""
+    torch.manual_seed(0)
+    tno = build_tno("ski", 6, False, **SETTINGS, ski_lowrank=mode).double()
+    x = torch.randn(2, n, 6, dtype=torch.float64, requires_grad=True)
+    if mode == "off":
+        assert tno.knots is None and [k for k, _ in tno.named_parameters()] == ["conv_weight"]
+        knots = None
+    else:
+        r_eff = min(8, n)
+        scale = (r_eff - 1) / (n - 1) if mode == "mean" and r_eff > 1 else 1.0
+        knots = tno.knots * scale
+    y = tno(x)
+    y_ref = reference(tno, x, knots)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(y)
+    params = [x] + [p for p in tno.parameters()]
+    grads = torch.autograd.grad(y, params, g)
+    grads_ref = torch.autograd.grad(y_ref, params, g)
+    for a, b in zip(grads, grads_ref):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_mean_is_sum_with_knots_divided_by_the_spacing():
+    torch.manual_seed(0)
+    mean = build_tno("ski", 4, False, **SETTINGS)
+    total = build_tno("ski", 4, False, **SETTINGS, ski_lowrank="sum")
+    total.load_state_dict(mean.state_dict())
+    n = 64
+    with torch.no_grad():
+        total.knots.mul_(7 / 63)  # h = (n - 1) / (r - 1) = 9
+    x = torch.randn(3, n, 4)
+    torch.testing.assert_close(mean(x), total(x), rtol=1e-6, atol=1e-6)
+
+
+def old_state_dict(tno):
+    """A state dict as the code before --ski-lowrank saved it: no version entry, knots = f."""
+    return {k: v for k, v in tno.state_dict().items() if k != "version"}
+
+
+def test_a_checkpoint_from_before_the_option_loads_as_sum(caplog):
+    torch.manual_seed(0)
+    old = build_tno("ski", 4, False, **SETTINGS, ski_lowrank="sum")
+    x = torch.randn(2, 50, 4)
+    expected = old(x)
+    new = build_tno("ski", 4, False, **SETTINGS)  # the default, mean
+    with caplog.at_level(logging.WARNING):
+        new.load_state_dict(old_state_dict(old))
+    assert new.lowrank == "sum" and int(new.version) == 1
+    assert "saved before --ski-lowrank existed" in caplog.text
+    torch.testing.assert_close(new(x), expected, rtol=0, atol=0)
+    # saved again and reloaded, it stays what it was
+    again = build_tno("ski", 4, False, **SETTINGS)
+    again.load_state_dict(new.state_dict())
+    assert again.lowrank == "sum"
+    torch.testing.assert_close(again(x), expected, rtol=0, atol=0)
+
+
+def test_a_new_checkpoint_keeps_its_mode():
+    torch.manual_seed(0)
+    a = build_tno("ski", 4, False, **SETTINGS)
+    b = build_tno("ski", 4, False, **SETTINGS)
+    b.load_state_dict(a.state_dict())
+    assert b.lowrank == "mean" and int(b.version) == 2
+    x = torch.randn(2, 30, 4)
+    torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
+
+
+def test_off_refuses_an_old_checkpoint_with_a_low_rank_part():
+    old = build_tno("ski", 4, False, **SETTINGS, ski_lowrank="sum")
+    off = build_tno("ski", 4, False, **SETTINGS, ski_lowrank="off")
+    with pytest.raises(ValueError, match="--ski-lowrank=off cannot load"):
+        off.load_state_dict(old_state_dict(old))
+
+
+def test_bad_mode_is_refused_by_name():
+    with pytest.raises(ValueError, match=r"--ski-lowrank='median' is invalid: must be one of \['mean', 'off', 'sum'\]"):
+        build_tno("ski", 4, False, ski_lowrank="median")
