@@ -6,6 +6,7 @@ import logging
 import pytest
 import torch
 
+from conftest import assert_on
 from fairseq_tnn.modules.tno import build_tno
 from fairseq_tnn.ops.ski import ski_tno_ref
 
@@ -18,11 +19,12 @@ def reference(tno, x, knots):
 
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 40])
 @pytest.mark.parametrize("mode", ["mean", "sum", "off"])
-def test_each_mode_is_the_dense_operator_with_its_f(mode, n):
-    """mean: f = knots (r_eff - 1) / (n - 1); sum: f = knots; off: the band alone (no knots parameter)."""
+def test_each_mode_is_the_dense_operator_with_its_f(mode, n, device):
+    """mean: f = knots (r_eff - 1) / (n - 1); sum: f = knots; off: the band alone (no knots parameter).
+    On every device (the `device` fixture: CPU, and CUDA where present)."""
     torch.manual_seed(0)
-    tno = build_tno("ski", 6, False, **SETTINGS, ski_lowrank=mode).double()
-    x = torch.randn(2, n, 6, dtype=torch.float64, requires_grad=True)
+    tno = build_tno("ski", 6, False, **SETTINGS, ski_lowrank=mode).double().to(device)
+    x = torch.randn(2, n, 6, dtype=torch.float64).to(device).requires_grad_(True)
     if mode == "off":
         assert tno.knots is None and [k for k, _ in tno.named_parameters()] == ["conv_weight"]
         knots = None
@@ -32,6 +34,7 @@ def test_each_mode_is_the_dense_operator_with_its_f(mode, n):
         knots = tno.knots * scale
     y = tno(x)
     y_ref = reference(tno, x, knots)
+    assert_on(device, y, y_ref)
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
     g = torch.randn_like(y)
     params = [x] + [p for p in tno.parameters()]
