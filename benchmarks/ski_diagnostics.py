@@ -19,6 +19,10 @@ channels, batch 4, length ``--n``):
   (x = sign(t) lambda^|t| at the lags k h, h = (n - 1) / (r - 1)): a knot no lag reaches never gets a
   gradient.
 
+``--time`` adds the cost of each mode: one SKI-TNO layer's forward + backward at the layer benchmark's shape
+(batch 4, d1 = 1536, n = 2048, fp32), the modes timed in interleaved rounds in this process, each mode's
+median and its ratio to ``sum`` (the computation of the code before the option: f = knots, no scaling).
+
 ``checkpoint_scales`` (used by benchmarks/quality.py) measures the band's and the low-rank part's
 output rms layer by layer in trained checkpoints, on a validation batch.
 Writes ``ski-diagnostics.json`` and ``ski-diagnostics.md`` into ``--out``.
@@ -27,7 +31,9 @@ import argparse
 import glob
 import os
 import re
+import statistics
 import sys
+import time
 from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -132,6 +138,31 @@ def checkpoint_scales(save_dir: str, data_bin: str, section: str, tokens: int, d
     return out
 
 
+def time_modes(rounds: int, n: int = 2048, dim: int = 1536, batch: int = 4) -> Dict:
+    """Median forward + backward time (ms) of a SKI-TNO layer per mode, interleaved rounds (order reversed
+    every round), and each mode's median per-round ratio to 'sum'."""
+    torch.manual_seed(0)
+    modes = ["sum", "mean", "off"]
+    tnos = {m: build_tno("ski", dim, False, **PAPER, ski_lowrank=m) for m in modes}
+    x = torch.randn(dim, batch, n, requires_grad=True)
+    g = torch.randn(dim, batch, n)
+
+    def step(tno):
+        start = time.perf_counter()
+        tno(x, layout="dbn").backward(g)
+        return (time.perf_counter() - start) * 1000
+
+    for m in modes:  # warm-up
+        step(tnos[m])
+    times = {m: [] for m in modes}
+    for i in range(rounds):
+        for m in (modes if i % 2 == 0 else modes[::-1]):
+            times[m].append(step(tnos[m]))
+    return {"shape": f"batch {batch}, d1 {dim}, n {n}, fp32, {torch.get_num_threads()} threads", "rounds": rounds,
+            "ms": {m: statistics.median(t) for m, t in times.items()},
+            "ratio_to_sum": {m: statistics.median(a / b for a, b in zip(times[m], times["sum"])) for m in modes}}
+
+
 def markdown(result: Dict) -> str:
     lines = [f"SKI-TNO with the paper's r = 32, m = 17, lambda = 0.99 and its default initialisation, unit-variance "
              f"input, {result['dim']} channels, batch 4 (benchmarks/ski_diagnostics.py).", "",
@@ -148,6 +179,12 @@ def markdown(result: Dict) -> str:
     for w in result["warp"]:
         lines.append(f"| {w['n']} | {w['h']:.1f} | {w['reached']} of {w['of']} | {w['largest_x']:.3f} | "
                      f"{w['smallest_x']:.2e} | {w['lam_pow_n_minus_1']:.2e} |")
+    if "time" in result:
+        t = result["time"]
+        lines += ["", f"SKI-TNO layer forward + backward ({t['shape']}; median of {t['rounds']} interleaved rounds):", "",
+                  "| --ski-lowrank | ms | / sum |", "|---|---:|---:|"]
+        for m, ms in t["ms"].items():
+            lines.append(f"| {m} | {ms:.1f} | {t['ratio_to_sum'][m]:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -155,6 +192,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, nargs="+", default=[512, 2048], help="sequence lengths")
     p.add_argument("--dim", type=int, default=384, help="channels (the GTU width d1)")
+    p.add_argument("--time", type=int, default=0, metavar="ROUNDS",
+                   help="also time a SKI-TNO layer in each mode, this many interleaved rounds (0: don't)")
     add_out_options(p, os.path.join("results", "ski-diagnostics"))
     args = p.parse_args(argv)
     for n in args.n:
@@ -162,11 +201,15 @@ def main(argv=None):
             p.error(f"--n={n} is invalid: must be >= 2")
     if args.dim < 1:
         p.error(f"--dim={args.dim} is invalid: must be >= 1")
+    if args.time < 0:
+        p.error(f"--time={args.time} is invalid: must be >= 0")
     refuse_overwrite(p, args, "ski-diagnostics.json")
     os.makedirs(args.out, exist_ok=True)
     result = {"dim": args.dim,
               "scales": [init_and_step(mode, n, args.dim) for n in args.n for mode in ("sum", "mean")],
               "warp": [warp_coverage(n) for n in sorted(set(args.n) | {512, 2048, 14336})]}
+    if args.time:
+        result["time"] = time_modes(args.time)
     md = markdown(result)
     write_results(args.out, "ski-diagnostics", result, md)
     print(md)

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from benchmarks.ski_diagnostics import init_and_step
 from conftest import ROOT, run
 
 
