@@ -4,7 +4,8 @@
 
 For each ``--ski-lowrank`` mode (``sum``: the knots are f itself, the scale of checkpoints before the
 option; ``mean``: f = knots / h, the plugin's default) of a SKI-TNO with the paper's settings
-(r = 32, m = 17, lambda = 0.99) and its default initialisation, on unit-variance input (``--dim``
+(r = 32, m = 17, lambda = 0.99), the same knots drawn N(0, 1/r) in both (the initialisation of
+``sum``; ``mean`` starts them at zero), on unit-variance input (``--dim``
 channels, batch 4, length ``--n``):
 
 * **at initialisation**: the rms of the band's output and of the low-rank part's, and how smooth each
@@ -72,6 +73,8 @@ def parts(tno, x: torch.Tensor):
 def init_and_step(mode: str, n: int, dim: int, seed: int = 0) -> Dict:
     torch.manual_seed(seed)
     tno = build_tno("ski", dim, False, **PAPER, ski_lowrank=mode)
+    with torch.no_grad():  # the same N(0, 1/r) knots in every mode ('mean' starts at zero by default)
+        tno.knots.normal_(0.0, PAPER["ski_rank"] ** -0.5)
     x = torch.randn(dim, 4, n)
     band, low = parts(tno, x)
     g = torch.randn(dim, 4, n)
@@ -164,7 +167,7 @@ def time_modes(rounds: int, n: int = 2048, dim: int = 1536, batch: int = 4) -> D
 
 
 def markdown(result: Dict) -> str:
-    lines = [f"SKI-TNO with the paper's r = 32, m = 17, lambda = 0.99 and its default initialisation, unit-variance "
+    lines = [f"SKI-TNO with the paper's r = 32, m = 17, lambda = 0.99, knots N(0, 1/r) in both modes, unit-variance "
              f"input, {result['dim']} channels, batch 4 (benchmarks/ski_diagnostics.py).", "",
              "| --ski-lowrank | n | band rms | low-rank rms | low rank / band | neighbour corr. band | low rank | "
              "dL/dtaps rms | dL/dknots rms | one Adam step (lr 1e-3): band | low rank |",

@@ -17,6 +17,25 @@ def reference(tno, x, knots):
     return ski_tno_ref(x, tno.conv_weight, knots, tno.decay)
 
 
+def random_knots(tno):
+    """Knots drawn N(0, 1) ('mean' starts them at zero), so that the low-rank part is tested."""
+    with torch.no_grad():
+        tno.knots.normal_()
+    return tno
+
+
+def test_mean_starts_as_the_band_alone_and_sum_as_before():
+    torch.manual_seed(0)
+    mean = build_tno("ski", 6, False, **SETTINGS)
+    assert mean.lowrank == "mean" and torch.count_nonzero(mean.knots) == 0
+    off = build_tno("ski", 6, False, **SETTINGS, ski_lowrank="off")
+    off.conv_weight.data.copy_(mean.conv_weight.data)
+    x = torch.randn(2, 30, 6)
+    torch.testing.assert_close(mean(x), off(x), rtol=0, atol=0)
+    total = build_tno("ski", 6, False, **{**SETTINGS, "ski_rank": 64}, ski_lowrank="sum")
+    assert 0.1 < total.knots.std().item() < 0.15  # N(0, 1/r), r = 64
+
+
 @pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 40])
 @pytest.mark.parametrize("mode", ["mean", "sum", "off"])
 def test_each_mode_is_the_dense_operator_with_its_f(mode, n, device):
@@ -24,6 +43,8 @@ def test_each_mode_is_the_dense_operator_with_its_f(mode, n, device):
     On every device (the `device` fixture: CPU, and CUDA where present)."""
     torch.manual_seed(0)
     tno = build_tno("ski", 6, False, **SETTINGS, ski_lowrank=mode).double().to(device)
+    if mode != "off":
+        random_knots(tno)
     x = torch.randn(2, n, 6, dtype=torch.float64).to(device).requires_grad_(True)
     if mode == "off":
         assert tno.knots is None and [k for k, _ in tno.named_parameters()] == ["conv_weight"]
@@ -46,7 +67,7 @@ def test_each_mode_is_the_dense_operator_with_its_f(mode, n, device):
 
 def test_mean_is_sum_with_knots_divided_by_the_spacing():
     torch.manual_seed(0)
-    mean = build_tno("ski", 4, False, **SETTINGS)
+    mean = random_knots(build_tno("ski", 4, False, **SETTINGS))
     total = build_tno("ski", 4, False, **SETTINGS, ski_lowrank="sum")
     total.load_state_dict(mean.state_dict())
     n = 64
@@ -81,7 +102,7 @@ def test_a_checkpoint_from_before_the_option_loads_as_sum(caplog):
 
 def test_a_new_checkpoint_keeps_its_mode():
     torch.manual_seed(0)
-    a = build_tno("ski", 4, False, **SETTINGS)
+    a = random_knots(build_tno("ski", 4, False, **SETTINGS))
     b = build_tno("ski", 4, False, **SETTINGS)
     b.load_state_dict(a.state_dict())
     assert b.lowrank == "mean" and int(b.version) == 2

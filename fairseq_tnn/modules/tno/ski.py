@@ -50,8 +50,9 @@ class SkiTno(Tno):
 
     ``--ski-lowrank mean`` (the default) applies A with f = knots / h, h = (n - 1) / (r_eff - 1) the
     spacing of the inducing points: W^T x sums about h positions per inducing point, so this makes
-    each one see the mean of its segment, keeps the low-rank output at the band's scale at any length,
-    and gives the knots Adam steps 1/h the size in output terms (``lowrank_knots``). The operator is
+    each one see the mean of its segment, keeps the low-rank output an average at any length, and
+    gives the knots Adam steps 1/h the size in output terms (``lowrank_knots``); its knots start at
+    zero, so a new model starts as its band alone. The operator is
     still W A W^T with A Toeplitz in the warped lags and f(0) = 0. A checkpoint saved before the
     option existed has no ``version`` entry and loads as ``sum``, computing what it computed.
     """
@@ -74,7 +75,10 @@ class SkiTno(Tno):
         if self.lowrank == "off":
             self.register_parameter("knots", None)
         else:
-            self.knots = nn.Parameter(torch.randn(2 * s.ski_rank, dim) * s.ski_rank ** -0.5)
+            # 'mean' starts at zero, the band alone, and grows the low rank where the gradient asks for it;
+            # 'sum' keeps the N(0, 1/r) draw of the checkpoints before --ski-lowrank
+            std = s.ski_rank ** -0.5 if self.lowrank == "sum" else 0.0
+            self.knots = nn.Parameter(torch.randn(2 * s.ski_rank, dim) * std)
         self.register_buffer("version", torch.tensor(self.VERSION))
 
     def lowrank_scale(self, n: int) -> float:
