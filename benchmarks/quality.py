@@ -18,13 +18,18 @@ from each the size of the band's and the low-rank part's outputs on a validation
 
 The data: ``--data`` names a directory of ``{train,valid,test}.bpe`` (default the bundled sample,
 data/sample), binarised into ``<out>/data-bin``; ``--data-bin`` uses an already binarised one.
+A finished run is kept in ``<out>/runs/<section>-<model>-s<seed>/`` (train.log, result.json) and reused
+when the benchmark runs again into the same ``--out`` (``--force`` once it has finished) with the same
+command for it, so an interrupted benchmark resumes; anything else in a run's folder is trained again.
 Writes ``quality.json`` (everything, each run with its seed), ``quality.md`` (the tables and the targets
 of the SKI-quality issue, met or not) and ``quality.png`` (the curves) into ``--out``.
 """
 import argparse
 import concurrent.futures
+import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -166,24 +171,45 @@ def parse_log(log: str) -> Dict:
 
 
 def run_one(args, data_bin, section, key, seed, threads) -> Dict:
+    """Train one model with one seed (or reuse the finished run of the same command in --out: an
+    interrupted benchmark resumes), then read its log, and for SKI its checkpoints."""
     name = f"{section}-{key}-s{seed}"
     run_dir = os.path.join(args.out, "runs", name)
-    os.makedirs(run_dir, exist_ok=True)
-    ski = MODELS[(section, key)][0].startswith("ski") and "off" not in MODELS[(section, key)][1]
+    arch, extra, _ = MODELS[(section, key)]
+    ski = arch.startswith("ski") and "off" not in extra
     save_dir = os.path.join(run_dir, "checkpoints") if ski else None
     cmd = train_command(args, data_bin, section, key, seed, save_dir)
+    done = os.path.join(run_dir, "result.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            previous = json.load(f)
+        if previous["command"] == " ".join(cmd) and previous["returncode"] == 0:
+            previous["reused"] = True
+            return previous
+    if os.path.isdir(run_dir):
+        shutil.rmtree(run_dir)  # an unfinished or different run: start it again
+    os.makedirs(run_dir)
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     start = time.time()
     with open(os.path.join(run_dir, "train.log"), "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    wall = time.time() - start
+    out = collect(run_dir, section, key, seed, cmd, proc.returncode, time.time() - start, data_bin, args)
+    if proc.returncode == 0:
+        with open(done, "w") as f:
+            json.dump(out, f, indent=1)
+    return out
+
+
+def collect(run_dir, section, key, seed, cmd, returncode, wall, data_bin, args) -> Dict:
+    """The result of one run from its train.log (and the SKI part sizes from its checkpoints)."""
     with open(os.path.join(run_dir, "train.log")) as f:
         text = f.read()
     out = {"section": section, "key": key, "label": MODELS[(section, key)][2], "seed": seed,
-           "command": " ".join(cmd), "wall_s": round(wall, 1), "returncode": proc.returncode, **parse_log(text)}
-    if proc.returncode != 0:
+           "command": " ".join(cmd), "wall_s": round(wall, 1), "returncode": returncode, **parse_log(text)}
+    save_dir = os.path.join(run_dir, "checkpoints")
+    if returncode != 0:
         out["log_tail"] = text[-3000:]
-    elif save_dir:
+    elif os.path.isdir(save_dir):
         from benchmarks.ski_diagnostics import checkpoint_scales
         out["ski_scales"] = checkpoint_scales(save_dir, data_bin, section, args.tokens_per_sample, args.device)
     return out
@@ -311,7 +337,7 @@ def main(argv=None):
             runs.append(r)
             final = f"ppl {r['curve'][-1][1]:.2f}" if r["curve"] else "no validation"
             print(f"quality: {r['section']}/{r['key']} seed {r['seed']}: {final}, exit {r['returncode']}, "
-                  f"{r['wall_s']:.0f} s", flush=True)
+                  f"{r['wall_s']:.0f} s{' (reused)' if r.get('reused') else ''}", flush=True)
     order = {(s, k): i for i, (s, k) in enumerate(MODELS)}
     runs.sort(key=lambda r: (order[(r["section"], r["key"])], r["seed"]))
     config = {k: getattr(args, k) for k in ("updates", "validate_every", "warmup", "width", "layers", "tokens_per_sample",

@@ -53,6 +53,13 @@ def test_quality_quick_trains_every_model_through_fairseq(tmp_path):
     md = (out / "quality.md").read_text()
     assert "| SKI-TNN's band alone (m 17) |" in md and "low rank / band" in md
     assert (out / "quality.png").stat().st_size > 10000
+    # again into the same --out: refused without --force; with it, every finished run is reused, not retrained
+    proc = subprocess.run([sys.executable, ROOT / "benchmarks/quality.py", "--quick", "--out", out], capture_output=True, text=True)
+    assert proc.returncode == 2 and "refusing to overwrite" in proc.stderr
+    log = run([sys.executable, ROOT / "benchmarks/quality.py", "--quick", "--out", out, "--force"])
+    assert log.count("(reused)") == 4
+    again = json.loads((out / "quality.json").read_text())
+    assert again["table"] == result["table"] and all(r["reused"] for r in again["runs"])
 
 
 @pytest.mark.parametrize("argv,message", [
