@@ -32,7 +32,9 @@
 #   VALIDATE_INTERVAL_UPDATES [1000]  SAVE_INTERVAL_UPDATES [1000]  KEEP_INTERVAL_UPDATES [2]
 #   PRECISION [fp16 on GPU, fp32 with CPU=1]: fp16 (--fp16) | bf16 (--bf16-autocast: fp32 weights,
 #                               bf16 autocast; fairseq's own --bf16 means TPU) | fp32      CPU [0]: 1 adds --cpu
-#   TNN_COMPILE [1 on GPU, 0 with CPU=1]: 1 adds --tnn-compile (torch.compile per TNN layer)
+#   TNN_COMPILE [1 on GPU, 0 with CPU=1]: 1 adds --tnn-compile (torch.compile per TNN layer; a layer whose
+#                               compilation fails runs eagerly, with a warning), strict adds --tnn-compile strict
+#                               (that failure stops the run)
 #   OVERSIZED [drop] (masked only): drop | error, what happens to a line longer than a block (above)
 #   SAVE_ROOT [<repo>/checkpoints]  RUN_NAME [<preset>]: checkpoints, train.log and tensorboard/
 #                               go to SAVE_ROOT/RUN_NAME
@@ -107,8 +109,12 @@ recipe_init() {
   esac
   [[ "${CPU:-0}" == 1 && "$precision" == fp16 ]] && die "CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16" 2
   local compile="${TNN_COMPILE:-$([[ "${CPU:-0}" == 1 ]] && echo 0 || echo 1)}"
-  [[ "$compile" == 0 || "$compile" == 1 ]] || die "TNN_COMPILE must be 0 or 1, not '$compile'" 2
-  [[ "$compile" == 1 ]] && precision_args+=(--tnn-compile)
+  case "$compile" in
+    0) ;;
+    1) precision_args+=(--tnn-compile) ;;
+    strict) precision_args+=(--tnn-compile strict) ;;
+    *) die "TNN_COMPILE must be 0 or 1 (--tnn-compile), or strict (--tnn-compile strict), not '$compile'" 2 ;;
+  esac
 
   local save_root="${SAVE_ROOT:-$ROOT/checkpoints}"
   [[ "$save_root" == /* ]] || save_root="$PWD/$save_root"

@@ -1,11 +1,16 @@
 """Building a stack of TNN layers from a model config (shared by the LM and the MLM)."""
 import dataclasses
+import logging
 
 import torch
+import torch._functorch.config
 from torch import nn
 
 from ..modules import Glu, Gtu, TnnLayer, build_tno
-from .config import block_tno_settings
+from ..modules.tno.base import require
+from .config import COMPILE_MODES, block_tno_settings, compile_mode
+
+logger = logging.getLogger(__name__)
 
 # torch.compile keeps one graph per sequence length the layers see (more precisely, per FFT size:
 # the lengths that share one reuse a graph). Training sees one length (--sample-break-mode none)
@@ -14,7 +19,9 @@ from .config import block_tno_settings
 COMPILE_RECOMPILE_LIMIT = 64
 
 
-def build_layers(cfg, dim: int, num_layers: int, causal: bool) -> nn.ModuleList:
+def build_layers(cfg, dim: int, num_layers: int, causal: bool, name: str = "layers") -> nn.ModuleList:
+    """The model's stack of TNN layers, compiled per ``--tnn-compile`` (``name``: the stack's attribute
+    path in the model, which names a layer in the compile warnings)."""
     d1 = cfg.expand_ratio * dim
     glu_dim = cfg.glu_dim or dim
     tno_settings = dataclasses.asdict(block_tno_settings(cfg, causal))
@@ -26,8 +33,9 @@ def build_layers(cfg, dim: int, num_layers: int, causal: bool) -> nn.ModuleList:
         layers.append(TnnLayer(dim, gtu, glu, norm_type=str(cfg.norm_type),
                                normalize_before=str(cfg.norm_position) == "pre", dropout=cfg.dropout))
     layers = nn.ModuleList(layers)
-    if getattr(cfg, "tnn_compile", False):
-        compile_layers(layers)
+    mode = compile_mode(cfg)
+    if mode is not None:
+        compile_layers(layers, mode, name)
     return layers
 
 
@@ -41,11 +49,96 @@ def length_bucket(n: int) -> int:
     return -(-n // q) * q
 
 
-def compile_layers(layers: nn.ModuleList) -> None:
+class TnnCompileError(RuntimeError):
+    """Compiling a layer failed under ``--tnn-compile strict``."""
+
+
+def is_compile_error(err: BaseException) -> bool:
+    """Whether ``err``, raised by a compiled layer's call, comes from compiling it: dynamo's errors
+    (inductor's, a missing C++ compiler or Triton among them, reach the caller as dynamo's
+    BackendCompilerFailed), inductor's own and Triton's. Anything else (a shape error, running out of
+    memory) is the layer's and is raised as it is."""
+    if isinstance(err, torch._dynamo.exc.TorchDynamoException):
+        return True
+    module = type(err).__module__ or ""
+    return module.startswith("torch._inductor") or module.split(".")[0] == "triton"
+
+
+def error_summary(err: BaseException) -> str:
+    """One line: the error's type and the first paragraph of its message (dynamo's hints dropped)."""
+    first = str(err).strip().split("\n\n")[0]
+    text = " ".join(line.strip() for line in first.splitlines() if line.strip())
+    if len(text) > 400:
+        text = text[:400] + " ..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+class CompiledOrEager:
+    """A compiled layer's call (``nn.Module._compiled_call_impl``): the ``torch.compile``d call. If compiling
+    it fails, under ``strict`` a TnnCompileError naming the layer; under ``fallback`` the eager call, this
+    time and from then on, for this layer and the rest of its stack: the layers of a stack share their code
+    and shapes, so each would fail the same way, and trying costs a compilation per layer (up to minutes on a
+    GPU). One warning names the layer, the error and the layers that now run eagerly;
+    ``layer.tnn_compile_error`` says why a layer runs eagerly (None while it runs compiled)."""
+
+    def __init__(self, layer: nn.Module, name: str, mode: str, stack: nn.ModuleList, stack_name: str):
+        self.compiled = layer._compiled_call_impl
+        self.layer, self.name, self.mode, self.stack, self.stack_name = layer, name, mode, stack, stack_name
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.compiled(*args, **kwargs)
+        except Exception as err:
+            if not is_compile_error(err):
+                raise
+            summary = error_summary(err)
+            if self.mode == "strict":
+                raise TnnCompileError(
+                    f"--tnn-compile strict: compiling {self.name} failed: {summary} (--tnn-compile without a "
+                    f"value runs the layers eagerly instead)") from err
+            for layer in self.stack:
+                if isinstance(getattr(layer, "_compiled_call_impl", None), CompiledOrEager):
+                    layer._compiled_call_impl = None  # nn.Module.__call__ now runs the eager forward
+                    layer.tnn_compile_error = f"compiling {self.name} failed: {summary}"
+            eager = eager_layers(self.stack, self.stack_name)
+            also_to_train_log()
+            logger.warning(
+                f"--tnn-compile: compiling {self.name} failed: {summary}. Running eagerly from now on (correct, "
+                f"slower; --tnn-compile strict stops instead): {', '.join(eager)} ({len(eager)} of "
+                f"{len(self.stack)} layers of {self.stack_name}, which share the failing code)")
+            logger.debug(f"--tnn-compile: the error compiling {self.name}", exc_info=err)
+            return self.layer._call_impl(*args, **kwargs)
+
+
+def also_to_train_log() -> None:
+    """Send this module's log records to fairseq-train's ``--log-file`` (train.log) too: fairseq_cli.train
+    gives its file handler to its own logger only, and the compile warnings belong in that file."""
+    for handler in logging.getLogger("fairseq_cli.train").handlers:
+        if isinstance(handler, logging.FileHandler) and handler not in logger.handlers:
+            logger.addHandler(handler)
+
+
+def eager_layers(layers: nn.ModuleList, name: str = "layers"):
+    """The names of the compiled layers of ``layers`` whose compilation failed (they run eagerly)."""
+    return [f"{name}.{i}" for i, layer in enumerate(layers) if getattr(layer, "tnn_compile_error", None)]
+
+
+def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "layers") -> None:
     """``torch.compile`` each layer in place (``nn.Module.compile``): the parameters and the
     state_dict keys stay those of the eager model, so checkpoints load in either mode. The layers
-    share their code, so one compilation serves all of them."""
+    share their code, so one compilation serves all of them.
+
+    ``mode``: what a failure to compile a layer does (compilation happens at its first call, and again
+    at each new length): ``strict`` raises TnnCompileError; ``fallback`` (fairseq's ``--tnn-compile``) runs
+    the stack's layers eagerly from then on, with one warning (CompiledOrEager). ``name``: the stack's path in the
+    model (``decoder.layers``), which names its layers in those messages."""
+    require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, COMPILE_RECOMPILE_LIMIT)
-    for layer in layers:
+    # Compile each graph's backward with its forward (not lazily at the first backward), so that a failure
+    # to compile the backward also arises in the layer's call, where it can be handled.
+    torch._functorch.config.force_non_lazy_backward_lowering = True
+    for i, layer in enumerate(layers):
         layer.compile()
+        layer.tnn_compile_error = None
+        layer._compiled_call_impl = CompiledOrEager(layer, f"{name}.{i}", mode, layers, name)

@@ -10,7 +10,7 @@ one that the chosen ``--tno-type`` does not use is an error.
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
@@ -85,14 +85,50 @@ class TnnLayerConfig(FairseqDataclass):
     tno_type: TNO_TYPE_CHOICES = field(
         default="tnn", metadata={"help": "Toeplitz neural operator: " + ", ".join(
             TNO_TYPES[t].summary for t in sorted(TNO_TYPES))})
-    tnn_compile: bool = field(
-        default=False, metadata={"help": "compile each TNN layer with torch.compile (fewer, fused kernels; on by default in "
-                                         "the GPU recipe of scripts/train.sh). Per layer: checkpoints keep their keys and "
-                                         "load with or without it; each new sequence length (FFT size) compiles once"})
+    # Any, not a ChoiceEnum: configs and checkpoints written before the modes existed hold true / false,
+    # which an enum field would refuse; compile_mode() checks the value and add_compile_choices() gives the
+    # command line its choices.
+    tnn_compile: Any = field(
+        default=False, metadata={
+            "help": "compile each TNN layer with torch.compile (fewer, fused kernels; on by default in the GPU "
+                    "recipe of scripts/train.sh). --tnn-compile (= fallback): if compiling a layer fails (dynamo or "
+                    "inductor error, no Triton, no C++ compiler), the layers of its stack run eagerly, with one "
+                    "warning naming the layer and the error; --tnn-compile strict: that failure stops the run. "
+                    "Per layer: checkpoints "
+                    "keep their keys and load with or without it; each new sequence length (FFT size) compiles "
+                    "once. In a config: fallback, strict or false (true, as older configs say: fallback)",
+            "argparse_const": "fallback"})
 
 
 TnnBlockConfig = dataclasses.make_dataclass("TnnBlockConfig", _tno_config_fields(), bases=(TnnLayerConfig,))
 TnnBlockConfig.__doc__ = "TnnLayerConfig plus the settings of every registered TNO type (None: the type's default)."
+
+
+COMPILE_MODES = ("fallback", "strict")
+
+
+def compile_mode(cfg) -> Optional[str]:
+    """``cfg.tnn_compile`` as None (eager layers), "fallback" or "strict"; true, as configs and checkpoints
+    from before the modes say, is "fallback"."""
+    value = getattr(cfg, "tnn_compile", False)
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "fallback"
+    require(isinstance(value, str) and value in COMPILE_MODES, "tnn_compile", value,
+            "must be fallback or strict (--tnn-compile alone: fallback), or false / true in a config "
+            "(true: fallback)")
+    return str(value)
+
+
+def add_compile_choices(parser) -> None:
+    """Give --tnn-compile its choices on fairseq's command line (the field's type is Any, see above), so
+    that e.g. `--tnn-compile data-bin` is refused by name instead of taking the data directory as its
+    value."""
+    for action in parser._actions:
+        if "--tnn-compile" in action.option_strings:
+            action.choices = list(COMPILE_MODES)
+            action.metavar = "{" + ",".join(COMPILE_MODES) + "}"
 
 
 _WARNED = set()
@@ -141,6 +177,7 @@ def validate_block_config(cfg, embed_dim_field: str, layers_field: str, causal: 
     require(str(cfg.norm_position) in ("pre", "post"), "norm_position", cfg.norm_position, "must be 'pre' or 'post'")
     tno_class(str(cfg.tno_type))
     block_tno_settings(cfg, causal)
+    compile_mode(cfg)
 
 
 def block_tno_settings(cfg, causal: bool):

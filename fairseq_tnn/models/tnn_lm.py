@@ -18,7 +18,7 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers
-from .config import TnnBlockConfig, set_defaults, validate_block_config
+from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
 
 # A TNN has no positional limit: report a bound no dataset reaches, so fairseq
 # never drops a long evaluation block because of the model.
@@ -44,7 +44,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
         self.dropout = nn.Dropout(cfg.dropout)
         causal = True
-        self.layers = build_layers(cfg, dim, cfg.decoder_layers, causal)
+        self.layers = build_layers(cfg, dim, cfg.decoder_layers, causal, name="decoder.layers")
         # fairseq's usual final LayerNorm after a pre-norm stack
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
         if cfg.share_decoder_input_output_embed:
@@ -188,6 +188,11 @@ def decoding_length(models, length: Optional[int]):
 
 @register_model("tnn_lm", dataclass=TnnLmConfig)
 class TnnLanguageModel(FairseqLanguageModel):
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_compile_choices(parser)
+
     @classmethod
     def from_pretrained(cls, model_name_or_path, checkpoint_file="checkpoint_best.pt", data_name_or_path=".",
                         **kwargs):

@@ -14,7 +14,7 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers, length_bucket
-from .config import TnnBlockConfig, set_defaults, validate_block_config
+from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
 
 
@@ -68,12 +68,12 @@ class TnnEncoder(FairseqEncoder):
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
         self.layernorm_embedding = nn.LayerNorm(dim) if cfg.layernorm_embedding else None
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = build_layers(cfg, dim, cfg.encoder_layers, causal=False)
+        self.layers = build_layers(cfg, dim, cfg.encoder_layers, causal=False, name="encoder.layers")
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
         self.lm_head = TnnLMHead(dim, self.embed_tokens.weight)
         # Compiled layers compile once per length: batches (whose length is their longest sample's in
         # --sample-break-mode complete) are padded to a few bucket lengths, the padding masked as usual.
-        self.bucket_lengths = bool(getattr(cfg, "tnn_compile", False))
+        self.bucket_lengths = compile_mode(cfg) is not None
 
     def extract_features(self, src_tokens: torch.Tensor, return_all_hiddens: bool = False):
         n = src_tokens.shape[1]
@@ -124,6 +124,11 @@ NOT_FOR_EVAL_LM = (
 
 @register_model("tnn_mlm", dataclass=TnnMlmConfig)
 class TnnMaskedLMModel(FairseqEncoderModel):
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_compile_choices(parser)
+
     @property
     def supported_targets(self):
         # asked only by fairseq's language_modeling task (fairseq-eval-lm's default), which would score this

@@ -199,6 +199,13 @@ def test_train_dry_run_precision_and_compile(data_bin, tmp_path, env, present, a
         assert flag not in f, (flag, env)
 
 
+@pytest.mark.parametrize("value,expected", [("1", []), ("strict", ["strict"])])
+def test_train_dry_run_compile_mode(data_bin, tmp_path, value, expected):
+    """TNN_COMPILE=1: --tnn-compile (a layer that fails to compile runs eagerly); strict: --tnn-compile strict."""
+    f = flags(dry_train("tnn_lm_wt103", data_bin, NPROC="1", SAVE_ROOT=str(tmp_path), TNN_COMPILE=value))
+    assert f["--tnn-compile"] == expected
+
+
 def test_train_nproc_defaults_to_the_visible_gpus(data_bin, tmp_path):
     fake = tmp_path / "bin"
     fake.mkdir()
