@@ -1,6 +1,8 @@
 """Quality side by side: TNN (RPE 3), FD-TNN and SKI-TNN trained by fairseq-train with one recipe.
 
-    python benchmarks/quality.py                       # the default: about 30 min on 2 CPU cores
+    python benchmarks/quality.py                       # the default: one seed, 6 runs, about 25 min on 2 CPU cores
+    python benchmarks/quality.py --seeds 1 2 --models masked/tnn3 masked/fd masked/ski masked/ski_sum \
+        masked/ski_band causal/tnn3 causal/fd         # docs/performance.md's table: 14 runs, about an hour
     python benchmarks/quality.py --seeds 1 2 3 --updates 2000 --width 512 --layers 6 --device cuda
     python benchmarks/quality.py --quick --out /tmp/q  # toy sizes, a minute (what the tests run)
 
@@ -73,7 +75,7 @@ def parse_args(argv=None):
     p.add_argument("--models", nargs="+", default=None,
                    help=f"section/key of the models to train, of {' '.join(f'{s}/{k}' for s, k in MODELS)} "
                         f"(default: all but masked/ski_sum)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--seeds", nargs="+", type=int, default=[1], help="one run per model and seed (default: 1)")
     p.add_argument("--updates", type=int, default=300, help="updates per run (equal for every model)")
     p.add_argument("--validate-every", type=int, default=50, help="updates between validations")
     p.add_argument("--warmup", type=int, default=200, help="inverse-sqrt warm-up updates")
