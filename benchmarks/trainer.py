@@ -2,12 +2,16 @@
 
     python benchmarks/run.py --device cuda [--quick] [--out results/bench-gpu] [--force]
     python benchmarks/trainer.py --device cpu --quick --out /tmp/t     # the same suite, directly
+    python benchmarks/run.py --device cuda --precision bf16 --modes compiled --configs tnn6 fd3 ski transformer
 
 What a user's ``fairseq-train`` step costs: ``Trainer.train_step`` with the optimizer, the fp16 handling
 (``--fp16``: fairseq's FP16Optimizer with its fp32 master weights and loss scaler; ``--bf16-autocast``:
 the plugin's bf16 autocast; fp32 on CPU), gradient clipping and the task's ``train_step``, on synthetic
 batches of the paper's per-GPU sizes (causal 8 x 512; masked 16 x 512 and 4 x 2048) with Wikitext-103's
-50,264-symbol dictionary. For every configuration, eager and ``--tnn-compile``:
+50,264-symbol dictionary; in the causal group also fairseq's own ``transformer_lm`` of the same width and
+depth (7 x 512, FFN 2048, 8 heads, tied embeddings: what a user would pick instead; eager only, there is no
+TNN layer to compile). For every configuration, eager and ``--tnn-compile strict`` (a compiled row is never an
+eager one in disguise; ``--modes``, ``--configs`` choose a subset):
 
 * wall time per update (the device synchronised before and after), median of the timed updates, which
   run in interleaved rounds over the configurations (order reversed every round);
@@ -48,19 +52,28 @@ QUICK_KEYS = {"tnn6", "fd3", "ski", "bound_identity"}
 CONFIGS = {
     "causal": [("tnn6", "tnn_lm_wt103", {}, None), ("tnn3", "tnn_lm_wt103_rpe3", {}, None),
                ("fd3", "fd_tnn_lm_wt103", {}, None), ("bound_fixed", "tnn_lm_wt103", {}, "fixed"),
-               ("bound_identity", "tnn_lm_wt103", {}, "identity")],
+               ("bound_identity", "tnn_lm_wt103", {}, "identity"), ("transformer", "transformer_lm", {}, None)],
     "masked": [("tnn6", "tnn_mlm_wt103", {}, None), ("fd3", "fd_tnn_mlm_wt103", {}, None),
                ("ski", "ski_tnn_mlm_wt103", {}, None), ("bound_fixed", "tnn_mlm_wt103", {}, "fixed"),
                ("bound_identity", "tnn_mlm_wt103", {}, "identity")],
 }
 QUICK_MODEL = {"causal": dict(decoder_embed_dim=32, decoder_layers=1, rpe_dim=8, glu_dim=32),
                "masked": dict(encoder_embed_dim=32, encoder_layers=1, glu_dim=32)}
+# fairseq's transformer_lm as wide and deep as tnn_lm_wt103 (FFN 4 x width, 64-wide heads), and its quick size
+TRANSFORMER = dict(decoder_layers=7, decoder_embed_dim=512, decoder_ffn_embed_dim=2048, decoder_attention_heads=8)
+QUICK_TRANSFORMER = dict(decoder_layers=1, decoder_embed_dim=32, decoder_ffn_embed_dim=128, decoder_attention_heads=1)
+# The TNN authors' own figures on a GPU in fp16: words per second of their causal TNN over a Transformer's,
+# with their CUDA TNO kernel and with their plain FFT path (docs/references.md)
+AUTHORS_VS_TRANSFORMER = "0.72x (their CUDA kernel), 0.45x (their FFT path)"
+MODES = {"eager": False, "compiled": True}
 # The SKI paper's whole-step figures on an A100 (speed-up over TNN; memory as a fraction of TNN's)
 PAPER = {("causal", 512, "fd3", "tnn6"): "1.15x", ("causal", 512, "fd3", "tnn3"): "1.10x",
          ("masked", 512, "fd3", "tnn6"): "1.35-1.8x", ("masked", 2048, "fd3", "tnn6"): "1.35-1.8x",
          ("masked", 512, "ski", "tnn6"): "1.25x, memory 0.83x", ("masked", 2048, "ski", "tnn6"): "1.3x, memory 0.58x"}
 LABELS = {"tnn6": "TNN (RPE 6)", "tnn3": "TNN (RPE 3)", "fd3": "FD-TNN (RPE 3)", "ski": "SKI-TNN",
-          "bound_fixed": "bound: fixed spectrum", "bound_identity": "bound: no token mixing"}
+          "bound_fixed": "bound: fixed spectrum", "bound_identity": "bound: no token mixing",
+          "transformer": "transformer_lm"}
+ALL_KEYS = list(dict.fromkeys(k for configs in CONFIGS.values() for k, *_ in configs))
 
 
 def _dictionary_dir(tmp: str, vocab: int) -> str:
@@ -87,9 +100,13 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
     if device == "cpu":
         argv.append("--cpu")
     if compiled and bound != "identity":  # with no token mixing there is nothing of ours to compile
-        argv.append("--tnn-compile")
-    for k, v in (QUICK_MODEL[section] if quick else {}).items():
-        argv += [f"--{k.replace('_', '-')}", str(v)]
+        argv += ["--tnn-compile", "strict"]  # a failure to compile stops the benchmark, never times eager layers
+    if arch == "transformer_lm":
+        sizes = {**TRANSFORMER, **(QUICK_TRANSFORMER if quick else {}), "share_decoder_input_output_embed": True}
+    else:
+        sizes = QUICK_MODEL[section] if quick else {}
+    for k, v in sizes.items():
+        argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     parser = options.get_training_parser()
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, argv))
     task = tasks.setup_task(cfg.task)
@@ -145,7 +162,16 @@ def _profile(trainer, sample, device, updates: int) -> Dict:
     return {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates}
 
 
-def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: int, warmup: int, log) -> List[Dict]:
+def selected(key: str, compiled: bool, quick: bool, keys, modes) -> bool:
+    """Whether a configuration runs: its key among ``keys`` (default: all, or QUICK_KEYS with --quick) and
+    its mode among ``modes``; fairseq's transformer has no TNN layer to compile: eager only."""
+    if key == "transformer" and compiled:
+        return False
+    return key in (keys or (QUICK_KEYS if quick else ALL_KEYS)) and compiled in [MODES[m] for m in modes]
+
+
+def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: int, warmup: int, log,
+              keys=None, modes=("eager", "compiled")) -> List[Dict]:
     groups = []
     with tempfile.TemporaryDirectory() as tmp:
         data = _dictionary_dir(tmp, QUICK_VOCAB if quick else VOCAB)
@@ -153,9 +179,9 @@ def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: 
             sample = synthetic_sample(section, n, batch, QUICK_VOCAB if quick else VOCAB)
             configs = []
             for key, arch, _, bound in CONFIGS[section]:
-                if quick and key not in QUICK_KEYS:
-                    continue
                 for compiled in (False, True):
+                    if not selected(key, compiled, quick, keys, modes):
+                        continue
                     torch.manual_seed(1)
                     t0 = time.time()
                     trainer = build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
@@ -180,6 +206,8 @@ def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: 
                         trainer.train_step([sample])
                         _sync(device)
                         c["ms"].append((time.perf_counter() - t) * 1000.0)
+            if not configs:
+                continue
             result = [c for c, _ in configs]
             for c in result:
                 c["median_ms"] = statistics.median(c["ms"])
@@ -205,7 +233,7 @@ def ratios(groups) -> List[Dict]:
     for g in groups:
         for compiled in (False, True):
             for c in g["configs"]:
-                if c["compiled"] != compiled or c["key"] == "tnn6":
+                if c["compiled"] != compiled or c["key"] in ("tnn6", "transformer"):
                     continue
                 for base in ("tnn6", "tnn3"):
                     b = _get(g, base, compiled)
@@ -228,9 +256,26 @@ def memory_bounds(groups) -> List[Dict]:
         for compiled in (False, True):
             bound = _get(g, "bound_identity", compiled)
             for c in g["configs"]:
-                if c["compiled"] == compiled and not c["bound"] and bound and "peak_mib" in c and "peak_mib" in bound:
+                if c["compiled"] == compiled and not c["bound"] and c["key"] != "transformer" and bound \
+                        and "peak_mib" in c and "peak_mib" in bound:
                     rows.append({"section": g["section"], "n": g["n"], "batch": g["batch"], "key": c["key"],
                                  "compiled": compiled, "vs_no_mixing": c["peak_mib"] / bound["peak_mib"]})
+    return rows
+
+
+def against_transformer(groups) -> List[Dict]:
+    """Each TNN model's tokens per second over fairseq's transformer_lm (eager) in the same group: the
+    transformer's time per update over the model's (above 1: the TNN is faster). The target: tnn_lm_wt103
+    (tnn6) at least 1.0 at 512 tokens."""
+    rows = []
+    for g in groups:
+        t = _get(g, "transformer", False)
+        if t is None:
+            continue
+        for c in g["configs"]:
+            if c["key"] != "transformer" and not c["bound"]:
+                rows.append({"section": g["section"], "n": g["n"], "batch": g["batch"], "key": c["key"],
+                             "compiled": c["compiled"], "tokens_per_s_ratio": t["median_ms"] / c["median_ms"]})
     return rows
 
 
@@ -255,6 +300,14 @@ def markdown(result) -> str:
         mem = f"{r['memory_ratio']:.2f}x" if "memory_ratio" in r else "-"
         out.append(f"| {r['section']} | {r['batch']} x {r['n']} | {LABELS[r['key']]} | {LABELS[r['base']]} | "
                    f"{'yes' if r['compiled'] else 'no'} | {r['speedup']:.2f}x | {mem} | {r['paper']} |")
+    if result.get("against_transformer"):
+        out += ["", "## Tokens per second against fairseq's transformer_lm of the same width and depth (eager)", "",
+                f"Above 1.0 the TNN model is faster; target for TNN (RPE 6) at 512 tokens: 1.0 or more. The TNN "
+                f"authors' figures (fp16, their causal TNN): {AUTHORS_VS_TRANSFORMER}.", "",
+                "| section | batch x n | configuration | compiled | tokens/s vs transformer_lm |", "|---|---|---|---|---:|"]
+        for r in result["against_transformer"]:
+            out.append(f"| {r['section']} | {r['batch']} x {r['n']} | {LABELS[r['key']]} | "
+                       f"{'yes' if r['compiled'] else 'no'} | {r['tokens_per_s_ratio']:.2f}x |")
     if result.get("memory_bounds"):
         out += ["", "## Peak memory against the same model with no token mixing (target at 4 x 2048: 1.15x at most)", "",
                 "| section | batch x n | configuration | compiled | peak vs no mixing |", "|---|---|---|---|---:|"]
@@ -295,6 +348,12 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 5, quick 2)")
     p.add_argument("--per-round", type=int, default=None, help="updates per configuration and round (default 4, quick 1)")
     p.add_argument("--warmup", type=int, default=None, help="untimed updates first (default 5, quick 2)")
+    p.add_argument("--configs", nargs="+", choices=ALL_KEYS, metavar="KEY",
+                   help=f"only these configurations, where a group has them (of {', '.join(ALL_KEYS)}; default: all, "
+                        f"with --quick {', '.join(sorted(QUICK_KEYS))})")
+    p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
+                   help="eager, compiled (--tnn-compile strict) or both (default)")
+    p.add_argument("--no-plots", action="store_true", help="no trainer.png (and no need for matplotlib)")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch (use --device cpu)")
@@ -307,22 +366,29 @@ def main(argv=None):
     for name, v, lo in (("rounds", rounds, 1), ("per-round", per_round, 1), ("warmup", warmup, 1)):
         if v < lo:
             p.error(f"--{name}={v} must be >= {lo}")
+    if not any(selected(key, compiled, a.quick, a.configs, a.modes) for section, _, _ in (QUICK_GROUPS if a.quick else FULL_GROUPS)
+               for key, *_ in CONFIGS[section] for compiled in MODES.values()):
+        p.error(f"--configs {' '.join(a.configs or [])} with --modes {' '.join(a.modes)}: no configuration to run "
+                f"(transformer runs eager only)")
     refuse_overwrite(p, a, "trainer.json")
     os.makedirs(a.out, exist_ok=True)
     import fairseq_tnn
     fairseq_tnn.register()  # registers the models and tasks
     from benchmarks.measure import _machine
     t0 = time.time()
-    groups = run_suite(a.device, precision, a.quick, rounds, per_round, warmup, lambda m: print(m, flush=True))
+    groups = run_suite(a.device, precision, a.quick, rounds, per_round, warmup, lambda m: print(m, flush=True),
+                       keys=a.configs, modes=a.modes)
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else None
     meta = {"device": a.device, "precision": precision, "vocab": QUICK_VOCAB if a.quick else VOCAB, "machine": gpu or _machine(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "rounds": rounds, "per_round": per_round, "warmup": warmup,
             "command": "python benchmarks/trainer.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "seconds": round(time.time() - t0, 1)}
-    result = {"meta": meta, "groups": groups, "ratios": ratios(groups), "memory_bounds": memory_bounds(groups)}
+    result = {"meta": meta, "groups": groups, "ratios": ratios(groups), "memory_bounds": memory_bounds(groups),
+              "against_transformer": against_transformer(groups)}
     md = markdown(result)
     write_results(a.out, "trainer", result, md)
-    plot(result, os.path.join(a.out, "trainer.png"))
+    if not a.no_plots:
+        plot(result, os.path.join(a.out, "trainer.png"))
     print(md)
     return result
 

@@ -40,7 +40,8 @@ def test_fairseq_train_on_gpu(data_bin, tmp_path, arch, precision):
                "--sample-break-mode", "none" if causal else "complete", "--tokens-per-sample", 128,
                "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001", "--max-update", 40, "--seed", 1,
                "--save-dir", tmp_path / "ck", "--log-format", "simple", "--log-interval", 10, "--num-workers", 0,
-               "--no-epoch-checkpoints", "--validate-interval-updates", 20, "--tnn-compile"])
+               "--no-epoch-checkpoints", "--validate-interval-updates", 20,
+               "--tnn-compile", "strict"])  # strict: a compilation failure fails the test instead of running eagerly
     assert "gpu_peak_mb" in log, log[-3000:]
     losses = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)]
     assert len(losses) >= 2 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], log[-3000:]

@@ -61,8 +61,12 @@ COVERAGE = [
     (r"^(\.venv/bin/)?python3? benchmarks/run\.py --device ",
      ["scripts/test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer_eager_and_compiled",
       "scripts/test_benchmarks.py::test_trainer_benchmark_refuses_cuda_without_a_gpu"]),
-    (r"^(PRECISION=bf16|TNN_COMPILE=0) bash scripts/train\.sh \w+_wt103 data-bin/wikitext-103$",
-     ["scripts/test_scripts.py::test_train_dry_run_precision_and_compile"]),
+    (r"^(PRECISION=bf16|TNN_COMPILE=0|TNN_COMPILE=strict) bash scripts/train\.sh \w+_wt103 data-bin/wikitext-103$",
+     ["scripts/test_scripts.py::test_train_dry_run_precision_and_compile",
+      "scripts/test_scripts.py::test_train_dry_run_compile_mode"]),
+    (r"^(PYTHONPATH=\S+ FAIRSEQ_BIN=\S+ PYTHON=python3 )?bash scripts/gpu_check\.sh( --cpu --quick)?$",
+     ["scripts/test_gpu_check.py::test_quick_cpu_check_writes_a_complete_report",
+      "scripts/test_gpu_check.py::test_refuses_without_a_gpu_unless_cpu"]),
     (r"^(FAIRSEQ_BIN=\S+ )?python3? -m pytest tests/gpu/test_gpu\.py", ["gpu/test_gpu.py::test_fairseq_train_on_gpu"]),
 ]
 
