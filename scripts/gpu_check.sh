@@ -86,7 +86,7 @@ declare -A limit
 if [[ "$quick" == 1 ]]; then
   limit=([environment]=600 [tests]=900 [bench-fp16]=900 [bench-bf16]=900 [data]=600 [train]=900)
 else
-  limit=([environment]=60 [tests]=360 [bench-fp16]=300 [bench-bf16]=120 [data]=30 [train]=80)
+  limit=([environment]=45 [tests]=360 [bench-fp16]=300 [bench-bf16]=120 [data]=45 [train]=80)
 fi
 for k in "${!limit_arg[@]}"; do limit[$k]="${limit_arg[$k]}"; done
 
