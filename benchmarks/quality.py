@@ -344,7 +344,7 @@ def main(argv=None):
     runs.sort(key=lambda r: (order[(r["section"], r["key"])], r["seed"]))
     config = {k: getattr(args, k) for k in ("updates", "validate_every", "warmup", "width", "layers", "tokens_per_sample",
                                             "batch_size", "lr", "device", "seeds")}
-    config["data"] = os.path.relpath(args.data_bin or args.data, ROOT) if not os.path.isabs(args.data_bin or "") else args.data_bin
+    config["data"] = args.data_bin or os.path.relpath(args.data, ROOT)
     table = summarise(runs, args.seeds)
     result = {"config": config, "machine": _machine(), "wall_s": round(time.time() - start, 1), "runs": runs,
               "table": table, "targets": targets(table)}

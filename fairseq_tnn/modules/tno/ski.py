@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ...ops.ski import ski_tno
+from ...ops.toeplitz import seq_shape
 from .base import Tno, TnoSettings, is_int, register_tno, require
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,6 @@ class SkiTno(Tno):
         super().__init__(dim, causal, **settings)
         s = self.settings
         self.decay = s.ski_warp_decay
-        self.rank = s.ski_rank
         self.lowrank = s.ski_lowrank
         self.conv_weight = nn.Parameter(torch.empty(dim, s.ski_taps).uniform_(-s.ski_taps ** -0.5, s.ski_taps ** -0.5))
         if self.lowrank == "off":
@@ -83,7 +83,7 @@ class SkiTno(Tno):
 
     def lowrank_scale(self, n: int) -> float:
         """The factor between the knots and f at length n: 1 / h for 'mean', 1 for 'sum'."""
-        r_eff = min(self.rank, n)
+        r_eff = min(self.settings.ski_rank, n)
         return (r_eff - 1) / (n - 1) if self.lowrank == "mean" and r_eff > 1 else 1.0
 
     def lowrank_knots(self, n: int) -> Optional[torch.Tensor]:
@@ -94,7 +94,7 @@ class SkiTno(Tno):
         return self.knots * scale if scale != 1.0 else self.knots
 
     def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
-        n = x.shape[-1] if layout == "dbn" else x.shape[1]
+        n = seq_shape(x, layout)[0]
         return ski_tno(x, self.conv_weight, self.lowrank_knots(n), self.decay, layout=layout)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
