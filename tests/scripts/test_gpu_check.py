@@ -105,13 +105,14 @@ def test_a_failing_part_fails_the_check_and_the_report_says_why(tmp_path):
     assert env["reasons"] == ["stopped at its time limit of 1 s"]
     assert tests["name"] == "tests" and tests["status"] == "failed" and tests["exit_code"] == 1  # ran after it
     assert tests["tests"]["passed"] == 1 and tests["tests"]["failures"] == 1
-    assert [t["test"] for t in tests["tests"]["failing"]] == ["test_fails_on_purpose.py::test_fails_on_purpose"]
+    # the name is relative to pytest's rootdir, which depends on where the checkout and tmp_path lie
+    failing = [t["test"] for t in tests["tests"]["failing"]]
+    assert len(failing) == 1 and failing[0].endswith("test_fails_on_purpose.py::test_fails_on_purpose")
     assert "a failure injected by test_gpu_check.py" in tests["tests"]["failing"][0]["message"]
     assert any("1 failed, 1 passed" in line for line in tests["log_tail"])
     md = (out / "report.md").read_text()
     assert "FAILED (2 of 2 parts failed)" in md and "## Failures" in md
-    assert "### tests: failed" in md and "- `test_fails_on_purpose.py::test_fails_on_purpose`: AssertionError: " \
-        "a failure injected by test_gpu_check.py" in md
+    assert "### tests: failed" in md and f"- `{failing[0]}`: AssertionError: a failure injected by test_gpu_check.py" in md
     assert "### environment: timed out" in md and "Last lines of tests/pytest.log:" in md
 
 
