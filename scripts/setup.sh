@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs everything fairseq-tnn needs, in the order that works
-# (docs/references.md#installing-fairseq): torch first, then fairseq-fixed built against that torch,
-# then the rest, then this plugin (editable). Never lets pip replace torch.
+# (docs/references.md#installing-fairseq): torch (with numpy, which importing torch needs) first, then
+# fairseq-fixed built against that torch, then the rest, then this plugin (editable). Never lets pip replace torch.
 # Idempotent: a second run with unchanged requirements does nothing.
 #
 # Environment: PYTHON (default python3), VENV (default <repo>/.venv),
@@ -29,15 +29,17 @@ PY="$VENV/bin/python"
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 req() { grep -E "^$1==" "$ROOT/requirements.txt" | awk '{print $1}'; }
 
-echo "setup: installing torch==$TORCH_VERSION into $VENV"
-pip_install "torch==$TORCH_VERSION"
+echo "setup: installing torch==$TORCH_VERSION and $(req numpy) into $VENV"
+# numpy in the same step: torch imports it when torch itself is imported (the next line, fairseq's build),
+# and without it prints "Failed to initialize NumPy" on every import.
+pip_install "torch==$TORCH_VERSION" "$(req numpy)"
 # From here on torch is pinned to what is installed.
 CONSTRAINTS="$VENV/torch-constraint.txt"
 "$PY" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > "$CONSTRAINTS"
 export PIP_CONSTRAINT="$CONSTRAINTS"
 
 echo "setup: building fairseq-fixed against the installed torch (first time: several minutes)"
-pip_install "$(req cython)" "$(req numpy)" "$(req wheel)"
+pip_install "$(req cython)" "$(req wheel)"
 pip_install --no-build-isolation "$(req fairseq-fixed)"
 pip_install "$(req sentencepiece)" "$(req sacremoses)" "$(req tensorboard)" "$(req tensorboardX)" \
   "$(req matplotlib)" "$(req pytest)" "$(req pytest-xdist)"
