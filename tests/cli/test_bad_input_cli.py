@@ -1,7 +1,7 @@
 """Nonsensical settings stop fairseq-train with an error naming the option, before any training."""
 import pytest
 
-from conftest import LM_TRAIN, cli, mlm_train_cmd, run
+from helpers import LM_TRAIN, cli, mlm_train_cmd, run
 
 CASES = [
     (["--arch", "tnn_lm_tiny", "--decay", "1.5"], "--decay=1.5"),

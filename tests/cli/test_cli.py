@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run, split_tokens, valid_ppls
+from helpers import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run, split_tokens, valid_ppls
 
 TPS = 64
 

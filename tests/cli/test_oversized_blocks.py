@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import USER_DIR, cli, mlm_train_cmd, run
+from helpers import USER_DIR, cli, mlm_train_cmd, run
 
 TPS = 64
 

@@ -3,7 +3,7 @@ no ``ski_lowrank`` in its config) loads through fairseq as 'sum' and computes wh
 the mode it was trained with."""
 import torch
 
-from conftest import mlm_train_cmd, run
+from helpers import mlm_train_cmd, run
 
 COMMON = dict(arch="ski_tnn_mlm_tiny", max_update=2, batch_size=4, no_last_checkpoints=False)
 

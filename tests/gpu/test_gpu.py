@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from conftest import USER_DIR, assert_compiled_matches_eager, cli, run
+from helpers import USER_DIR, assert_compiled_matches_eager, cli, rel, run
 from fairseq_tnn.models.blocks import compile_layers
 from fairseq_tnn.models.build import build_arch
 
@@ -23,10 +23,6 @@ MASKED = ["tnn_mlm_wt103", "fd_tnn_mlm_wt103", "ski_tnn_mlm_wt103"]
 
 def small(arch):
     return {"decoder_layers": 2} if arch in CAUSAL else {"encoder_layers": 2}
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.mark.parametrize("precision", ["--fp16", "--bf16-autocast"])

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run, split_tokens
+from helpers import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run, split_tokens
 
 TPS = 64
 

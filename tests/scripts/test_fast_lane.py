@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run
+from helpers import ROOT, run
 
 LAYERS = ["tests/ops", "tests/modules", "tests/models"]
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from conftest import BIN, ROOT
+from helpers import BIN, ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 REPORTER = ROOT / "scripts" / "gpu_check_report.py"

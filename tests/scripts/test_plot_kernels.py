@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, mlm_train_cmd, run
+from helpers import ROOT, mlm_train_cmd, run
 
 SCRIPTS = ROOT / "scripts"
 

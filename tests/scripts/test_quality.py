@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from benchmarks.ski_diagnostics import init_and_step
-from conftest import ROOT, run
+from helpers import ROOT, run
 
 
 def test_the_default_low_rank_starts_below_the_band_and_sum_above_it():

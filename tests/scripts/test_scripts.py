@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, USER_DIR, cli, run, split_tokens
+from helpers import BIN, ROOT, USER_DIR, cli, run, split_tokens
 
 SCRIPTS = ROOT / "scripts"
 SLURM = SCRIPTS / "slurm"
