@@ -1,0 +1,108 @@
+"""Every repository path named in the docs (README.md, docs/*.md) and in the code's docstrings, comments and
+strings (fairseq_tnn/, benchmarks/, scripts/, tests/) exists: a file moved or renamed without its mentions
+fails here, naming each stale mention by file and line.
+
+A path is a word starting with one of the repository's top-level directories (`fairseq_tnn/`, `tests/`,
+`scripts/`, `benchmarks/`, `docs/`, `configs/`, `data/`); a `::test_name` suffix, a `#anchor` and trailing
+punctuation are dropped, `{a,b}` is expanded into each path, and `\\.` (a regex's escaped dot) reads as a dot.
+It exists if it does relative to the repository root, or, for a mention inside tests/, relative to tests/
+(where pytest node ids such as `scripts/test_docs.py::test_x` are written from). A glob (`*.py`) or a
+placeholder (`configs/experiments/<preset>.yaml`) must match at least one file. The only exceptions are
+NOT_IN_THE_REPOSITORY below: paths relative to an output directory, each with its reason."""
+import itertools
+import re
+from pathlib import Path
+
+from helpers import ROOT
+
+TOP = ("fairseq_tnn", "tests", "scripts", "benchmarks", "docs", "configs", "data")
+# A top-level directory not preceded by a path character (so `$OUT/tests/x` and URLs do not count).
+PATH = re.compile(rf"(?<![\w./$~-])((?:{'|'.join(TOP)})/[\w./*?<>{{}},:#-]*)")
+TRAILING = ".,;:"
+
+# Mentions that name a file an output directory holds, not the repository: (path, reason).
+NOT_IN_THE_REPOSITORY = {
+    "tests/junit.xml": "scripts/gpu_check.sh's tests part, relative to its report directory (results/gpu-check/)",
+    "tests/pytest.log": "scripts/gpu_check.sh's tests part, relative to its report directory (results/gpu-check/)",
+    "data/preprocess.log": "scripts/gpu_check.sh's data part, relative to its report directory (results/gpu-check/)",
+}
+
+
+def sources():
+    """The files whose mentions are checked: the docs, and the text files of the code directories."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for top in ("fairseq_tnn", "benchmarks", "scripts", "tests"):
+        files += [p for p in sorted((ROOT / top).rglob("*"))
+                  if p.suffix in (".py", ".sh", ".sbatch", ".md") and "__pycache__" not in p.parts]
+    return files
+
+
+def expand_braces(path: str):
+    """`a/{b,c}.py` -> [`a/b.py`, `a/c.py`] (every group; no nesting)."""
+    parts = re.split(r"\{([^{}]*)\}", path)
+    choices = [[p] if i % 2 == 0 else p.split(",") for i, p in enumerate(parts)]
+    return ["".join(c) for c in itertools.product(*choices)]
+
+
+def mentions(text: str):
+    """(line number, path as cleaned) for every repository path named in a text."""
+    out = []
+    for number, line in enumerate(text.replace("\\.", ".").splitlines(), 1):
+        for match in PATH.finditer(line):
+            path = re.split(r"[:#]", match.group(1))[0].rstrip(TRAILING)
+            if "}" in path and "{" not in path:  # the end of a format string or a dict, not a path
+                path = path[:path.index("}")]
+            path = path.rstrip(TRAILING)
+            out += [(number, p) for p in expand_braces(path)]
+    return out
+
+
+def exists(path: str, source: Path) -> bool:
+    bases = [ROOT] + ([ROOT / "tests"] if source.is_relative_to(ROOT / "tests") else [])
+    pattern = re.sub(r"<[^<>/]*>", "*", path)
+    for base in bases:
+        if any(c in pattern for c in "*?[") and any(base.glob(pattern.rstrip("/"))):
+            return True
+        if (base / pattern).exists():
+            return True
+    return False
+
+
+def missing(text: str, source: Path):
+    """'file:line: path' for every path a text names that is not there."""
+    where = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
+    return [f"{where}:{n}: {p}" for n, p in mentions(text) if p not in NOT_IN_THE_REPOSITORY and not exists(p, source)]
+
+
+def test_every_named_path_exists():
+    files = sources()
+    assert len(files) > 80 and ROOT / "README.md" in files and ROOT / "fairseq_tnn" / "ops" / "ski.py" in files
+    found = sum(len(mentions(f.read_text())) for f in files)
+    assert found > 300, found  # the scan sees the paths (a regex that matched nothing would pass trivially)
+    broken = [m for f in files for m in missing(f.read_text(), f)]
+    assert not broken, "paths named but not in the repository:\n" + "\n".join(broken)
+
+
+def test_the_exceptions_are_still_named():
+    text = "\n".join(f.read_text() for f in sources())
+    named = {p for _, p in mentions(text)}
+    assert not set(NOT_IN_THE_REPOSITORY) - named, "unused entries in NOT_IN_THE_REPOSITORY"
+
+
+def test_a_missing_path_is_reported_with_its_line():
+    # The paths are built from pieces so that this file itself names none that is missing.
+    gone_test, gone_doc = "tests/ops/" + "test_gone.py", "docs/" + "gone.md"
+    text = (f"See `fairseq_tnn/ops/ski.py` and `tests/ops/test_fd.py::test_x`,\n"
+            f"then `{gone_test}::test_y` and [a page]({gone_doc}#anchor).\n"
+            "Modules: fairseq_tnn/ops/" + "{toeplitz,fd,gone}.py; configs: configs/experiments/<preset>.yaml.\n")
+    source = ROOT / "synthetic.md"
+    assert [p for _, p in mentions(text)] == [
+        "fairseq_tnn/ops/ski.py", "tests/ops/test_fd.py", gone_test, gone_doc, "fairseq_tnn/ops/toeplitz.py",
+        "fairseq_tnn/ops/fd.py", "fairseq_tnn/ops/" + "gone.py", "configs/experiments/<preset>.yaml"]
+    assert missing(text, source) == [f"synthetic.md:2: {gone_test}", f"synthetic.md:2: {gone_doc}",
+                                     "synthetic.md:3: fairseq_tnn/ops/" + "gone.py"]
+    # A placeholder that matches nothing is missing too; a node id relative to tests/ counts only inside tests/.
+    nowhere = "configs/" + "nowhere/<preset>.yaml"
+    assert missing(nowhere, source) == [f"synthetic.md:1: {nowhere}"]
+    assert missing("scripts/test_docs.py::test_x", ROOT / "tests" / "scripts" / "x.py") == []
+    assert missing("scripts/test_docs.py::test_x", source) == ["synthetic.md:1: scripts/test_docs.py"]
