@@ -1,105 +1,168 @@
-"""The plugin's only patches to fairseq 0.12, each as narrow as its failure, installed by :func:`install`
-when the plugin registers its models and tasks with fairseq (``fairseq_tnn.plugin.register``); importing
-this module changes nothing.
+"""The plugin's patches to fairseq 0.12, listed in one table, :data:`PATCHES`, that :func:`install` walks.
 
-A. Checkpoint loading with torch >= 2.6 (``weights_only=True`` by default), below.
-B. One log-file handler: ``fairseq.logging.progress_bar.progress_bar`` adds a new
-   ``logging.FileHandler`` for ``--log-file`` to its module's logger every time it builds a
-   progress bar (``fairseq_cli/train.py`` builds one per epoch), so epoch k's training and
-   validation lines were written k times to the log file. :func:`progress_bar_one_file_handler`
-   wraps it and passes ``log_file`` on only when that logger has no handler for that file yet;
-   everything else is fairseq's own function.
-C. numpy 2 (see below).
-D. Unreadable checkpoints (see the end of this docstring).
-E. fairseq's data-prefetch threads stopped before the interpreter exits (:func:`stop_background_consumers`).
-F. ``--fp16``'s copies between the model and the flat fp32 master copy, one multi-tensor copy each
-   (:func:`sync_fp16_grads_to_fp32`, :func:`sync_fp32_params_to_fp16`).
+:func:`install` runs when the plugin registers its models and tasks with fairseq
+(``fairseq_tnn.plugin.register``: ``--user-dir``, or importing ``fairseq_tnn.models`` / ``.tasks``);
+importing this module changes nothing. Each :class:`Patch` names the fairseq code it was written against
+and that code's fingerprint (:func:`fingerprint`: a sha256 of its source). Before a patch rebinds
+anything it checks the fingerprint of the code installed; when that differs (another fairseq release, a
+fairseq that fixed the bug itself) it logs a warning naming the patch, the code and both fingerprints,
+and then skips or still applies, as its ``on_mismatch`` says. Installing again changes nothing.
 
-A. Make fairseq 0.12's checkpoint loading work with torch >= 2.6.
-
-Since torch 2.6, ``torch.load`` unpickles only tensors, primitive containers and an allowlist of
-classes unless told ``weights_only=False``. fairseq 0.12 calls ``torch.load`` without the argument,
-which breaks in two places:
-
-1. Resuming a multi-process run. Rank 0 reads the checkpoint (``checkpoint_utils.
-   load_checkpoint_to_cpu``, which passes: a checkpoint file holds only tensors and primitives)
-   and ``Trainer.load_checkpoint`` sends it to the other ranks with ``distributed_utils.
-   broadcast_object``. That pickles the state with ``torch.save`` after the loader has turned
-   ``state["cfg"]`` into an OmegaConf ``DictConfig`` and the tensors into fairseq's
-   ``_TensorPlaceholder``s; ``_broadcast_object_slow`` (fairseq/distributed/utils.py) then
-   ``torch.load``s the bytes on every other rank, which fails with "Unsupported global: GLOBAL
-   omegaconf.dictconfig.DictConfig". The same function carries fairseq's other broadcasts
-   (sharded optimizer state, FSDP).
-2. Loading an old-style checkpoint, whose configuration is an ``argparse.Namespace`` under
-   ``"args"`` (fairseq before its hydra configs): "Unsupported global: GLOBAL argparse.Namespace".
-
-The fixes, each as narrow as the failure:
-
-1. ``_broadcast_object_slow`` is replaced by :func:`broadcast_object_slow`: the same protocol (a
-   length, then the ``torch.save`` bytes, broadcast from ``src_rank``), but the receiving ranks
-   unpickle with ``weights_only=False``. Its contract is to carry *any* Python object between the
-   processes of one job, and its sender is rank ``src_rank`` of this same job running this same
-   code, not a file from elsewhere; torch's own ``broadcast_object_list`` unpickles without
-   restriction for the same reason. Allowlisting classes instead would tie the fix to what a
-   config happens to contain (OmegaConf's node and metadata classes, ``typing.Any``, fairseq's
-   private placeholder, and for a converted old checkpoint every typed node and enum of fairseq's
-   dataclasses) and would widen what every *file* load accepts.
-2. ``argparse.Namespace`` is added to torch's safe globals. It is a plain attribute bag (nothing
-   runs when it is rebuilt), so checkpoint files are still loaded with ``weights_only=True`` and
-   everything else still refused.
-
-Setting ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` would also work, but turns the protection off for
-every file the process loads; this module never does that.
-
-C. numpy 2. ``TokenBlockDataset._build_slice_indices`` (fairseq/data/token_block_dataset.py) builds its block index
-for ``break_mode="eos"`` with ``np.compat.long``, an alias numpy 2 removed. That path is taken by every
-prompt (``build_dataset_for_inference``: fairseq-interactive and the hub
-interface's ``sample``/``score``/``generate``) and by training with ``--sample-break-mode eos``. Pinning
-numpy < 2 would hold back every other package; instead that one module's ``np`` is replaced by
-:data:`NUMPY_FOR_TOKEN_BLOCK`, numpy plus ``compat.long = numpy.int64`` (what the alias meant on the
-64-bit platforms fairseq supports). numpy itself is not touched, nor is any other fairseq module (the
-other removed aliases in fairseq 0.12, ``np.int``/``np.float``/``np.compat.long`` in data_utils'
-wav2vec masking, dynamic CRF and the translation dataset, are on paths no TNN model or task takes).
-tests/models/test_generation.py fails if fairseq's code there changes, so the shim is revisited then.
-
-D. A clear message for a checkpoint that cannot be read.
-
-fairseq reads every checkpoint through ``fairseq.checkpoint_utils.load_checkpoint_to_cpu``
-(resuming in fairseq-train, loading in fairseq-eval-lm / fairseq-validate). A truncated or
-corrupted file makes torch raise a low-level error ("failed finding central directory",
-EOFError, ...). This wraps that one function so the error names the file and, when it is
-in a checkpoint directory, the older checkpoints that can be passed to ``--restore-file``.
-Nothing is written or deleted: the failed attempt leaves every checkpoint as it was.
-
-``install()`` applies every fix; applying them again changes nothing.
+docs/design.md ("Patches to fairseq") has the same table for readers; tests/reliability/test_patches.py
+checks that the fingerprints match the installed fairseq, that the table there lists exactly these
+patches, the warning, and that install is idempotent. Each fix's own tests: tests/reliability/
+test_fp16_syncs.py, test_distributed.py and test_reliability.py, tests/cli/test_cli.py and
+test_generation.py.
 """
 import argparse
 import atexit
+import dataclasses
 import functools
 import glob
+import hashlib
+import importlib
+import inspect
 import io
 import logging
 import os
 import queue
+import textwrap
 import threading
 import time
 import types
+from typing import Any, Callable, Optional
 
 import numpy
-
 import torch
-from fairseq import checkpoint_utils
 from fairseq.data import iterators as iterators_module
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar as progress_bar_module
-from fairseq.optim import fp16_optimizer
+
+logger = logging.getLogger(__name__)
+
+MARK = "fairseq_tnn_patch"  # attribute of every object install() binds: the name of its patch
+ORIGINAL = "fairseq_tnn_original"  # ... and the fairseq object it replaced
 
 
+def fingerprint(obj) -> str:
+    """The first 16 hex digits of the sha256 of ``obj``'s source, dedented, with trailing spaces and
+    blank lines dropped (so re-indenting or blank lines do not count; any other edit does)."""
+    lines = textwrap.dedent(inspect.getsource(obj)).splitlines()
+    text = "\n".join(line.rstrip() for line in lines if line.strip())
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _owner_and_name(path: str):
+    """``"fairseq.module:Class.attr"`` -> (the object holding ``attr``, ``"attr"``)."""
+    module, _, qualname = path.partition(":")
+    *parents, name = qualname.split(".")
+    owner = importlib.import_module(module)
+    for part in parents:
+        owner = getattr(owner, part)
+    return owner, name
+
+
+def resolve(path: str):
+    """The object at ``"module:qualname"``; for one a patch replaced, fairseq's original."""
+    owner, name = _owner_and_name(path)
+    obj = getattr(owner, name)
+    return getattr(obj, ORIGINAL, obj) if getattr(obj, MARK, None) else obj
+
+
+def _always() -> bool:
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One fix of fairseq.
+
+    ``checks``: the fairseq code (``"module:qualname"``) the fix was written against; ``fingerprint``: its
+    :func:`fingerprint` in the fairseq release named in ``versions``. ``replaces``: what install() rebinds
+    to ``replacement(original)``; ``None`` for a fix that rebinds nothing of fairseq's, whose ``action``
+    then does it (idempotent itself). ``on_mismatch``: ``"skip"`` (fairseq's own code keeps running) or
+    ``"apply"`` (the fix does not depend on the code it checks). ``needed``: False where the fix has
+    nothing to do (e.g. numpy < 2 still has the alias).
+    """
+    name: str
+    why: str
+    versions: str
+    checks: str
+    fingerprint: str
+    on_mismatch: str
+    replaces: Optional[str] = None
+    replacement: Optional[Callable[[Any], Any]] = None
+    action: Optional[Callable[[], None]] = None
+    needed: Callable[[], bool] = _always
+
+    def __post_init__(self):
+        if self.on_mismatch not in ("skip", "apply"):
+            raise ValueError(f"patch {self.name}: on_mismatch={self.on_mismatch!r}; allowed: 'skip', 'apply'")
+        if (self.replaces is None) != (self.replacement is None) or (self.replacement is None) == (self.action is None):
+            raise ValueError(f"patch {self.name}: give replaces with replacement, or action alone")
+
+    def installed(self) -> bool:
+        if self.replaces is None:
+            return False  # an action is idempotent: installing it again changes nothing
+        owner, name = _owner_and_name(self.replaces)
+        return getattr(getattr(owner, name, None), MARK, None) == self.name
+
+    def install(self) -> str:
+        """Check and apply this fix; returns what happened: "installed", "already installed", "not needed",
+        "skipped" (the code differs and on_mismatch is "skip", or it is missing) or "installed despite a
+        mismatch"."""
+        if not self.needed():
+            return "not needed"
+        if self.installed():
+            return "already installed"
+        try:
+            found = fingerprint(resolve(self.checks))
+        except (ImportError, AttributeError, OSError, TypeError) as err:
+            logger.warning("fairseq_tnn patch %s not installed: cannot read %s (%s: %s); it was written for %s",
+                           self.name, self.checks, type(err).__name__, err, self.versions)
+            return "skipped"
+        mismatch = found != self.fingerprint
+        if mismatch:
+            logger.warning(
+                "fairseq_tnn patch %s: %s is not the code it was written for (source fingerprint %s, expected %s; "
+                "written for %s; installed: fairseq %s, torch %s, numpy %s); %s", self.name, self.checks, found,
+                self.fingerprint, self.versions, _version("fairseq"), torch.__version__, numpy.__version__,
+                "not installed: fairseq's own code runs" if self.on_mismatch == "skip" else "installed anyway")
+            if self.on_mismatch == "skip":
+                return "skipped"
+        if self.replaces is None:
+            self.action()
+        else:
+            owner, name = _owner_and_name(self.replaces)
+            original = getattr(owner, name)
+            new = self.replacement(original)
+            setattr(new, MARK, self.name)
+            setattr(new, ORIGINAL, original)
+            setattr(owner, name, new)
+        return "installed despite a mismatch" if mismatch else "installed"
+
+
+def _version(package: str) -> str:
+    return getattr(importlib.import_module(package), "__version__", "unknown")
+
+
+# broadcast-unpickle: fairseq's broadcast of Python objects between the ranks of one job.
 def broadcast_object_slow(obj, src_rank, group, dist_device):
     """Broadcast a picklable object from ``src_rank``; every rank returns it.
 
-    Drop-in for fairseq's ``distributed_utils._broadcast_object_slow`` (same arguments, same
-    messages on the wire), except that the receivers unpickle with ``weights_only=False``.
+    Replaces fairseq's ``distributed_utils._broadcast_object_slow`` (same arguments, same messages on the
+    wire: a length, then the ``torch.save`` bytes), except that the receivers unpickle with
+    ``weights_only=False``. With torch >= 2.6 fairseq's ``torch.load`` there refuses what resuming a
+    multi-process run sends: rank 0 reads the checkpoint and ``Trainer.load_checkpoint`` broadcasts it
+    after the loader has turned ``state["cfg"]`` into an OmegaConf ``DictConfig`` ("Unsupported global:
+    GLOBAL omegaconf.dictconfig.DictConfig"); the same function carries fairseq's other broadcasts
+    (sharded optimizer state, FSDP). Its contract is to carry any Python object between the processes of
+    one job, and its sender is rank ``src_rank`` of this same job running this same code, not a file from
+    elsewhere; torch's own ``broadcast_object_list`` unpickles without restriction for the same reason.
+    An allowlist instead would tie the fix to what a config happens to contain (OmegaConf's node and
+    metadata classes, ``typing.Any``, fairseq's private placeholder, every typed node of a converted old
+    checkpoint). ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` would turn the protection off for every file the
+    process loads; this module never does that.
     """
     if distributed_utils.get_rank(group) == src_rank:
         buffer = io.BytesIO()
@@ -117,35 +180,7 @@ def broadcast_object_slow(obj, src_rank, group, dist_device):
     return torch.load(io.BytesIO(payload.cpu().numpy().tobytes()), map_location="cpu", weights_only=False)
 
 
-def _has_file_handler(log: logging.Logger, path: str) -> bool:
-    target = os.path.abspath(path)
-    return any(isinstance(h, logging.FileHandler) and getattr(h, "baseFilename", None) == target
-               for h in log.handlers)
-
-
-def _one_file_handler(original):
-    @functools.wraps(original)
-    def progress_bar_one_file_handler(iterator, log_format=None, log_interval=100, log_file=None, *args, **kwargs):
-        if log_file is not None and _has_file_handler(progress_bar_module.logger, log_file):
-            log_file = None  # already written to: a second handler would duplicate every line
-        return original(iterator, log_format, log_interval, log_file, *args, **kwargs)
-
-    progress_bar_one_file_handler.tnn_one_file_handler = True
-    return progress_bar_one_file_handler
-
-
-class _NumpyWithCompatLong(types.ModuleType):
-    """numpy, as seen by one fairseq module, with the ``np.compat.long`` alias numpy 2 removed."""
-
-    compat = types.SimpleNamespace(long=numpy.int64)
-
-    def __getattr__(self, name):
-        return getattr(numpy, name)
-
-
-NUMPY_FOR_TOKEN_BLOCK = _NumpyWithCompatLong("numpy")
-
-
+# checkpoint-loader: fairseq reads every checkpoint through checkpoint_utils.load_checkpoint_to_cpu.
 class CheckpointReadError(RuntimeError):
     pass
 
@@ -157,14 +192,25 @@ def older_checkpoints(path: str):
     return sorted(others, key=os.path.getmtime, reverse=True)
 
 
-def _readable_checkpoint_errors(load):
-    if getattr(load, "_fairseq_tnn_wrapped", False):
-        return load
+def _checkpoint_loader(load):
+    """``load_checkpoint_to_cpu`` wrapped for two things, during its own call only:
 
+    1. An old-style checkpoint, whose configuration is an ``argparse.Namespace`` under ``"args"`` (fairseq
+       before its hydra configs), loads with torch >= 2.6 (``weights_only=True`` by default, "Unsupported
+       global: GLOBAL argparse.Namespace"): the loader runs inside ``torch.serialization.safe_globals
+       ([argparse.Namespace])``. A Namespace is a plain attribute bag (nothing runs when it is rebuilt), so
+       the file is still loaded with ``weights_only=True`` and everything else still refused; no other
+       ``torch.load`` of the process accepts it.
+    2. A truncated or corrupted file makes torch raise a low-level error ("failed finding central
+       directory", EOFError, ...): it is re-raised as :class:`CheckpointReadError` naming the file and,
+       when it is in a checkpoint directory, the older checkpoints that can be passed to
+       ``--restore-file``. Nothing is written or deleted.
+    """
     @functools.wraps(load)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
-            return load(path, *args, **kwargs)
+            with torch.serialization.safe_globals([argparse.Namespace]):
+                return load(path, *args, **kwargs)
         except (FileNotFoundError, KeyboardInterrupt, MemoryError):
             raise
         except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a bad file
@@ -176,12 +222,47 @@ def _readable_checkpoint_errors(load):
                             f"{candidates[0]} (others here: {', '.join(os.path.basename(c) for c in candidates[1:4]) or 'none'}).")
             raise CheckpointReadError(message) from err
 
-    load_checkpoint_to_cpu._fairseq_tnn_wrapped = True
     return load_checkpoint_to_cpu
 
 
+# progress-bar-log-file: one --log-file handler however many progress bars.
+def _has_file_handler(log: logging.Logger, path: str) -> bool:
+    target = os.path.abspath(path)
+    return any(isinstance(h, logging.FileHandler) and getattr(h, "baseFilename", None) == target
+               for h in log.handlers)
+
+
+def _one_file_handler(original):
+    """fairseq's ``progress_bar`` adds a new ``logging.FileHandler`` for ``--log-file`` to its module's
+    logger every time it builds a progress bar (``fairseq_cli/train.py`` builds one per epoch), so epoch
+    k's lines were written k times to the log file. This passes ``log_file`` on only when that logger has
+    no handler for that file yet; everything else is fairseq's own function."""
+    @functools.wraps(original)
+    def progress_bar(iterator, log_format=None, log_interval=100, log_file=None, *args, **kwargs):
+        if log_file is not None and _has_file_handler(progress_bar_module.logger, log_file):
+            log_file = None  # already written to: a second handler would duplicate every line
+        return original(iterator, log_format, log_interval, log_file, *args, **kwargs)
+
+    return progress_bar
+
+
+# numpy2-compat-long: token_block_dataset's np.
+class _NumpyWithCompatLong(types.ModuleType):
+    """numpy, as seen by one fairseq module, with the ``np.compat.long`` alias numpy 2 removed (what the
+    alias meant on the 64-bit platforms fairseq supports)."""
+
+    compat = types.SimpleNamespace(long=numpy.int64)
+
+    def __getattr__(self, name):
+        return getattr(numpy, name)
+
+
+NUMPY_FOR_TOKEN_BLOCK = _NumpyWithCompatLong("numpy")
+
+
+# stop-prefetch-at-exit: fairseq's data-prefetch threads.
 def stop_background_consumers(timeout: float = 10.0) -> None:
-    """E. Stop fairseq's data-prefetch threads before the interpreter finalizes.
+    """Stop fairseq's data-prefetch threads before the interpreter finalizes.
 
     ``BufferedIterator`` (``--data-buffer-size``, default 10) fills its queue from a daemon
     ``BackgroundConsumer`` thread. An iterator left unfinished (``--max-valid-steps``, or an epoch cut
@@ -208,19 +289,20 @@ def stop_background_consumers(timeout: float = 10.0) -> None:
             consumer.join(0.01)
 
 
-# F. FP16Optimizer (``--fp16``) keeps the fp32 master weights and their gradients in one flat tensor per
-# device, so Adam and gradient clipping see one parameter. Its two syncs with the fp16 model, the gradients
-# before every step and the weights after it, copy parameter by parameter in a Python loop: about 2 x 170
-# copies per update for the Wikitext-103 models, each a kernel launch on a GPU and a few microseconds of
-# host time. Training on a GPU is bound by the host launching work (docs/performance.md), so the flat-params
-# case is replaced by one ``torch._foreach_copy_`` per direction and device over cached views of the flat
+def _stop_background_consumers_at_exit() -> None:
+    atexit.unregister(stop_background_consumers)  # registered once however often installed
+    atexit.register(stop_background_consumers)
+
+
+# fp16-*-sync: FP16Optimizer (--fp16) keeps the fp32 master weights and their gradients in one flat tensor
+# per device, so Adam and gradient clipping see one parameter. Its two syncs with the fp16 model, the
+# gradients before every step and the weights after it, copy parameter by parameter in a Python loop: about
+# 2 x 170 copies per update for the Wikitext-103 models, each a kernel launch on a GPU and a few microseconds
+# of host time. Training on a GPU is bound by the host launching work (docs/performance.md), so the
+# flat-params case is one ``torch._foreach_copy_`` per direction and device over cached views of the flat
 # tensors: the same copies, in the same order and dtypes. Measured on the meta device (host time only,
-# tnn_lm_wt103's 171 parameters): 1.9 + 1.7 ms per update before, 0.12 + 0.12 ms after. The other
-# case (``--fp16-no-flatten-grads``) is fairseq's own code.
-_FP16_SYNCS = (fp16_optimizer._FP16OptimizerMixin._sync_fp16_grads_to_fp32,
-               fp16_optimizer._FP16OptimizerMixin._sync_fp32_params_to_fp16)
-
-
+# tnn_lm_wt103's 171 parameters): 1.9 + 1.7 ms per update before, 0.12 + 0.12 ms after. The other case
+# (--fp16-no-flatten-grads) runs fairseq's own code.
 def _flat_views(optimizer, key: str, flat: torch.Tensor, params) -> list:
     """Views of ``flat`` shaped like ``params``, laid end to end (FP16Optimizer's flat layout), cached on
     the optimizer for as long as ``flat`` keeps its storage."""
@@ -239,39 +321,117 @@ def _flat(optimizer) -> bool:
     return isinstance(optimizer.fp32_params, dict) and optimizer.has_flat_params
 
 
-def sync_fp16_grads_to_fp32(self):
-    if not (self._needs_sync and _flat(self)):
-        return _FP16_SYNCS[0](self)
-    with torch.no_grad():
-        for device, flat in self.fp32_params.items():
-            params = [p for p in self.fp16_params if p.requires_grad and p.device.index == device]
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            torch._foreach_copy_(_flat_views(self, f"grad{device}", flat.grad, params), grads)
-    self._needs_sync = False
+def _flat_grad_sync(original):
+    def _sync_fp16_grads_to_fp32(self):
+        if not (self._needs_sync and _flat(self)):
+            return original(self)
+        with torch.no_grad():
+            for device, flat in self.fp32_params.items():
+                params = [p for p in self.fp16_params if p.requires_grad and p.device.index == device]
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                torch._foreach_copy_(_flat_views(self, f"grad{device}", flat.grad, params), grads)
+        self._needs_sync = False
+
+    return _sync_fp16_grads_to_fp32
 
 
-def sync_fp32_params_to_fp16(self):
-    if not _flat(self):
-        return _FP16_SYNCS[1](self)
-    with torch.no_grad():
-        for device, flat in self.fp32_params.items():
-            params = [p for p in self.fp16_params if p.device.index == device]
-            torch._foreach_copy_(params, _flat_views(self, f"param{device}", flat, params))
+def _flat_param_sync(original):
+    def _sync_fp32_params_to_fp16(self):
+        if not _flat(self):
+            return original(self)
+        with torch.no_grad():
+            for device, flat in self.fp32_params.items():
+                params = [p for p in self.fp16_params if p.device.index == device]
+                torch._foreach_copy_(params, _flat_views(self, f"param{device}", flat, params))
+
+    return _sync_fp32_params_to_fp16
 
 
-def install():
-    """Install every fix (idempotent)."""
-    atexit.unregister(stop_background_consumers)  # registered once however often installed
-    atexit.register(stop_background_consumers)
-    distributed_utils._broadcast_object_slow = broadcast_object_slow
-    fp16_optimizer._FP16OptimizerMixin._sync_fp16_grads_to_fp32 = sync_fp16_grads_to_fp32
-    fp16_optimizer._FP16OptimizerMixin._sync_fp32_params_to_fp16 = sync_fp32_params_to_fp16
-    if not getattr(progress_bar_module.progress_bar, "tnn_one_file_handler", False):
-        progress_bar_module.progress_bar = _one_file_handler(progress_bar_module.progress_bar)
-    if hasattr(torch.serialization, "add_safe_globals"):  # torch >= 2.4
-        torch.serialization.add_safe_globals([argparse.Namespace])
-    if not hasattr(numpy, "compat"):  # numpy >= 2
-        from fairseq.data import token_block_dataset
-        token_block_dataset.np = NUMPY_FOR_TOKEN_BLOCK
-    checkpoint_utils.load_checkpoint_to_cpu = _readable_checkpoint_errors(checkpoint_utils.load_checkpoint_to_cpu)
+FAIRSEQ = "fairseq 0.12.3.1 (fairseq-fixed)"
 
+PATCHES = (
+    Patch(
+        name="broadcast-unpickle",
+        why="resuming a multi-process run with torch >= 2.6: fairseq's receiving ranks torch.load the broadcast "
+            "checkpoint with weights_only=True and refuse its OmegaConf config; they unpickle what their own "
+            "job's rank sent with weights_only=False (broadcast_object_slow)",
+        versions=f"{FAIRSEQ}; torch >= 2.6; any numpy",
+        checks="fairseq.distributed.utils:_broadcast_object_slow",
+        fingerprint="d76415381eb2472c",
+        on_mismatch="skip",
+        replaces="fairseq.distributed.utils:_broadcast_object_slow",
+        replacement=lambda original: broadcast_object_slow,
+    ),
+    Patch(
+        name="checkpoint-loader",
+        why="old-style checkpoints (an argparse.Namespace config) load with torch >= 2.6, with Namespace "
+            "allowed during fairseq's checkpoint loads only; an unreadable checkpoint is named with the older "
+            "ones to --restore-file from (_checkpoint_loader)",
+        versions=f"{FAIRSEQ}; torch >= 2.6 (Namespace), any torch (errors); any numpy",
+        checks="fairseq.checkpoint_utils:load_checkpoint_to_cpu",
+        fingerprint="58ce6e637a5284ee",
+        on_mismatch="apply",  # it only wraps the call: any loader still gets the allowlist and the clear error
+        replaces="fairseq.checkpoint_utils:load_checkpoint_to_cpu",
+        replacement=_checkpoint_loader,
+    ),
+    Patch(
+        name="progress-bar-log-file",
+        why="fairseq adds a --log-file handler per progress bar (one per epoch), writing epoch k's lines k "
+            "times; the file gets one handler (_one_file_handler)",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.logging.progress_bar:progress_bar",
+        fingerprint="607974d1f80a77ab",
+        on_mismatch="skip",
+        replaces="fairseq.logging.progress_bar:progress_bar",
+        replacement=_one_file_handler,
+    ),
+    Patch(
+        name="numpy2-compat-long",
+        why="TokenBlockDataset's eos block index (every prompt, --sample-break-mode eos) uses np.compat.long, "
+            "which numpy 2 removed; that one module's np is numpy plus the alias (NUMPY_FOR_TOKEN_BLOCK)",
+        versions=f"{FAIRSEQ}; any torch; numpy >= 2",
+        checks="fairseq.data.token_block_dataset:TokenBlockDataset._build_slice_indices",
+        fingerprint="4fc566fde3f632fe",
+        on_mismatch="apply",  # numpy plus one alias changes nothing for code that no longer uses it
+        replaces="fairseq.data.token_block_dataset:np",
+        replacement=lambda original: NUMPY_FOR_TOKEN_BLOCK,
+        needed=lambda: not hasattr(numpy, "compat"),
+    ),
+    Patch(
+        name="stop-prefetch-at-exit",
+        why="a data-prefetch thread still running at interpreter exit can abort the finished process (exit "
+            "134); an atexit handler stops and drains each one (stop_background_consumers)",
+        versions=f"{FAIRSEQ}; torch 2.x (seen with 2.13); any numpy",
+        checks="fairseq.data.iterators:BackgroundConsumer",
+        fingerprint="d67f79570225f44d",
+        on_mismatch="skip",
+        action=_stop_background_consumers_at_exit,
+    ),
+    Patch(
+        name="fp16-grads-sync",
+        why="--fp16: the gradients' copy into the flat fp32 master copy as one torch._foreach_copy_ per device "
+            "instead of one copy per parameter (the same values; host-bound GPU training)",
+        versions=f"{FAIRSEQ}; torch >= 2.1 (_foreach_copy_); any numpy",
+        checks="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp16_grads_to_fp32",
+        fingerprint="d36b84abf6260889",
+        on_mismatch="skip",
+        replaces="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp16_grads_to_fp32",
+        replacement=_flat_grad_sync,
+    ),
+    Patch(
+        name="fp16-params-sync",
+        why="--fp16: the master weights' copy back into the fp16 model as one torch._foreach_copy_ per device "
+            "instead of one copy per parameter (the same values)",
+        versions=f"{FAIRSEQ}; torch >= 2.1 (_foreach_copy_); any numpy",
+        checks="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp32_params_to_fp16",
+        fingerprint="015196491a1f430a",
+        on_mismatch="skip",
+        replaces="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp32_params_to_fp16",
+        replacement=_flat_param_sync,
+    ),
+)
+
+
+def install() -> dict:
+    """Check and install every patch of :data:`PATCHES` (idempotent); returns {name: what happened}."""
+    return {patch.name: patch.install() for patch in PATCHES}

@@ -1,10 +1,17 @@
-"""patches F: FP16Optimizer's syncs between the fp16 model and its flat fp32 master copy, one multi-tensor
-copy per direction, do exactly what fairseq's per-parameter loops do (the same flat layout and values)."""
+"""The fp16-grads-sync and fp16-params-sync patches (fairseq_tnn/patches.py): FP16Optimizer's syncs between
+the fp16 model and its flat fp32 master copy, one multi-tensor copy per direction, do exactly what fairseq's
+per-parameter loops do (the same flat layout and values)."""
 import pytest
 import torch
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
 from fairseq_tnn import patches
+
+MIXIN = FP16Optimizer.__mro__[1]
+# the installed syncs (ours) and the fairseq methods they replaced
+SYNC_GRADS, SYNC_PARAMS = MIXIN._sync_fp16_grads_to_fp32, MIXIN._sync_fp32_params_to_fp16
+FAIRSEQ_SYNC_GRADS, FAIRSEQ_SYNC_PARAMS = (patches.resolve(f"fairseq.optim.fp16_optimizer:_FP16OptimizerMixin.{name}")
+                                           for name in ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16"))
 
 
 def fp16_optimizer(monkeypatch, params):
@@ -27,20 +34,19 @@ def model_params(seed: int):
 
 
 def test_patched_syncs_are_installed():
-    mixin = FP16Optimizer.__mro__[1]
-    assert mixin._sync_fp16_grads_to_fp32 is patches.sync_fp16_grads_to_fp32
-    assert mixin._sync_fp32_params_to_fp16 is patches.sync_fp32_params_to_fp16
+    assert MIXIN.__name__ == "_FP16OptimizerMixin"
+    assert SYNC_GRADS.fairseq_tnn_patch == "fp16-grads-sync" and SYNC_PARAMS.fairseq_tnn_patch == "fp16-params-sync"
+    assert FAIRSEQ_SYNC_GRADS.__module__ == FAIRSEQ_SYNC_PARAMS.__module__ == "fairseq.optim.fp16_optimizer"
 
 
 @pytest.mark.parametrize("step", range(2))  # the second round reuses the cached views
 def test_gradient_and_weight_syncs_equal_fairseqs_loops(monkeypatch, step):
     ours, theirs = fp16_optimizer(monkeypatch, model_params(0)), fp16_optimizer(monkeypatch, model_params(0))
-    original_grads, original_params = patches._FP16_SYNCS
     for _ in range(step + 1):
         for opt in (ours, theirs):
             opt._needs_sync = True
-        patches.sync_fp16_grads_to_fp32(ours)
-        original_grads(theirs)
+        SYNC_GRADS(ours)
+        FAIRSEQ_SYNC_GRADS(theirs)
         assert not ours._needs_sync
         flat, ref = ours.fp32_params[None], theirs.fp32_params[None]
         assert torch.equal(flat.grad, ref.grad) and flat.grad.dtype == torch.float32
@@ -48,8 +54,8 @@ def test_gradient_and_weight_syncs_equal_fairseqs_loops(monkeypatch, step):
         # an optimizer step on the master weights, then back into the fp16 model
         for f in (flat, ref):
             f.data.add_(f.grad, alpha=-0.5)
-        patches.sync_fp32_params_to_fp16(ours)
-        original_params(theirs)
+        SYNC_PARAMS(ours)
+        FAIRSEQ_SYNC_PARAMS(theirs)
         for a, b in zip(ours.fp16_params, theirs.fp16_params):
             assert a.dtype == torch.float16 and torch.equal(a, b)
     assert torch.equal(torch.cat([p.detach().float().view(-1) for p in ours.fp16_params]),
@@ -62,7 +68,7 @@ def test_unflattened_master_weights_keep_fairseqs_code():
         o.fp16_params = model_params(1)
         o.fp32_params = FP16Optimizer.build_fp32_params(None, o.fp16_params, flatten=False)  # a list
         o._needs_sync = True
-    patches.sync_fp16_grads_to_fp32(opt)
-    patches._FP16_SYNCS[0](ref)
+    SYNC_GRADS(opt)
+    FAIRSEQ_SYNC_GRADS(ref)
     for a, b in zip(opt.fp32_params, ref.fp32_params):
         assert torch.equal(a.grad, b.grad)

@@ -1,0 +1,133 @@
+"""The plugin's patches to fairseq (fairseq_tnn/patches.py): each one's fingerprint is that of the installed
+fairseq's code (a fairseq whose patched code changed fails here, naming the patch to review), a changed or
+missing fairseq function is reported by a warning naming the patch, installing twice changes nothing, the
+checkpoint loader's Namespace allowance holds during its own loads only, and docs/design.md's table lists
+exactly the patches in the code."""
+import argparse
+import atexit
+import logging
+import re
+
+import pytest
+import torch
+from fairseq import checkpoint_utils
+from fairseq.distributed import utils as distributed_utils
+from fairseq.logging import progress_bar as progress_bar_module
+
+from fairseq_tnn import patches
+from helpers import ROOT
+
+BY_NAME = {p.name: p for p in patches.PATCHES}
+
+
+def bound(patch):
+    owner, name = patches._owner_and_name(patch.replaces)
+    return getattr(owner, name)
+
+
+@pytest.mark.parametrize("patch", patches.PATCHES, ids=lambda p: p.name)
+def test_fingerprint_is_the_installed_fairseqs(patch):
+    found = patches.fingerprint(patches.resolve(patch.checks))
+    assert found == patch.fingerprint, (
+        f"fairseq's {patch.checks} changed (fingerprint {found}, patch {patch.name} was written for "
+        f"{patch.fingerprint}): check whether the fix is still needed and still right ({patch.why}), then update "
+        "its fingerprint and versions in fairseq_tnn/patches.py and docs/design.md")
+
+
+def test_the_plugin_installed_every_patch_and_installing_again_changes_nothing(monkeypatch):
+    replaced = [p for p in patches.PATCHES if p.replaces and p.needed()]
+    assert all(getattr(bound(p), patches.MARK) == p.name for p in replaced)
+    before = {p.name: bound(p) for p in replaced}
+    exit_handlers = [patches.stop_background_consumers]  # atexit's list as the plugin left it (it has no getter)
+    monkeypatch.setattr(atexit, "register", exit_handlers.append)
+    monkeypatch.setattr(atexit, "unregister", lambda f: exit_handlers.remove(f) if f in exit_handlers else None)
+    for _ in range(2):
+        statuses = patches.install()
+        assert all(statuses[p.name] == "already installed" for p in replaced), statuses
+        assert {p.name: bound(p) for p in replaced} == before
+        assert exit_handlers == [patches.stop_background_consumers]  # registered once however often installed
+    assert set(statuses.values()) <= {"already installed", "installed", "not needed"}
+
+
+def fake_progress_bar(iterator, *args, **kwargs):
+    return iterator  # a fairseq whose progress_bar is not the code the patch was written for
+
+
+def test_a_changed_fairseq_function_warns_naming_the_patch_and_keeps_fairseqs_code(monkeypatch, caplog):
+    patch = BY_NAME["progress-bar-log-file"]
+    assert patch.on_mismatch == "skip"
+    monkeypatch.setattr(progress_bar_module, "progress_bar", fake_progress_bar)
+    with caplog.at_level(logging.WARNING, logger=patches.__name__):
+        assert patch.install() == "skipped"
+    assert progress_bar_module.progress_bar is fake_progress_bar
+    [record] = caplog.records
+    for part in (patch.name, patch.checks, patches.fingerprint(fake_progress_bar), patch.fingerprint,
+                 "not installed: fairseq's own code runs"):
+        assert part in record.getMessage()
+
+
+def test_a_changed_loader_warns_and_the_wrapper_still_applies(monkeypatch, caplog, tmp_path):
+    patch = BY_NAME["checkpoint-loader"]
+    assert patch.on_mismatch == "apply"
+
+    def changed_loader(path, arg_overrides=None, load_on_all_ranks=False):
+        raise EOFError("Ran out of input")
+
+    monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", changed_loader)
+    with caplog.at_level(logging.WARNING, logger=patches.__name__):
+        assert patch.install() == "installed despite a mismatch"
+    assert patch.name in caplog.text and "installed anyway" in caplog.text
+    assert checkpoint_utils.load_checkpoint_to_cpu.fairseq_tnn_original is changed_loader
+    with pytest.raises(patches.CheckpointReadError, match="cannot read checkpoint .*EOFError: Ran out of input"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "checkpoint_last.pt"))
+
+
+def test_missing_fairseq_code_warns_and_is_skipped(monkeypatch, caplog):
+    patch = BY_NAME["broadcast-unpickle"]
+    monkeypatch.delattr(distributed_utils, "_broadcast_object_slow")
+    with caplog.at_level(logging.WARNING, logger=patches.__name__):
+        assert patch.install() == "skipped"
+    assert f"fairseq_tnn patch {patch.name} not installed: cannot read {patch.checks}" in caplog.text
+    assert not hasattr(distributed_utils, "_broadcast_object_slow")
+
+
+def test_a_patch_with_an_unknown_mismatch_policy_is_refused():
+    with pytest.raises(ValueError, match="patch x: on_mismatch='warn'; allowed: 'skip', 'apply'"):
+        patches.Patch(name="x", why="", versions="", checks="m:f", fingerprint="", on_mismatch="warn",
+                      action=lambda: None)
+
+
+def test_namespace_is_allowed_in_fairseqs_checkpoint_loads_only(tmp_path):
+    old = tmp_path / "old.pt"
+    torch.save({"args": argparse.Namespace(arch="tnn_lm_tiny")}, old)
+    with pytest.raises(Exception, match="Unsupported global"):
+        torch.load(old)  # weights_only stays on everywhere else
+    assert patches._checkpoint_loader(torch.load)(old)["args"].arch == "tnn_lm_tiny"
+    with pytest.raises(Exception, match="Unsupported global"):
+        torch.load(old)
+    assert argparse.Namespace not in torch.serialization.get_safe_globals()
+
+
+def test_an_unreadable_checkpoint_names_the_older_ones(tmp_path):
+    for name in ("checkpoint_1_10.pt", "checkpoint_last.pt"):
+        torch.save({"model": {}}, tmp_path / name)
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(patches.CheckpointReadError, match=r"--restore-file \S*checkpoint_1_10\.pt"):
+        patches._checkpoint_loader(torch.load)(str(tmp_path / "checkpoint_last.pt"))
+
+
+def design_table():
+    """{patch name: its row's cells} from docs/design.md's "Patches to fairseq" section."""
+    text = (ROOT / "docs/design.md").read_text()
+    section = text.split("\n## Patches to fairseq\n", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
+            if re.match(r"\| `[\w-]+` \|", line)]
+    return {re.fullmatch(r"`([\w-]+)`", row[0]).group(1): row for row in rows}
+
+
+def test_the_design_docs_table_lists_exactly_the_patches():
+    table = design_table()
+    assert sorted(table) == sorted(BY_NAME), "docs/design.md's 'Patches to fairseq' table and PATCHES differ"
+    for name, row in table.items():
+        when_changed = row[-1]
+        assert when_changed.startswith({"skip": "skipped", "apply": "applied"}[BY_NAME[name].on_mismatch]), (name, row)
