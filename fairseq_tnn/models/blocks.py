@@ -11,6 +11,10 @@ from ..modules.tno.base import require
 from .config import COMPILE_MODES, block_tno_settings, compile_mode
 
 logger = logging.getLogger(__name__)
+# The compile warning's logger: a child of fairseq-train's logger, to whose handlers fairseq_cli.train gives
+# its --log-file (train.log), so the warning reaches that file as well as the console, like fairseq-train's own
+# lines, without adding a handler anywhere.
+compile_logger = logging.getLogger("fairseq_cli.train." + __name__)
 
 # torch.compile keeps one graph per sequence length the layers see (more precisely, per FFT size:
 # the lengths that share one reuse a graph). Training sees one length (--sample-break-mode none)
@@ -87,7 +91,11 @@ class CompiledOrEager:
 
     def __call__(self, *args, **kwargs):
         try:
-            return self.compiled(*args, **kwargs)
+            # Compile each graph's backward with its forward (not lazily at the first backward), so that a
+            # failure to compile the backward also arises here, where it is handled; scoped to this call, so
+            # the user's other compiled models keep torch's default.
+            with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+                return self.compiled(*args, **kwargs)
         except Exception as err:
             if not is_compile_error(err):
                 raise
@@ -101,21 +109,12 @@ class CompiledOrEager:
                     layer._compiled_call_impl = None  # nn.Module.__call__ now runs the eager forward
                     layer.tnn_compile_error = f"compiling {self.name} failed: {summary}"
             eager = eager_layers(self.stack, self.stack_name)
-            also_to_train_log()
-            logger.warning(
+            compile_logger.warning(
                 f"--tnn-compile: compiling {self.name} failed: {summary}. Running eagerly from now on (correct, "
                 f"slower; --tnn-compile strict stops instead): {', '.join(eager)} ({len(eager)} of "
                 f"{len(self.stack)} layers of {self.stack_name}, which share the failing code)")
             logger.debug(f"--tnn-compile: the error compiling {self.name}", exc_info=err)
             return self.layer._call_impl(*args, **kwargs)
-
-
-def also_to_train_log() -> None:
-    """Send this module's log records to fairseq-train's ``--log-file`` (train.log) too: fairseq_cli.train
-    gives its file handler to its own logger only, and the compile warnings belong in that file."""
-    for handler in logging.getLogger("fairseq_cli.train").handlers:
-        if isinstance(handler, logging.FileHandler) and handler not in logger.handlers:
-            logger.addHandler(handler)
 
 
 def eager_layers(layers: nn.ModuleList, name: str = "layers"):
@@ -135,9 +134,6 @@ def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "lay
     require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, COMPILE_RECOMPILE_LIMIT)
-    # Compile each graph's backward with its forward (not lazily at the first backward), so that a failure
-    # to compile the backward also arises in the layer's call, where it can be handled.
-    torch._functorch.config.force_non_lazy_backward_lowering = True
     for i, layer in enumerate(layers):
         layer.compile()
         layer.tnn_compile_error = None

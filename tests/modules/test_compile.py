@@ -14,7 +14,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from conftest import LM_TRAIN, USER_DIR, assert_compiled_matches_eager, cli, lm_train_cmd, rel, run
-from fairseq_tnn.models.blocks import TnnCompileError, compile_layers, eager_layers
+from fairseq_tnn.models.blocks import TnnCompileError, compile_layers, compile_logger, eager_layers
 from fairseq_tnn.models.build import build_arch
 from fairseq_tnn.models.config import compile_mode
 
@@ -123,7 +123,7 @@ def eager_and_fallback(arch):
 def check_falls_back(caplog, error_pattern):
     eager, compiled, layers = eager_and_fallback("tnn_lm_tiny")
     tokens = torch.randint(4, 50, (2, 24))
-    with caplog.at_level(logging.WARNING, logger="fairseq_tnn.models.blocks"):
+    with caplog.at_level(logging.WARNING, logger=compile_logger.name):
         for _ in range(2):  # the second call runs eagerly at once: no second warning
             ye, yc = eager(tokens)[0], compiled(tokens)[0]
             ye.sum().backward()
@@ -132,7 +132,7 @@ def check_falls_back(caplog, error_pattern):
     for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
         assert rel(pc.grad, pe.grad) < 1e-6, name
     warnings = [r.getMessage() for r in caplog.records
-                if r.levelno == logging.WARNING and r.name == "fairseq_tnn.models.blocks"]
+                if r.levelno == logging.WARNING and r.name == compile_logger.name]
     # one warning, naming the layer, the error and the layers that now run eagerly: the whole stack, whose
     # layers share the failing code (layer 1 is not compiled again only to fail)
     assert len(warnings) == 1, warnings
@@ -204,7 +204,8 @@ def test_fairseq_train_continues_eagerly_when_compilation_fails(data_bin, tmp_pa
     in train.log, names the layer, the error and the layers that run eagerly; the training completes."""
     log = train_without_cxx(data_bin, tmp_path, "--tnn-compile")
     train_log = (tmp_path / "train.log").read_text()  # fairseq writes its log file's lines unformatted
-    assert "WARNING | fairseq_tnn.models.blocks | --tnn-compile: compiling decoder.layers.0 failed" in log, log[-3000:]
+    assert ("WARNING | fairseq_cli.train.fairseq_tnn.models.blocks | --tnn-compile: compiling decoder.layers.0 failed"
+            in log), log[-3000:]
     for text in (log, train_log):
         assert re.search(r"--tnn-compile: compiling decoder\.layers\.0 failed: InductorError: InvalidCxxCompiler: No "
                          r"working C\+\+ compiler.* Running eagerly from now on .*: decoder\.layers\.0, "
