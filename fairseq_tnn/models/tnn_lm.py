@@ -4,7 +4,9 @@ Its decoder is a ``FairseqIncrementalDecoder``: fairseq's sequence generator (fa
 fairseq-generate, the hub interface's ``sample``/``generate``) then feeds it one new token per step
 and it keeps, per layer, the TNO inputs v of the positions decoded so far, so that a step costs the
 per-token layers once plus one Toeplitz sum sum_{s <= t} k[t - s] v_s per layer, with the time kernel
-k computed once per generation (``docs/using-models.md``).
+k computed once per generation (``docs/using-models.md``). The decoder talks to its layers only
+(``TnnLayer.init_cache`` / ``step``); a TNO type that cannot decode incrementally (its class says
+``supports_incremental = False``) is decoded by the full forward of the whole prefix at every step.
 """
 import math
 from contextlib import contextmanager
@@ -53,6 +55,9 @@ class TnnDecoder(FairseqIncrementalDecoder):
             self.output_projection = nn.Linear(dim, len(dictionary), bias=False)
             nn.init.normal_(self.output_projection.weight, mean=0, std=dim ** -0.5)
         self.decoding_length: Optional[int] = None
+        # Whether every layer decodes incrementally (its TNO gives a causal time kernel); if not, incremental
+        # calls run the full forward of the whole prefix (correct, a full forward per generated token).
+        self.incremental = all(layer.supports_incremental for layer in self.layers)
 
     def set_decoding_length(self, length: Optional[int]):
         """Plan a generation of up to ``length`` tokens (None: no plan). The task does this around
@@ -68,8 +73,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
             raise ValueError(f"decoding length must be an integer >= 1 or None, got {length!r}")
         self.decoding_length = length
         for layer in self.layers:
-            if hasattr(layer.gtu.tno, "kernel_length"):
-                layer.gtu.tno.kernel_length = length
+            layer.set_decoding_length(length)
 
     def extract_features(self, prev_output_tokens: torch.Tensor, return_all_hiddens: bool = False,
                          incremental_state: Optional[Dict[str, Dict[str, Optional[torch.Tensor]]]] = None):
@@ -95,66 +99,57 @@ class TnnDecoder(FairseqIncrementalDecoder):
         return x, {"attn": [None], "inner_states": inner_states}
 
     def _extract_features_cached(self, tokens: torch.Tensor, incremental_state) -> torch.Tensor:
-        """Features of the positions of ``tokens`` (b, T) not yet in the cache (one per step under
-        fairseq's generator; all T on the first call or after a reset)."""
+        """Features of the positions of ``tokens`` (b, T) not yet decoded (one per step under fairseq's
+        generator; all T on the first call or after a reset). Where a layer's TNO cannot decode incrementally
+        (``TnnLayer.supports_incremental``), they are those of the full forward of all T tokens."""
         b, total = tokens.shape
         state = self.get_incremental_state(incremental_state, "tnn_cache")
-        if state is not None and total > state["capacity"]:
-            state = self._grow(state, total, tokens.device)
+        if state is not None and state["layers"] is not None and total > state["capacity"]:
+            state = self._grow(state, total)
         if state is None:
             capacity = max(total, self.decoding_length or max(total, MIN_DECODING_LENGTH))
-            state = self._new_state(b, capacity, tokens.device)
+            caches = None
+            if self.incremental:
+                caches = [layer.init_cache(b, capacity, tokens.device) for layer in self.layers]
+            state = {"length": 0, "capacity": capacity, "layers": caches}
         start = state["length"]
         if total <= start:
             raise ValueError(f"incremental decoding got {total} tokens but has already decoded {start}: "
                              "pass the whole prefix, one or more tokens longer than at the previous call")
-        new = tokens[:, start:]
-        pad_mask = new.eq(self.padding_idx)
-        if not pad_mask.any():
-            pad_mask = None
-        x = self.dropout(self.embed_scale * self.embed_tokens(new))  # (b, c, d)
-        for layer, v_cache, kernel in zip(self.layers, state["v"], state["kernel"]):
-            x = layer.forward_cached(x, pad_mask, v_cache, kernel, start)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
+        if state["layers"] is None:
+            x = self.extract_features(tokens)[0][:, start:]
+        else:
+            new = tokens[:, start:]
+            pad_mask = new.eq(self.padding_idx)
+            if not pad_mask.any():
+                pad_mask = None
+            x = self.dropout(self.embed_scale * self.embed_tokens(new))  # (b, c, d)
+            for layer, cache in zip(self.layers, state["layers"]):
+                x = layer.step(x, pad_mask, cache, start)
+            if self.final_norm is not None:
+                x = self.final_norm(x)
         state["length"] = total
         self.set_incremental_state(incremental_state, "tnn_cache", state)
         return x
 
-    def _new_state(self, batch: int, capacity: int, device):
-        kernels, caches = [], []
-        for layer in self.layers:
-            kernel, _ = layer.gtu.tno.kernel(capacity, device)  # (d1, capacity), once per generation
-            kernels.append(kernel.flip(-1).contiguous())  # reversed: a step reads its lags contiguously
-            caches.append(kernel.new_zeros(layer.gtu.d1, batch, capacity))
-        return {"length": 0, "capacity": capacity, "kernel": kernels, "v": caches}
-
-    def _grow(self, state, total: int, device):
-        """A cache outgrown: double it (at least to ``total``). Where the kernel depends on the length
+    def _grow(self, state, total: int):
+        """A cache outgrown: double it (at least to ``total``). Where a layer's kernel depends on the length
         (FD), the cached inputs were computed with the old kernel: start again (None)."""
         capacity = max(2 * state["capacity"], total)
-        if any(layer.gtu.tno.kernel_depends_on_length for layer in self.layers):
+        caches = [layer.grow_cache(cache, capacity, state["length"]) for layer, cache in zip(self.layers, state["layers"])]
+        if any(cache is None for cache in caches):
             return None
-        grown = self._new_state(state["v"][0].shape[1], capacity, device)
-        for old, new in zip(state["v"], grown["v"]):
-            new[:, :, : state["length"]] = old[:, :, : state["length"]]
-        grown["length"] = state["length"]
-        return grown
+        return {"length": state["length"], "capacity": capacity, "layers": caches}
 
     def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
         """Beam search: keep the cached rows of the hypotheses that survive, in their new order."""
         state = self.get_incremental_state(incremental_state, "tnn_cache")
-        if state is None:
+        if state is None or state["layers"] is None:
             return
-        batch, used = state["v"][0].shape[1], state["length"]
+        batch = state["layers"][0].v.shape[1]
         if new_order.numel() == batch and bool((new_order == torch.arange(batch, device=new_order.device)).all()):
             return  # nothing moves (fairseq asks at every step, also for beam 1): no copy of the cache
-        reordered = []
-        for v in state["v"]:  # only the positions decoded so far are copied, not the spare capacity
-            w = v.new_zeros(v.shape[0], new_order.numel(), v.shape[2])
-            w[:, :, :used] = v[:, :, :used].index_select(1, new_order)
-            reordered.append(w)
-        state["v"] = reordered
+        state["layers"] = [cache.reordered(new_order, state["length"]) for cache in state["layers"]]
         self.set_incremental_state(incremental_state, "tnn_cache", state)
 
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""GTU, GLU and the TNN layer."""
-from typing import Optional
+"""GTU, GLU and the TNN layer, and the layer's cache for incremental decoding."""
+from dataclasses import dataclass
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -9,6 +10,26 @@ from .activations import get_activation
 from .norm import build_norm
 
 
+@dataclass
+class GtuCache:
+    """What a causal GTU keeps while decoding incrementally: ``kernel`` (d1, capacity), its TNO's causal
+    time kernel reversed (lag t at index capacity - 1 - t, so that a step reads its lags contiguously),
+    and ``v`` (d1, batch, capacity), the TNO inputs of the positions decoded so far."""
+
+    kernel: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        return self.v.shape[2]
+
+    def reordered(self, new_order: torch.Tensor, used: int) -> "GtuCache":
+        """Beam search: the rows ``new_order`` of the first ``used`` positions (the spare capacity is not copied)."""
+        v = self.v.new_zeros(self.v.shape[0], new_order.numel(), self.capacity)
+        v[:, :, :used] = self.v[:, :, :used].index_select(1, new_order)
+        return GtuCache(self.kernel, v)
+
+
 class Gtu(nn.Module):
     """Gated Toeplitz unit: out = W_o(act(W_u x) * TNO(act(W_v x))), width d1 = expand_ratio * d.
 
@@ -16,7 +37,8 @@ class Gtu(nn.Module):
     (d1, batch * n) by one GEMM with the transposed input, [W_u; W_v] x^T, the TNO works on
     contiguous rows, and the output projection consumes the gated product through a transposed
     operand: no activation is ever transposed (copied). u and v get separate activation outputs so
-    that v's buffer is freed once the TNO has consumed it.
+    that v's buffer is freed once the TNO has consumed it. ``forward`` and the incremental ``step``
+    share the projections, the activation and the masking; they differ in the token mixing only.
     """
 
     def __init__(self, dim: int, d1: int, tno: nn.Module, activation: str = "silu"):
@@ -27,38 +49,54 @@ class Gtu(nn.Module):
         self.tno = tno
         self.out_proj = nn.Linear(d1, dim)
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _gate_inputs(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """u and v (d1, b, n) of x (b, n, d); v is zero at the padded positions of pad_mask (b, n)."""
         b, n, d = x.shape
         d1 = self.d1
-        x2 = x.reshape(b * n, d)
-        uv = torch.addmm(self.uv_proj.bias.unsqueeze(1), self.uv_proj.weight, x2.t())  # (2 d1, b n)
+        uv = torch.addmm(self.uv_proj.bias.unsqueeze(1), self.uv_proj.weight, x.reshape(b * n, d).t())  # (2 d1, b n)
         u = self.act(uv[:d1]).view(d1, b, n)
         v = self.act(uv[d1:]).view(d1, b, n)
         if pad_mask is not None:
             # padded positions must not leak into real ones through the token mixing
             v = v.masked_fill(pad_mask.unsqueeze(0), 0.0)
-        z = u * self.tno(v, layout="dbn")  # (d1, b, n)
-        out = torch.addmm(self.out_proj.bias, z.view(d1, b * n).t(), self.out_proj.weight.t())  # (b n, d)
-        return out.view(b, n, d)
+        return u, v
 
-    def forward_cached(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], v_cache: torch.Tensor,
-                       kernel: torch.Tensor, start: int) -> torch.Tensor:
-        """Incremental decoding (causal TNO): the outputs of positions start .. start + c - 1.
+    def _output(self, z: torch.Tensor) -> torch.Tensor:
+        """W_o z for the gated product z (d1, b, n): (b, n, d)."""
+        d1, b, n = z.shape
+        out = torch.addmm(self.out_proj.bias, z.reshape(d1, b * n).t(), self.out_proj.weight.t())  # (b n, d)
+        return out.view(b, n, -1)
 
-        x (b, c, d): the new positions' inputs; pad_mask (b, c) or None; v_cache (d1, b, capacity):
-        the TNO inputs v of positions 0 .. start - 1, to which the new ones are written; kernel
-        (d1, L >= start + c): the TNO's causal time kernel, reversed (lag t at index L - 1 - t).
-        u, v and the output projection are per-token; the token mixing is sum_{s <= t} k[t - s] v_s
-        over the cache.
-        """
-        b, c, _ = x.shape
-        u, v = self.act(self.uv_proj(x)).chunk(2, dim=-1)  # (b, c, d1)
-        if pad_mask is not None:
-            v = v.masked_fill(pad_mask.unsqueeze(-1), 0.0)  # as in forward: padding never mixes in
-        end = start + c
-        v_cache[:, :, start:end] = v.permute(2, 0, 1)
-        y = causal_toeplitz_tail(v_cache[:, :, :end], kernel, start, reversed_kernel=True)  # (d1, b, c)
-        return self.out_proj(u * y.permute(1, 2, 0).to(u.dtype))
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        u, v = self._gate_inputs(x, pad_mask)
+        return self._output(u * self.tno(v, layout="dbn"))
+
+    def init_cache(self, batch: int, capacity: int, device=None) -> GtuCache:
+        """An empty cache for decoding up to ``capacity`` positions of ``batch`` sequences (causal TNO)."""
+        if not self.tno.supports_incremental:
+            raise ValueError(f"--tno-type {self.tno.name} cannot decode incrementally (supports_incremental is False "
+                             "in its class): decode with the full forward")
+        kernel = self.tno.decoding_kernel(capacity, device)  # (d1, capacity), once per generation
+        return GtuCache(kernel.flip(-1).contiguous(), kernel.new_zeros(self.d1, batch, capacity))
+
+    def grow_cache(self, cache: GtuCache, capacity: int, used: int) -> Optional[GtuCache]:
+        """``cache`` with room for ``capacity`` positions, its first ``used`` kept; None where the TNO's kernel
+        depends on the length (FD): the cached inputs were mixed with the old kernel, decoding starts again."""
+        if self.tno.kernel_depends_on_length:
+            return None
+        grown = self.init_cache(cache.v.shape[1], capacity, cache.v.device)
+        grown.v[:, :, :used] = cache.v[:, :, :used]
+        return grown
+
+    def step(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], cache: GtuCache, start: int) -> torch.Tensor:
+        """Incremental decoding: the outputs of positions start .. start + c - 1 of x (b, c, d), whose TNO
+        inputs v are written to the cache after those of positions 0 .. start - 1; the token mixing is
+        sum_{s <= t} k[t - s] v_s over the cache."""
+        u, v = self._gate_inputs(x, pad_mask)
+        end = start + x.shape[1]
+        cache.v[:, :, start:end] = v
+        y = causal_toeplitz_tail(cache.v[:, :, :end], cache.kernel, start, reversed_kernel=True)  # (d1, b, c)
+        return self._output(u * y.to(u.dtype))
 
 
 class Glu(nn.Module):
@@ -77,7 +115,11 @@ class Glu(nn.Module):
 
 class TnnLayer(nn.Module):
     """x = x + GTU(norm(x)); x = x + GLU(norm(x))  (pre-norm), or the post-norm variant
-    x = norm(x + GTU(x)); x = norm(x + GLU(x)). Dropout on each residual branch."""
+    x = norm(x + GTU(x)); x = norm(x + GLU(x)). Dropout on each residual branch.
+
+    The layer is the interface of incremental decoding (a causal model's decoder talks to its layers
+    only): ``supports_incremental``, ``set_decoding_length``, ``init_cache`` / ``grow_cache`` and ``step``;
+    the TNO says what decoding needs (``Tno.decoding_kernel``, ``kernel_depends_on_length``)."""
 
     def __init__(self, dim: int, gtu: Gtu, glu: Glu, norm_type: str = "simplermsnorm",
                  normalize_before: bool = True, dropout: float = 0.0):
@@ -88,18 +130,33 @@ class TnnLayer(nn.Module):
         self.normalize_before = normalize_before
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def _residual(self, x: torch.Tensor, token_mixer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The two residual blocks around ``token_mixer`` (the GTU's forward or step) and the GLU."""
         if self.normalize_before:
-            x = x + self.dropout(self.gtu(self.token_norm(x), pad_mask))
+            x = x + self.dropout(token_mixer(self.token_norm(x)))
             return x + self.dropout(self.glu(self.channel_norm(x)))
-        x = self.token_norm(x + self.dropout(self.gtu(x, pad_mask)))
+        x = self.token_norm(x + self.dropout(token_mixer(x)))
         return self.channel_norm(x + self.dropout(self.glu(x)))
 
-    def forward_cached(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], v_cache: torch.Tensor,
-                       kernel: torch.Tensor, start: int) -> torch.Tensor:
-        """``forward`` for the new positions of incremental decoding (see ``Gtu.forward_cached``)."""
-        if self.normalize_before:
-            x = x + self.dropout(self.gtu.forward_cached(self.token_norm(x), pad_mask, v_cache, kernel, start))
-            return x + self.dropout(self.glu(self.channel_norm(x)))
-        x = self.token_norm(x + self.dropout(self.gtu.forward_cached(x, pad_mask, v_cache, kernel, start)))
-        return self.channel_norm(x + self.dropout(self.glu(x)))
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self._residual(x, lambda h: self.gtu(h, pad_mask))
+
+    @property
+    def supports_incremental(self) -> bool:
+        """Whether ``step`` works: the TNO gives a causal time kernel (``Tno.supports_incremental``)."""
+        return self.gtu.tno.supports_incremental
+
+    def set_decoding_length(self, length: Optional[int]) -> None:
+        """Plan a generation of up to ``length`` positions (None: none planned): a TNO whose kernel depends on
+        the length then uses the kernel of max(n, length) positions in the forward too."""
+        self.gtu.tno.kernel_length = length
+
+    def init_cache(self, batch: int, capacity: int, device=None) -> GtuCache:
+        return self.gtu.init_cache(batch, capacity, device)
+
+    def grow_cache(self, cache: GtuCache, capacity: int, used: int) -> Optional[GtuCache]:
+        return self.gtu.grow_cache(cache, capacity, used)
+
+    def step(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], cache: GtuCache, start: int) -> torch.Tensor:
+        """``forward`` of the new positions start .. start + c - 1 of incremental decoding (see ``Gtu.step``)."""
+        return self._residual(x, lambda h: self.gtu.step(h, pad_mask, cache, start))

@@ -7,11 +7,16 @@ is a ``Tno`` subclass in a module of its own, with
 - ``Settings``: a dataclass of its hyperparameters, each field with its default and ``help`` (and
   ``choices`` where the values are names). The fairseq model config derives its option fields from
   these (fairseq_tnn/models/config.py), so a default or a help text is written once, here;
-- ``check(settings, causal)``-style validation in ``Settings.check``, errors naming the option;
-- ``supports_causal``: False for a bidirectional-only operator (refused for a causal model).
+- ``Settings.check``: the validation, errors naming the option (``require``);
+- ``supports_causal``: False for a bidirectional-only operator (refused for a causal model);
+- ``supports_incremental``: True where ``decoding_kernel(n)`` gives the causal time kernel that
+  incremental decoding applies one position at a time (every ``SpectralTno``); a causal model whose
+  TNO lacks it decodes by the full forward of the whole prefix at each step (correct, slower);
+  ``kernel_depends_on_length``: whether that kernel changes with the sequence length (FD).
 
 ``@register_tno`` adds a class to ``TNO_TYPES``; fairseq_tnn/modules/tno/__init__.py imports the
-modules that hold them. Nothing here imports fairseq.
+modules that hold them. A constructor takes a checked ``Settings`` instance (``tno_settings``, what a
+model resolves once for all its layers) or plain values (``build_tno``). Nothing here imports fairseq.
 """
 import dataclasses
 from dataclasses import dataclass, field
@@ -30,10 +35,19 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+class InvalidSetting(ValueError):
+    """An option's value refused: ``--name=value is invalid: allowed``, with ``name`` (the settings field),
+    ``value`` and ``allowed`` kept for a caller that knows the option by another name (a deprecated alias)."""
+
+    def __init__(self, name: str, value, allowed: str):
+        super().__init__(f"{option(name)}={value!r} is invalid: {allowed}")
+        self.name, self.value, self.allowed = name, value, allowed
+
+
 def require(ok: bool, name: str, value, allowed: str) -> None:
-    """Raise ``ValueError("--name=value is invalid: allowed")`` unless ``ok``."""
+    """Raise ``InvalidSetting`` (a ValueError: ``--name=value is invalid: allowed``) unless ``ok``."""
     if not ok:
-        raise ValueError(f"{option(name)}={value!r} is invalid: {allowed}")
+        raise InvalidSetting(name, value, allowed)
 
 
 def is_int(value, minimum: int) -> bool:
@@ -100,21 +114,9 @@ def tno_class(tno_type: str) -> Type["Tno"]:
 
 
 def tno_settings(tno_type: str, causal: bool, **values) -> TnoSettings:
-    """The checked settings of a ``tno_type`` TNO in a causal or bidirectional model: what the model
-    configs validate before any work, and what every TNO's constructor runs."""
-    cls = tno_class(tno_type)
-    if causal and not cls.supports_causal:
-        causal_types = " or ".join(t for t, c in TNO_TYPES.items() if c.supports_causal)
-        raise ValueError(f"--tno-type={tno_type!r} is invalid for a causal model: {cls.why_not_causal}; "
-                         f"use --tno-type {causal_types}")
-    known = [f.name for f in dataclasses.fields(cls.Settings)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ValueError(f"--tno-type {tno_type} has no setting {', '.join(map(option, unknown))} "
-                         f"(its settings: {', '.join(map(option, known)) or 'none'})")
-    settings = cls.Settings(**values)
-    settings.check()
-    return settings
+    """The checked settings of a ``tno_type`` TNO in a causal or bidirectional model, from plain values
+    (missing ones: the type's defaults)."""
+    return tno_class(tno_type).checked_settings(causal, **values)
 
 
 def build_tno(tno_type: str, dim: int, causal: bool, **settings) -> "Tno":
@@ -133,17 +135,53 @@ class Tno(nn.Module):
     Settings: Type[TnoSettings] = TnoSettings
     supports_causal: bool = True
     why_not_causal: str = ""
+    # Whether a causal one gives decoding_kernel (incremental decoding); without it, a causal model decodes
+    # by the full forward of the prefix at every step.
+    supports_incremental: bool = False
     # Whether every lag's coefficient depends on the sequence length (FD: the frequency grid does).
     # Incremental decoding recomputes its cache when such a kernel outgrows it.
     kernel_depends_on_length: bool = False
 
-    def __init__(self, dim: int, causal: bool, **settings):
+    def __init__(self, dim: int, causal: bool, settings: Optional[TnoSettings] = None, **values):
+        """``settings``: a ``Settings`` instance as ``checked_settings`` (``tno_settings``) returns it, which a
+        model resolves once for all its layers; or None and plain ``values`` (missing ones: the defaults)."""
         super().__init__()
-        self.settings = tno_settings(self.name, causal, **settings)
+        if settings is None:
+            settings = self.checked_settings(causal, **values)
+        elif values or not isinstance(settings, self.Settings):
+            raise TypeError(f"{type(self).__name__} takes a {self.Settings.__name__} instance or plain values, "
+                            f"not {type(settings).__name__} {'and values' if values else ''}".strip())
+        self.settings = settings
         self.dim, self.causal = dim, causal
+        # Set (TnnLayer.set_decoding_length) while a causal model generates. A kernel that depends on the
+        # length then uses that of max(n, kernel_length) positions, the same at every step of a generation,
+        # cached or not. None: the input's own length.
+        self.kernel_length: Optional[int] = None
+
+    @classmethod
+    def checked_settings(cls, causal: bool, **values) -> TnoSettings:
+        """This type's settings from plain values, checked, for a causal or bidirectional model; errors name
+        the option, the value and what is allowed."""
+        if causal and not cls.supports_causal:
+            causal_types = " or ".join(t for t, c in TNO_TYPES.items() if c.supports_causal)
+            raise ValueError(f"--tno-type={cls.name!r} is invalid for a causal model: {cls.why_not_causal}; "
+                             f"use --tno-type {causal_types}")
+        known = [f.name for f in dataclasses.fields(cls.Settings)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"--tno-type {cls.name} has no setting {', '.join(map(option, unknown))} "
+                             f"(its settings: {', '.join(map(option, known)) or 'none'})")
+        settings = cls.Settings(**values)
+        settings.check()
+        return settings
 
     def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
         raise NotImplementedError
+
+    def decoding_kernel(self, n: int, device=None) -> torch.Tensor:
+        """(d, n): the causal time kernel, lags 0 .. n - 1, that incremental decoding applies (a causal
+        TNO with ``supports_incremental``); float32 (float64 for float64 weights)."""
+        raise NotImplementedError(f"--tno-type {self.name} has no decoding kernel (supports_incremental is False)")
 
 
 class SpectralTno(Tno):
@@ -151,12 +189,7 @@ class SpectralTno(Tno):
     ``spectrum(n)``, the rfft of the matrix's circulant embedding, and ``kernel(n)``, its coefficients
     in time (incremental decoding, pictures, the dense references in the tests)."""
 
-    def __init__(self, dim: int, causal: bool, **settings):
-        super().__init__(dim, causal, **settings)
-        # Set (by TnnDecoder.set_decoding_length) while a causal model generates. For a kernel that
-        # depends on the length, the forward then uses the kernel of max(n, kernel_length) positions,
-        # the same at every step of a generation, cached or not. None: the input's own length.
-        self.kernel_length: Optional[int] = None
+    supports_incremental = True
 
     def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
         """(d, size // 2 + 1) complex spectrum for sequences of length n, and the FFT size."""
@@ -166,6 +199,9 @@ class SpectralTno(Tno):
         """The Toeplitz coefficients for length n, channel-major: pos (d, n) for lags 0 .. n-1 and
         neg (d, n-1) for lags -1 .. -(n-1), None when causal; float32 (float64 for float64 weights)."""
         raise NotImplementedError
+
+    def decoding_kernel(self, n: int, device=None) -> torch.Tensor:
+        return self.kernel(n, device)[0]
 
     def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
         n = seq_shape(x, layout)[0]

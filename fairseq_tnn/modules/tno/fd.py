@@ -32,8 +32,8 @@ class FdTno(SpectralTno):
     Settings = FdSettings
     kernel_depends_on_length = True
 
-    def __init__(self, dim: int, causal: bool, **settings):
-        super().__init__(dim, causal, **settings)
+    def __init__(self, dim: int, causal: bool, settings: Optional[FdSettings] = None, **values):
+        super().__init__(dim, causal, settings, **values)
         s = self.settings
         self.rpe = Rpe(dim if causal else 2 * dim, s.rpe_dim, s.rpe_layers, str(s.rpe_activation), str(s.rpe_norm_type))
 

@@ -66,8 +66,8 @@ class SkiTno(Tno):
     # 1: checkpoints before --ski-lowrank (the low rank as 'sum'); 2: the mode is the model config's
     VERSION = 2
 
-    def __init__(self, dim: int, causal: bool, **settings):
-        super().__init__(dim, causal, **settings)
+    def __init__(self, dim: int, causal: bool, settings: Optional[SkiSettings] = None, **values):
+        super().__init__(dim, causal, settings, **values)
         s = self.settings
         self.decay = s.ski_warp_decay
         self.lowrank = s.ski_lowrank

@@ -36,8 +36,8 @@ class TnnTno(SpectralTno):
     summary = "tnn (Qin et al.: RPE MLP of the lag x decay)"
     Settings = TnnSettings
 
-    def __init__(self, dim: int, causal: bool, **settings):
-        super().__init__(dim, causal, **settings)
+    def __init__(self, dim: int, causal: bool, settings: Optional[TnnSettings] = None, **values):
+        super().__init__(dim, causal, settings, **values)
         s = self.settings
         self.decay = s.decay
         self.rpe = Rpe(dim, s.rpe_dim, s.rpe_layers, str(s.rpe_activation), str(s.rpe_norm_type))
