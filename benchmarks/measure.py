@@ -150,8 +150,8 @@ def _model_step(cfg: Dict, sizes: Dict):
 def _layer_step(cfg: Dict, sizes: Dict):
     """(step function, tensors alive between steps) for one TNO layer alone, forward + backward."""
 
+    from benchmarks import ski_causal
     from fairseq_tnn.modules.tno import build_tno
-    from fairseq_tnn.ops import ski_causal
     from fairseq_tnn.ops.toeplitz import SpectralConv, next_fast_len
     n, b, d1, key = cfg["n"], cfg["batch"], cfg["dim"], cfg["key"]
     causal = cfg["direction"] == "causal"

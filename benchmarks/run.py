@@ -123,7 +123,7 @@ def main(argv=None):
         # once: ~2 s per process otherwise); each configuration runs in a fresh fork of it.
         os.environ["_TNN_BENCH_FORKSERVER"] = "1"
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "fairseq_tnn", "fairseq_tnn.ops.ski_causal",
+        ctx.set_forkserver_preload(["torch", "fairseq_tnn", "benchmarks.ski_causal",
                                     "fairseq.models.transformer_lm", "benchmarks.measure"])
         log("memory (fresh process per configuration):")
         with ctx.Pool(1, maxtasksperchild=1) as pool:

@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
 from fairseq_tnn.modules.tno import build_tno  # noqa: E402
-from fairseq_tnn.ops.ski import _warped_lags, ski_tno  # noqa: E402
+from fairseq_tnn.ops.ski import ski_tno, warped_lags  # noqa: E402
 
 PAPER = dict(ski_rank=32, ski_taps=17, ski_warp_decay=0.99)
 LR = 1e-3
@@ -93,7 +93,7 @@ def init_and_step(mode: str, n: int, dim: int, seed: int = 0) -> Dict:
 def warp_coverage(n: int, r: int = 32, lam: float = 0.99) -> Dict:
     """The knots (0 .. 2r, at x = (j - r) / r) that the lags of A reach at length n."""
     r_eff = min(r, n)
-    x = _warped_lags(n, r_eff, lam, None)
+    x = warped_lags(n, r_eff, lam, None)
     u = (x.clamp(-1, 1) + 1) * r
     lo = u.floor().clamp(0, 2 * r - 1).long()
     reached = sorted({int(j) for j in torch.cat([lo, lo + 1]).tolist() if j != r})  # the knot at 0 is fixed

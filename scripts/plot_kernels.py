@@ -128,8 +128,8 @@ def layer_kernels(tno, n: int, channels):
             matrix = _toeplitz(pos, neg)
             impulse = torch.cat([neg.flip(-1), pos], dim=-1)  # lags -(n-1) .. n-1
         else:
-            from fairseq_tnn.ops.ski import _band_dense, ski_lowrank_dense
-            band = _band_dense(n, tno.conv_weight[ch].double())
+            from fairseq_tnn.ops.ski import band_dense, ski_lowrank_dense
+            band = band_dense(n, tno.conv_weight[ch].double())
             knots = tno.lowrank_knots(n)  # f at length n (--ski-lowrank); None: the band alone
             lowrank = (ski_lowrank_dense(n, knots[:, ch].double(), tno.decay) if knots is not None
                        else torch.zeros_like(band))

@@ -21,10 +21,15 @@ same interval [0, pi] on a finer grid (this is how FD-TNN extrapolates).
 Every op also takes ``layout="dbn"`` (channel-major, see ``toeplitz.py``): x
 (d, *batch, n) and spectra (d, N'+1), FFTs along the contiguous last dimension.
 
-Fast paths use torch.fft (with the hand-written backward passes of
-``toeplitz.py``); the ``*_ref`` functions build the time kernel by an
-explicit inverse DFT (a dense cos/sin matrix) and multiply by dense Toeplitz
-matrices. FFTs and references compute in float32 (float64 for float64 input)
+The ops here give the spectra; the FD-TNO applies one as every spectral TNO
+does, ``toeplitz.fft_conv(x, spectrum, N)`` (``SpectralTno.forward`` in
+modules/tno/base.py), so the FD-TNO is ``fft_conv(x, hilbert_causal_spectrum(
+k_real), N)`` causal and ``fft_conv(x, fd_bidirectional_spectrum(k_real,
+k_imag), N)`` bidirectional, N from ``fd_grid``: the compositions
+tests/ops/test_fd.py compares with the ``*_ref`` functions, which build the time
+kernel by an explicit inverse DFT (a dense cos/sin matrix) and multiply by dense
+Toeplitz matrices. FFTs (with the hand-written backward passes of
+``toeplitz.py``) and references compute in float32 (float64 for float64 input)
 and cast the output back to ``x.dtype``.
 """
 import math
@@ -32,14 +37,13 @@ from typing import Optional, Tuple
 
 import torch
 
-from .toeplitz import (KernelRfft, check_layout, fft_conv, fft_dtype, next_fast_len, seq_shape, swap_kernel_layout,
-                       toeplitz_dense)
+from .checks import check_layout, check_length, check_shape
+from .toeplitz import KernelRfft, fft_dtype, next_fast_len, seq_shape, swap_kernel_layout, toeplitz_dense
 
 
 def fd_grid(n: int, device=None) -> Tuple[int, torch.Tensor]:
     """FFT size N = 2 N' and the N' + 1 frequencies m pi / N' (float32) for length n."""
-    if n < 1:
-        raise ValueError(f"sequence length n must be >= 1, got n={n}")
+    check_length(n)
     half = next_fast_len(n)  # N'
     omegas = torch.arange(half + 1, device=device, dtype=torch.float64) * (math.pi / half)
     return 2 * half, omegas.to(torch.float32)
@@ -108,27 +112,6 @@ def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor, layout
     return torch.view_as_complex(torch.stack([kr, ki * mask], dim=-1))
 
 
-def fd_causal(x: torch.Tensor, k_real: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
-    """Causal FD-TNO: y = irfft(rfft(x, N) * H, N)[:n], H from ``hilbert_causal_spectrum``.
-
-    ``bnd``: x (b, n, d), k_real (N'+1, d); ``dbn``: x (d, *batch, n), k_real (d, N'+1);
-    N' = next_fast_len(n). Returns x's shape in x.dtype.
-    """
-    size = _check(x, k_real, layout=layout)
-    return fft_conv(x, hilbert_causal_spectrum(k_real, layout), size, layout)
-
-
-def fd_bidirectional(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
-    """Bidirectional FD-TNO: y = irfft(rfft(x, N) * (k_real + i k_imag), N)[:n].
-
-    ``bnd``: x (b, n, d), k_real and k_imag (N'+1, d); ``dbn``: x (d, *batch, n),
-    k_real and k_imag (d, N'+1). The imaginary part is taken as 0 at omega = 0
-    and pi (its gradient there is exactly 0). Returns real, x's shape, x.dtype.
-    """
-    size = _check(x, k_real, k_imag, layout)
-    return fft_conv(x, fd_bidirectional_spectrum(k_real, k_imag, layout), size, layout)
-
-
 # ----------------------------------------------------------------------------
 # References: explicit DFT matrices and dense Toeplitz matrices.
 # ----------------------------------------------------------------------------
@@ -195,27 +178,27 @@ def _ref_apply(x: torch.Tensor, kernel: torch.Tensor, layout: str) -> torch.Tens
 
 
 def fd_causal_ref(x: torch.Tensor, k_real: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
-    """Dense reference for ``fd_causal`` (explicit inverse DFT, O(n^2 d))."""
-    _check(x, k_real, layout=layout)
+    """Dense reference for the causal FD-TNO, ``fft_conv(x, hilbert_causal_spectrum(k_real), N)`` (explicit
+    inverse DFT, O(n^2 d)). ``bnd``: x (b, n, d), k_real (N'+1, d); ``dbn``: x (d, *batch, n), k_real (d, N'+1)."""
+    check_fd_args(x, k_real, layout=layout)
     return _ref_apply(x, fd_time_kernel(_bnd(k_real, layout)), layout)
 
 
 def fd_bidirectional_ref(x: torch.Tensor, k_real: torch.Tensor, k_imag: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
-    """Dense reference for ``fd_bidirectional`` (explicit inverse DFT, O(n^2 d))."""
-    _check(x, k_real, k_imag, layout)
+    """Dense reference for the bidirectional FD-TNO, ``fft_conv(x, fd_bidirectional_spectrum(k_real, k_imag), N)``
+    (explicit inverse DFT, O(n^2 d)); shapes as for ``fd_causal_ref``, k_imag like k_real."""
+    check_fd_args(x, k_real, k_imag, layout)
     return _ref_apply(x, fd_time_kernel(_bnd(k_real, layout), _bnd(k_imag, layout)), layout)
 
 
-def _check(x: torch.Tensor, k_real: torch.Tensor, k_imag: Optional[torch.Tensor] = None, layout: str = "bnd") -> int:
-    """Validate shapes; return the FFT size N."""
+def check_fd_args(x: torch.Tensor, k_real: torch.Tensor, k_imag: Optional[torch.Tensor] = None,
+                  layout: str = "bnd") -> int:
+    """The spectra fit x: (N'+1, d), or (d, N'+1) for ``dbn``, N' = next_fast_len(n). Returns the FFT size N = 2 N'."""
     n, d = seq_shape(x, layout)
     size = 2 * next_fast_len(n)
     want = (size // 2 + 1, d) if layout == "bnd" else (d, size // 2 + 1)
-    if tuple(k_real.shape) != want:
-        raise ValueError(
-            f"k_real must have shape {want} for n={n} and layout {layout!r} (N' = next_fast_len(n)), "
-            f"got {tuple(k_real.shape)}"
-        )
-    if k_imag is not None and tuple(k_imag.shape) != want:
-        raise ValueError(f"k_imag must have shape {want} for n={n}, got {tuple(k_imag.shape)}")
+    why = f"for n={n} and layout {layout!r} (N' = next_fast_len(n))"
+    check_shape("k_real", k_real, want, why)
+    if k_imag is not None:
+        check_shape("k_imag", k_imag, want, why)
     return size

@@ -41,35 +41,41 @@ import torch.nn.functional as F
 
 from torch.autograd.function import once_differentiable
 
-from .toeplitz import autocast_off, check_layout, fft_dtype, seq_shape, toeplitz_fft
+from .checks import check_lam, check_layout, check_length, check_rank, check_taps
+from .toeplitz import autocast_off, fft_dtype, seq_shape, toeplitz_fft
 
 
 # ----------------------------------------------------------------------------
-# Validation
+# Validation (the shared checks are in checks.py)
 # ----------------------------------------------------------------------------
-
-
-def _check_rank(r: int) -> None:
-    if r < 2:
-        raise ValueError(f"SKI rank r (inducing points, knots per side) must be an integer >= 2, got r={r}")
-
-
-def _check_taps(m: int) -> None:
-    if m < 1 or m % 2 == 0:
-        raise ValueError(f"SKI sparse filter size m must be odd and >= 1 (centred taps), got m={m}")
-
-
-def _check_lam(lam: float) -> None:
-    if not 0.0 < float(lam) < 1.0:
-        raise ValueError(f"SKI time-warp decay lam must satisfy 0 < lam < 1, got lam={lam}")
 
 
 def _rank_of(knots: torch.Tensor) -> int:
     if knots.dim() != 2 or knots.shape[0] % 2:
         raise ValueError(f"knots must have shape (2r, d), got {tuple(knots.shape)}")
     r = knots.shape[0] // 2
-    _check_rank(r)
+    check_rank(r)
     return r
+
+
+def check_ski_args(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor],
+                   lam: Union[float, torch.Tensor], layout: str = "bnd") -> None:
+    """The arguments of ``ski_tno`` / ``ski_tno_ref``: x (b, n, d) (``dbn``: (d, *batch, n)), conv_weight (d, m)
+    with m odd, knots (2r, d) with r >= 2 or None, 0 < lam < 1."""
+    if layout == "bnd" and x.dim() != 3:
+        raise ValueError(f"x must have shape (b, n, d), got {tuple(x.shape)}")
+    if layout == "dbn" and x.dim() < 2:
+        raise ValueError(f"x must have shape (d, *batch, n) for layout 'dbn', got {tuple(x.shape)}")
+    _, d = seq_shape(x, layout)
+    if conv_weight.dim() != 2 or conv_weight.shape[0] != d:
+        raise ValueError(f"conv_weight must have shape (d, m) with d={d}, got {tuple(conv_weight.shape)}")
+    check_taps(conv_weight.shape[1])
+    check_lam(lam)
+    if knots is None:
+        return
+    _rank_of(knots)
+    if knots.shape[1] != d:
+        raise ValueError(f"knots must have shape (2r, d) with d={d}, got {tuple(knots.shape)}")
 
 
 # ----------------------------------------------------------------------------
@@ -79,7 +85,7 @@ def _rank_of(knots: torch.Tensor) -> int:
 
 def inducing_points(n: int, r: int, device=None) -> torch.Tensor:
     """The r_eff = min(r, n) inducing positions k (n-1)/(r_eff-1), float64 (just [0.] when n = 1)."""
-    _check_rank(r)
+    check_rank(r)
     r_eff = min(r, n)
     if r_eff == 1:
         return torch.zeros(1, dtype=torch.float64, device=device)
@@ -95,9 +101,8 @@ def interp_weights(n: int, r: int, device=None, dtype=torch.float32) -> Tuple[to
     frac = (i - p_lo) / h in [0, 1]. Integer arithmetic for lo and frac keeps
     inducing points exact: W[p_k, k] = 1 whenever p_k is an integer.
     """
-    _check_rank(r)
-    if n < 1:
-        raise ValueError(f"sequence length n must be >= 1, got n={n}")
+    check_rank(r)
+    check_length(n)
     r_eff = min(r, n)
     i = torch.arange(n, device=device)
     if r_eff == 1:  # n == 1
@@ -129,7 +134,7 @@ def interp_matrix(n: int, r: int, device=None, dtype=torch.float32) -> torch.Ten
 
 def time_warp(t: torch.Tensor, lam: float) -> torch.Tensor:
     """Inverse time warp x(t) = sign(t) lam^|t|, mapping lags into [-1, 1] (x(0) = 0)."""
-    _check_lam(lam)
+    check_lam(lam)
     return torch.sign(t) * torch.pow(float(lam), t.abs())
 
 
@@ -150,7 +155,7 @@ def piecewise_linear(knots: torch.Tensor, xq: torch.Tensor) -> torch.Tensor:
     return values[lo] * (1.0 - frac) + values[lo + 1] * frac  # (..., d)
 
 
-def _warped_lags(n: int, r_eff: int, lam: float, device) -> torch.Tensor:
+def warped_lags(n: int, r_eff: int, lam: float, device) -> torch.Tensor:
     """x(k h) for k = -(r_eff-1) .. r_eff-1 (float64), the 2 r_eff - 1 lags of A."""
     k = torch.arange(-(r_eff - 1), r_eff, dtype=torch.float64, device=device)
     lags = k * (n - 1) / (r_eff - 1) if r_eff > 1 else k
@@ -163,7 +168,7 @@ def ski_kernel(n: int, knots: torch.Tensor, lam: float) -> Tuple[torch.Tensor, t
     f is linear in its knots, so pos and neg are fixed (n, r, lam)-dependent matrices times
     ``knots`` (``_kernel_matrices``, cached): two small GEMMs per call instead of a dozen ops."""
     r = _rank_of(knots)
-    _check_lam(lam)
+    check_lam(lam)
     m_pos, m_neg = _kernel_matrices(n, r, float(lam), knots.device, knots.dtype)
     return m_pos @ knots, m_neg @ knots
 
@@ -173,7 +178,7 @@ def _kernel_matrices(n: int, r: int, lam: float, device, dtype) -> Tuple[torch.T
     """(r_eff, 2r) and (r_eff - 1, 2r): piecewise_linear at the warped lags of A, as matrices."""
     r_eff = min(r, n)
     eye = torch.eye(2 * r, dtype=torch.float64, device=device)
-    vals = piecewise_linear(eye, _warped_lags(n, r_eff, lam, device))  # (2 r_eff - 1, 2r)
+    vals = piecewise_linear(eye, warped_lags(n, r_eff, lam, device))  # (2 r_eff - 1, 2r)
     return vals[r_eff - 1:].to(dtype).contiguous(), vals[: r_eff - 1].flip(0).to(dtype).contiguous()
 
 
@@ -295,7 +300,7 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
     not; the blocked GEMM costs a few times the bare data movement.
     """
     check_layout(layout)
-    _check(x, conv_weight, knots, lam, layout)
+    check_ski_args(x, conv_weight, knots, lam, layout)
     # Everything in fp32 also under autocast: the hand-written band backward multiplies its saved input
     # (cast to fp32) with the incoming gradient, and autocast would have run the forward GEMMs in 16 bits.
     with autocast_off(x.device.type):
@@ -362,7 +367,7 @@ def _dense_parts(n: int, knots: torch.Tensor, lam: float):
 
 def ski_lowrank_dense(n: int, knots: torch.Tensor, lam: float) -> torch.Tensor:
     """The (d, n, n) low-rank matrices W A_c W^T, densely."""
-    _check_lam(lam)
+    check_lam(lam)
     w, a = _dense_parts(n, knots, lam)
     return w @ a @ w.t()
 
@@ -378,7 +383,7 @@ def ski_approx_dense(n: int, r: int, kfun: Callable[[torch.Tensor], torch.Tensor
     return w @ a @ w.t()
 
 
-def _band_dense(n: int, conv_weight: torch.Tensor) -> torch.Tensor:
+def band_dense(n: int, conv_weight: torch.Tensor) -> torch.Tensor:
     """(d, n, n) banded matrices, Band[c, i, j] = conv_weight[c, j - i + (m-1)/2]."""
     d, m = conv_weight.shape
     half = (m - 1) // 2
@@ -394,30 +399,12 @@ def ski_tno_ref(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torc
                 layout: str = "bnd") -> torch.Tensor:
     """Dense reference for ``ski_tno``: y = (Band + W A W^T) x per channel, O(n^2 d)."""
     check_layout(layout)
-    _check(x, conv_weight, knots, lam, layout)
+    check_ski_args(x, conv_weight, knots, lam, layout)
     ct = fft_dtype(x)
     n, _ = seq_shape(x, layout)
-    t = _band_dense(n, conv_weight.to(ct))  # (d, n, n)
+    t = band_dense(n, conv_weight.to(ct))  # (d, n, n)
     if knots is not None:
         t = t + ski_lowrank_dense(n, knots.to(ct), lam)
     if layout == "dbn":
         return torch.einsum("cij,c...j->c...i", t, x.to(ct)).to(x.dtype)
     return torch.einsum("cij,bjc->bic", t, x.to(ct)).to(x.dtype)
-
-
-def _check(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor], lam: Union[float, torch.Tensor],
-           layout: str = "bnd") -> None:
-    if layout == "bnd" and x.dim() != 3:
-        raise ValueError(f"x must have shape (b, n, d), got {tuple(x.shape)}")
-    if layout == "dbn" and x.dim() < 2:
-        raise ValueError(f"x must have shape (d, *batch, n) for layout 'dbn', got {tuple(x.shape)}")
-    _, d = seq_shape(x, layout)
-    if conv_weight.dim() != 2 or conv_weight.shape[0] != d:
-        raise ValueError(f"conv_weight must have shape (d, m) with d={d}, got {tuple(conv_weight.shape)}")
-    _check_taps(conv_weight.shape[1])
-    _check_lam(lam)
-    if knots is None:
-        return
-    _rank_of(knots)
-    if knots.shape[1] != d:
-        raise ValueError(f"knots must have shape (2r, d) with d={d}, got {tuple(knots.shape)}")

@@ -34,7 +34,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
-LAYOUTS = ("bnd", "dbn")
+from .checks import check_circulant_size, check_layout, check_shape
 
 
 def next_fast_len(m: int) -> int:
@@ -70,11 +70,6 @@ def autocast_off(device_type: str):
     if torch.amp.is_autocast_available(device_type):
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
-
-
-def check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 def _half_weights(size: int, device, dtype) -> torch.Tensor:
@@ -199,8 +194,7 @@ def circulant_lags(n: int, size: int, device=None) -> Tuple[torch.Tensor, Option
     the circulant column directly, ``f(lags) * weights``, equal to ``circulant_column(f(0 .. n-1),
     f(-1 .. -(n-1)), size)`` without building and concatenating the two halves. The branch is taken
     on Python integers: no device sync, no graph break under torch.compile."""
-    if size < 2 * n - 1:
-        raise ValueError(f"size must be >= 2n - 1 = {2 * n - 1}, got {size}")
+    check_circulant_size(size, n)
     t = torch.arange(size, device=device)
     lags = torch.where(t < n, t, t - size)
     if size == 2 * n - 1:
@@ -250,8 +244,7 @@ def spectrum_kernel(spectrum: torch.Tensor, size: int, n: int) -> Tuple[torch.Te
     (d, size // 2 + 1), size >= 2n - 1, applies to sequences of length n: pos (d, n) for lags
     0 .. n-1 (column entries 0 .. n-1) and neg (d, n-1) for lags -1 .. -(n-1) (entries size-1 down
     to size-n+1). ``fft_conv(x, spectrum, size)`` equals ``toeplitz_ref(x, pos, neg)`` for such x."""
-    if size < 2 * n - 1:
-        raise ValueError(f"size must be >= 2n - 1 = {2 * n - 1}, got {size}")
+    check_circulant_size(size, n)
     column = torch.fft.irfft(spectrum, n=size)  # (d, size)
     return column[:, :n], column[:, size - n + 1:].flip(-1)
 
@@ -277,7 +270,7 @@ def toeplitz_fft(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor]
     """T x by FFT. ``bnd``: x (b, n, d), pos (n, d), neg (n-1, d) or None (causal);
     ``dbn``: x (d, *batch, n), pos (d, n), neg (d, n-1) or None."""
     n, _ = seq_shape(x, layout)
-    _check(x, pos, neg, layout)
+    check_toeplitz_args(x, pos, neg, layout)
     size = next_fast_len(2 * n - 1)  # no wrap-around for lags up to n-1 either way
     return fft_conv(x, kernel_spectrum(pos, neg, size, layout), size, layout)
 
@@ -324,7 +317,7 @@ def toeplitz_ref(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor]
                  layout: str = "bnd") -> torch.Tensor:
     """Dense reference for ``toeplitz_fft``: explicit matrices, O(n^2 d)."""
     check_layout(layout)
-    _check(x, pos, neg, layout)
+    check_toeplitz_args(x, pos, neg, layout)
     if layout == "dbn":
         t = toeplitz_dense(pos.t(), None if neg is None else neg.t())  # (d, n, n)
         return torch.einsum("cij,c...j->c...i", t.to(x.dtype), x)
@@ -332,12 +325,10 @@ def toeplitz_ref(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor]
     return torch.einsum("cij,bjc->bic", t.to(x.dtype), x)
 
 
-def _check(x, pos, neg, layout="bnd"):
+def check_toeplitz_args(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor], layout: str = "bnd") -> None:
+    """The kernels of ``toeplitz_fft`` / ``toeplitz_ref`` fit x: pos (n, d), neg (n-1, d) or None (``dbn``: transposed)."""
     n, d = seq_shape(x, layout)
-    want_pos, want_neg = (n, d), (n - 1, d)
-    if layout == "dbn":
-        want_pos, want_neg = want_pos[::-1], want_neg[::-1]
-    if tuple(pos.shape) != want_pos:
-        raise ValueError(f"pos must have shape {want_pos} for layout {layout!r}, got {tuple(pos.shape)}")
-    if neg is not None and tuple(neg.shape) != want_neg:
-        raise ValueError(f"neg must have shape {want_neg} for layout {layout!r}, got {tuple(neg.shape)}")
+    want_pos, want_neg = ((n, d), (n - 1, d)) if layout == "bnd" else ((d, n), (d, n - 1))
+    check_shape("pos", pos, want_pos, f"for layout {layout!r}")
+    if neg is not None:
+        check_shape("neg", neg, want_neg, f"for layout {layout!r}")

@@ -1,6 +1,7 @@
-"""FD-TNO ops: FFT paths against explicit-DFT dense references, forward and gradients, on every device (the
-`device` fixture: CPU, and CUDA where present). The tests without `device` check the frequency grid and
-errors: CPU only, by design."""
+"""FD-TNO ops: the FD-TNO as the models compute it (``fd_tno`` below: FdTno.spectrum's spectra applied by
+``fft_conv``, as SpectralTno.forward does) against explicit-DFT dense references, forward and gradients, on
+every device (the `device` fixture: CPU, and CUDA where present); FdTno's own forward against the same
+references. The tests without `device` check the frequency grid and errors: CPU only, by design."""
 import math
 
 import pytest
@@ -8,22 +9,33 @@ import torch
 
 from conftest import assert_on, on, tol
 
+from fairseq_tnn.modules.tno import build_tno
 from fairseq_tnn.ops.fd import (
-    fd_bidirectional,
+    check_fd_args,
     fd_bidirectional_ref,
     fd_bidirectional_spectrum,
-    fd_causal,
     fd_causal_ref,
     fd_grid,
     fd_spectrum_ref,
     fd_time_kernel,
     hilbert_causal_spectrum,
 )
+from fairseq_tnn.ops.toeplitz import fft_conv, seq_shape
 
 DTYPES = [torch.float32, torch.float64]
 LENGTHS = [1, 2, 7, 64, 513]
 # Max abs error relative to the reference's max abs value.
 TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
+
+
+def fd_tno(x, k_real, k_imag=None, layout="bnd"):
+    """The FD-TNO on x with the RPE output k_real (causal) or k_real, k_imag (bidirectional), by the ops the
+    models run: the spectrum of FdTno.spectrum (``hilbert_causal_spectrum`` / ``fd_bidirectional_spectrum``) on
+    ``fd_grid``'s FFT size, applied by ``fft_conv`` as SpectralTno.forward does."""
+    size, _ = fd_grid(seq_shape(x, layout)[0])
+    if k_imag is None:
+        return fft_conv(x, hilbert_causal_spectrum(k_real, layout), size, layout)
+    return fft_conv(x, fd_bidirectional_spectrum(k_real, k_imag, layout), size, layout)
 
 
 def absmax(t):
@@ -73,7 +85,7 @@ def test_grid_longer_is_finer():
 def test_causal_matches_ref(n, dtype, device):
     x, k_real, _ = make_inputs(n, dtype, device=device)
     g = torch.randn_like(x)
-    y, (gx, gk) = grads(fd_causal, [x, k_real], g)
+    y, (gx, gk) = grads(fd_tno, [x, k_real], g)
     y_ref, (gx_ref, gk_ref) = grads(fd_causal_ref, [x, k_real], g)
     assert y.dtype == dtype and y.shape == x.shape
     assert_on(device, y, y_ref, gx, gk)
@@ -88,7 +100,7 @@ def test_causal_matches_ref(n, dtype, device):
 def test_bidirectional_matches_ref(n, dtype, device):
     x, k_real, k_imag = make_inputs(n, dtype, device=device)
     g = torch.randn_like(x)
-    y, (gx, gr, gi) = grads(fd_bidirectional, [x, k_real, k_imag], g)
+    y, (gx, gr, gi) = grads(fd_tno, [x, k_real, k_imag], g)
     y_ref, (gx_ref, gr_ref, gi_ref) = grads(fd_bidirectional_ref, [x, k_real, k_imag], g)
     assert y.dtype == dtype and not y.is_complex() and y.shape == x.shape
     assert_on(device, y, y_ref, gx, gr, gi)
@@ -124,7 +136,7 @@ def test_causal_gradient_causality(device):
     n = 7
     x, k_real, _ = make_inputs(n, torch.float64, d=2, b=1, device=device)
     x.requires_grad_(True)
-    y = fd_causal(x, k_real)
+    y = fd_tno(x, k_real)
     assert_on(device, y)
     for i in range(n):
         (gx,) = torch.autograd.grad(y[:, i].sum(), x, retain_graph=True)
@@ -141,7 +153,7 @@ def test_bidirectional_forced_real_at_dc_and_nyquist(n, device):
     assert torch.equal(spec.real, k_real) and torch.equal(spec.imag[1:-1], k_imag[1:-1])
     x, k_real, k_imag = make_inputs(n, torch.float32, device=device)
     k_imag.requires_grad_(True)
-    (gi,) = torch.autograd.grad(fd_bidirectional(x, k_real, k_imag).square().sum(), k_imag)
+    (gi,) = torch.autograd.grad(fd_tno(x, k_real, k_imag).square().sum(), k_imag)
     assert gi[0].eq(0).all() and gi[-1].eq(0).all()
     if n > 1:
         assert gi[1:-1].abs().max() > 0
@@ -153,9 +165,8 @@ def test_bf16_input(n, causal, device):
     x, k_real, k_imag = make_inputs(n, torch.float32, device=device)
     x16 = x.to(torch.bfloat16)
     args = (k_real,) if causal else (k_real, k_imag)
-    fn = fd_causal if causal else fd_bidirectional
-    y16 = fn(x16, *args)
-    y32 = fn(x16.float(), *args)
+    y16 = fd_tno(x16, *args)
+    y32 = fd_tno(x16.float(), *args)
     assert y16.dtype == torch.bfloat16
     assert_on(device, y16, y32)
     # The FFTs run in float32 on the same (bf16-representable) input, so the only
@@ -165,10 +176,25 @@ def test_bf16_input(n, causal, device):
 
 def test_bad_shapes():
     x, k_real, k_imag = make_inputs(7, torch.float32)
-    with pytest.raises(ValueError, match="k_real"):
-        fd_causal(x, k_real[:-1])
-    with pytest.raises(ValueError, match="k_imag"):
-        fd_bidirectional(x, k_real, k_imag[:, :1])
+    with pytest.raises(ValueError, match=r"k_real must have shape \(9, 3\) for n=7 .* got \(8, 3\)"):
+        fd_causal_ref(x, k_real[:-1])
+    with pytest.raises(ValueError, match=r"k_imag must have shape \(9, 3\) for n=7 .* got \(9, 1\)"):
+        fd_bidirectional_ref(x, k_real, k_imag[:, :1])
+    assert check_fd_args(x, k_real, k_imag) == 16
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("n", [1, 40])
+def test_fd_tno_forward_is_the_reference(causal, n):
+    """FdTno's own forward (float64) is the dense reference with its RPE's output on fd_grid as the spectrum:
+    the ops compared above are the ones the model runs."""
+    torch.manual_seed(0)
+    tno = build_tno("fd", 4, causal).double()
+    x = torch.randn(2, n, 4, dtype=torch.float64)
+    _, omegas = fd_grid(n)
+    k = tno.rpe.channel_major(omegas).t()  # (N'+1, d) causal, (N'+1, 2d) bidirectional
+    ref = fd_causal_ref(x, k) if causal else fd_bidirectional_ref(x, *k.chunk(2, dim=1))
+    assert_close_rel(tno(x), ref, 1e-12)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -180,15 +206,14 @@ def test_channel_major_matches_ref(n, causal, dtype, device):
     t = tol(TOL, dtype, device)
     xt, krt, kit = x.permute(2, 0, 1).contiguous(), k_real.t().contiguous(), k_imag.t().contiguous()
     args = [xt, krt] if causal else [xt, krt, kit]
-    fast = (lambda *a: fd_causal(*a, layout="dbn")) if causal else (lambda *a: fd_bidirectional(*a, layout="dbn"))
     ref = (lambda *a: fd_causal_ref(*a, layout="dbn")) if causal else (lambda *a: fd_bidirectional_ref(*a, layout="dbn"))
     g = torch.randn_like(xt)
-    y, gs = grads(fast, args, g)
+    y, gs = grads(lambda *a: fd_tno(*a, layout="dbn"), args, g)
     y_ref, gs_ref = grads(ref, args, g)
     assert y.shape == xt.shape
     assert_on(device, y, y_ref, *gs)
     assert_close_rel(y, y_ref, t)
-    default = fd_causal(x, k_real) if causal else fd_bidirectional(x, k_real, k_imag)
+    default = fd_tno(x, k_real) if causal else fd_tno(x, k_real, k_imag)
     assert_close_rel(y.permute(1, 2, 0), default, t)
     for a, b in zip(gs, gs_ref):
         assert_close_rel(a, b, t)

@@ -1,4 +1,6 @@
-"""Causal SKI-TNO, for the benchmark of the paper's appendix claim (not used by any model).
+"""Causal SKI-TNO, for the benchmark of the paper's appendix claim (benchmarks/run.py's ``ski_causal_*`` layer
+rows, built in benchmarks/measure.py); no model uses it, so it lives here beside its benchmark, not in
+fairseq_tnn/ops.
 
 The paper's appendix ("Causal masking negates SKI's benefits") masks SKI's
 Toeplitz matrix T = Band + W A W^T to its lower triangle and computes it with
@@ -10,7 +12,7 @@ and argues that the cumulative sums s_i (an r-vector per position) cost O(nr)
 time and memory and, being sequential, end up slower than the FFT TNN.
 
 Two implementations of the same operator, each checked against the dense
-reference ``ski_causal_tno_ref`` (tests/test_ops_causal_ski.py):
+reference ``ski_causal_tno_ref`` (tests/scripts/test_ski_causal.py):
 
 * ``ski_causal_cumsum``: the appendix as written. s_i for every position by a
   cumulative sum over the (n, r) outer products w_j x_j, then y_i = [W A]_i^T s_i.
@@ -30,12 +32,14 @@ reference ``ski_causal_tno_ref`` (tests/test_ops_causal_ski.py):
 
 The causal band keeps the taps of lags 0 .. h (h = (m-1)/2) of the centred
 m-tap filter. Layout: channel-major x (d, *batch, n), like ``ski_tno(...,
-layout="dbn")``; computation in float32 (float64 for float64 input).
+layout="dbn")`` of fairseq_tnn/ops/ski.py, whose parts (band, interpolation, A's coefficients) it uses;
+computation in float32 (float64 for float64 input).
 """
 import torch
 
-from .ski import _band_dense, _check, band_conv, interp_matrix, interp_weights, ski_kernel, ski_lowrank_dense
-from .toeplitz import fft_dtype
+from fairseq_tnn.ops.ski import (band_conv, band_dense, check_ski_args, interp_matrix, interp_weights, ski_kernel,
+                                 ski_lowrank_dense)
+from fairseq_tnn.ops.toeplitz import fft_dtype
 
 
 def causal_taps(conv_weight: torch.Tensor) -> torch.Tensor:
@@ -46,7 +50,7 @@ def causal_taps(conv_weight: torch.Tensor) -> torch.Tensor:
 
 
 def _prepare(x, conv_weight, knots, lam):
-    _check(x, conv_weight, knots, lam, "dbn")
+    check_ski_args(x, conv_weight, knots, lam, "dbn")
     ct = fft_dtype(x)
     d, n = x.shape[0], x.shape[-1]
     xc = x.to(ct).reshape(d, -1, n)  # (d, R, n)
@@ -142,9 +146,9 @@ def ski_causal_local(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Te
 
 def ski_causal_tno_ref(x: torch.Tensor, conv_weight: torch.Tensor, knots: torch.Tensor, lam: float) -> torch.Tensor:
     """Dense reference: the lower triangle of Band + W A W^T, x (d, *batch, n), O(n^2 d)."""
-    _check(x, conv_weight, knots, lam, "dbn")
+    check_ski_args(x, conv_weight, knots, lam, "dbn")
     ct = fft_dtype(x)
     n = x.shape[-1]
-    t = _band_dense(n, conv_weight.to(ct)) + ski_lowrank_dense(n, knots.to(ct), lam)  # (d, n, n)
+    t = band_dense(n, conv_weight.to(ct)) + ski_lowrank_dense(n, knots.to(ct), lam)  # (d, n, n)
     t = torch.tril(t)
     return torch.einsum("cij,c...j->c...i", t, x.to(ct)).to(x.dtype)
