@@ -1,5 +1,6 @@
-"""Mixed precision: every TNO trains under bf16 and fp16 autocast (forward and the hand-written
-backwards), positions stay exact, and training through fairseq-train with --bf16-autocast works.
+"""Precision: every TNO trains under bf16 and fp16 autocast (forward and the hand-written backwards),
+positions stay exact, training through fairseq-train with --bf16-autocast works, and a float64 TNN is its
+float64 formula lambda^|t| RPE(t) to float64 round-off.
 
 The autocast tests run on every device (the `device` fixture: CPU, and CUDA where present), each under
 that device's autocast (torch.autocast(device)) in both bf16 and fp16: CPU autocast takes fp16 as well
@@ -9,16 +10,13 @@ The refusal of fp16 weights and the fairseq-train run are CPU only (tests/gpu tr
 import pytest
 import torch
 
-from conftest import assert_on
+from helpers import assert_on, rel
 
 from fairseq_tnn.modules.rpe import Rpe
 from fairseq_tnn.modules.tno import build_tno
+from fairseq_tnn.ops.toeplitz import toeplitz_ref
 
 KINDS = [("tnn", True), ("tnn", False), ("fd", True), ("fd", False), ("ski", False)]
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -70,6 +68,27 @@ def test_bf16_autocast_refuses_low_precision_weights():
     model = torch.nn.Linear(2, 2).half()
     with pytest.raises(ValueError, match=r"--bf16-autocast .* cannot be combined with torch.float16 weights"):
         _autocast_for(model)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_float64_tnn_is_the_float64_formula(causal):
+    """A float64 TNN's kernel is lambda^|t| RPE(t) computed in float64, lag by lag up to |t| = 999 (the decay
+    is taken in the RPE's dtype: a float32 decay was off by up to 5e-7), and its forward applies that
+    Toeplitz matrix."""
+    torch.manual_seed(0)
+    tno = build_tno("tnn", 8, causal).double()  # decay 0.99
+    n = 1000
+    t = torch.arange(-(n - 1), n, dtype=torch.float64)
+    formula = torch.tensor(0.99, dtype=torch.float64) ** t.abs() * tno.rpe(t).t()  # (d, 2n - 1): lags -(n-1) .. n-1
+    pos, neg = tno.kernel(n)
+    assert pos.dtype == torch.float64 and (neg is None) == causal
+    got, want = (pos, formula[:, n - 1:]) if causal else (torch.cat([neg.flip(-1), pos], dim=-1), formula)
+    per_lag = (got - want).norm(dim=0) / want.norm(dim=0)
+    assert per_lag.max() < 1e-13, f"lag {per_lag.argmax().item()}: relative error {per_lag.max().item():.2e}"
+    m = 300
+    x = torch.randn(2, m, 8, dtype=torch.float64)
+    ref = toeplitz_ref(x, formula[:, n - 1:n - 1 + m].t(), None if causal else formula[:, n - m:n - 1].flip(-1).t())
+    assert rel(tno(x), ref) < 1e-13
 
 
 @pytest.mark.slow

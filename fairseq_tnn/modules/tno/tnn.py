@@ -43,7 +43,12 @@ class TnnTno(SpectralTno):
         self.rpe = Rpe(dim, s.rpe_dim, s.rpe_layers, str(s.rpe_activation), str(s.rpe_norm_type))
 
     def coefficients(self, lags: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """(d, m): RPE(lag) lambda^|lag| at each of the m (float) ``lags``, times ``weights`` (m,) if given."""
+        """(d, m): RPE(lag) lambda^|lag| at each of the m (float) ``lags``, times ``weights`` (m,) if given.
+
+        The lags (integers, exact in float32) and the decay are taken in the RPE's dtype (at least float32, as
+        the RPE computes): a float64 model's kernel is lambda^|t| RPE(t) to float64 round-off, where a float32
+        decay was off by up to 5e-7 relative within 1000 lags; a float32 model computes exactly what it did."""
+        lags = lags.to(torch.promote_types(self.rpe.proj.weight.dtype, torch.float32))
         scale = None if self.decay >= 1.0 else torch.exp(lags.abs() * math.log(self.decay))
         if weights is not None:
             scale = weights if scale is None else scale * weights
