@@ -1,49 +1,57 @@
 """Start multi-process fairseq training on one machine, on CPUs or GPUs.
 
-    python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--port P] [--hydra] [--dry-run] \\
-        -- <fairseq-train arguments...>
+    python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--port P] [--log-dir D] [--hydra] \\
+        [--dry-run] -- <fairseq-train arguments...>
+
+This writes fairseq's arguments; others start and watch the processes.
+
+CPUs (``--cpu``, ``--cpu`` among the fairseq arguments, or no CUDA device): torchrun
+(``torch.distributed.run``, called in this process) starts N ranks of ``python -m fairseq_cli.train``,
+each with::
+
+    --cpu --distributed-world-size N --distributed-rank ${local_rank} --distributed-init-method env://
+    --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp
+
+Stock fairseq needs them all: on CPU it reads no rank from torchrun's environment (with
+``--distributed-world-size N`` alone it divides by the number of CUDA devices). torchrun replaces
+``${local_rank}`` in each rank's arguments with its rank (one machine: local rank = rank), and ``env://``
+reads the rendezvous address torchrun gives the ranks. fairseq's default backends, nccl and
+``pytorch_ddp`` (which passes CUDA ``device_ids`` to DDP), fail on CPU.
+
+torchrun stops the other ranks if one fails, passes SIGINT and SIGTERM on to every rank, and keeps each
+rank's output under its log directory (``--log-dir``, default a new ``torchelastic_*`` directory in the
+temporary directory). Rank 0's output goes to the console as it is; the other ranks log only warnings
+and errors (fairseq's choice), shown with a ``[rank R]`` prefix. Left to this launcher: the flags above;
+an equal share of the CPUs per rank in OMP_NUM_THREADS unless it is set (torchrun sets 1, with a
+warning); and the exit status, that of the first rank to fail or 128 + the signal, as a shell gives
+(torchrun raises, exiting with 1 and a traceback of its own).
 
 GPUs: fairseq starts one process per GPU itself, so this runs one ``fairseq-train ...
 --distributed-world-size N --distributed-init-method tcp://127.0.0.1:P``. (An explicit init
 method, because fairseq silently trains on one GPU when given ``--distributed-port`` outside
-SLURM.)
+SLURM.) One process (``--nproc 1``): ``fairseq-train`` unchanged, with ``--cpu`` on CPU.
 
-CPUs (``--cpu``, ``--cpu`` among the fairseq arguments, or no CUDA device): stock fairseq cannot
-start the processes itself there (``--cpu --distributed-world-size N`` asserts that N CUDA devices
-exist), so this starts N processes of ``fairseq-train``, one per rank, each with::
-
-    --cpu --distributed-world-size N --distributed-rank R --distributed-init-method tcp://127.0.0.1:P
-    --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp
-
-(``pytorch_ddp``, fairseq's default, passes CUDA ``device_ids`` to DDP and fails on CPU.) Rank 0's
-output is passed through; the other ranks log only warnings and errors, which are shown with a
-``[rank R]`` prefix. If a rank fails, the others are stopped and the launcher exits with that
-rank's status; SIGINT and SIGTERM are passed on to every rank. Unless OMP_NUM_THREADS is set,
-each rank gets an equal share of the CPUs.
-
-P is a free port unless ``--port`` gives one. ``--hydra`` runs ``fairseq-hydra-train`` instead
-and passes the same settings as ``distributed_training.*=`` overrides. ``--dry-run`` prints the
-command lines (one per process) and exits.
+``--port`` gives the rendezvous port on 127.0.0.1 (default: a free one). ``--hydra`` runs
+``fairseq-hydra-train`` instead and passes the same settings as ``distributed_training.*=`` overrides.
+``--dry-run`` prints the command line and exits.
 """
 import argparse
 import os
 import shlex
-import signal
 import socket
-import subprocess
 import sys
-import threading
-import time
 
-USAGE = ("python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--port P] [--hydra] [--dry-run] "
-         "-- <fairseq-train arguments...>")
+USAGE = ("python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--port P] [--log-dir D] [--hydra] "
+         "[--dry-run] -- <fairseq-train arguments...>")
 
 # Settings the launcher owns: passing them among the fairseq arguments is an error.
 OWNED = ("distributed_world_size", "distributed_rank", "distributed_init_method", "distributed_no_spawn",
          "distributed_port", "distributed_num_procs", "device_id")
 # Settings with only some values usable on CPU: the user may pass one of those, or none.
 CPU_CHOICES = {"distributed_backend": ("gloo",), "ddp_backend": ("legacy_ddp", "no_c10d")}
-STOP_GRACE_S = 10.0  # after asking the ranks to stop, how long before killing them
+# torchrun's prefix for the lines of the ranks whose output it tees to the console (all but rank 0).
+RANK_PREFIX = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank ${rank}] "}
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def parse_args(argv):
@@ -56,9 +64,11 @@ def parse_args(argv):
     device.add_argument("--gpu", action="store_true",
                         help="take the GPU path even where no CUDA device is visible (for --dry-run)")
     parser.add_argument("--port", type=int, help="TCP port for the rendezvous on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--log-dir", help="CPU ranks: where torchrun keeps each rank's output "
+                                          "(default: a new torchelastic_* directory in the temporary directory)")
     parser.add_argument("--hydra", action="store_true",
                         help="the arguments after -- are for fairseq-hydra-train (key=value overrides)")
-    parser.add_argument("--dry-run", action="store_true", help="print the command line of each process and exit")
+    parser.add_argument("--dry-run", action="store_true", help="print the command line and exit")
     if "--" not in argv:
         parser.error("missing '--' before the fairseq-train arguments")
     split = argv.index("--")
@@ -127,8 +137,26 @@ def use_cpu(opts):
     return not torch.cuda.is_available()
 
 
+def torchrun_options(nproc, port=None, log_dir=None):
+    """torchrun's options for N processes on this machine: rank 0's output straight to the console, the
+    others' teed (to their log files and, prefixed, to the console)."""
+    options = ["--nproc-per-node", str(nproc)]
+    options += ["--master-addr", "127.0.0.1", "--master-port", str(port)] if port else ["--standalone"]
+    if nproc > 1:
+        options += ["--tee", ",".join(f"{rank}:3" for rank in range(1, nproc))]  # 3: stdout and stderr
+    return options + (["--log-dir", log_dir] if log_dir else [])
+
+
+def cpu_threads_env(nproc):
+    """OMP_NUM_THREADS for each of N ranks, an equal share of the CPUs, unless it is set."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return {}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"OMP_NUM_THREADS": str(max(1, cpus // nproc))}
+
+
 def build(opts, parser):
-    """The command line of each process and the environment variables to set for them."""
+    """The command line to run and the environment variables to set for it."""
     args, hydra, n = opts.train_args, opts.hydra, opts.nproc
     for name in OWNED:
         if find_setting(args, "distributed_training", name, hydra) is not None:
@@ -137,7 +165,11 @@ def build(opts, parser):
     cpu = use_cpu(opts)
     if opts.gpu and cpu:
         parser.error("--gpu contradicts --cpu among the fairseq arguments")
-    program = [sys.executable, "-m", "fairseq_cli.hydra_train" if hydra else "fairseq_cli.train"]
+    if opts.log_dir and (n == 1 or not cpu):
+        parser.error(f"--log-dir is for torchrun, which starts CPU ranks (--nproc > 1); "
+                     f"{'one process' if n == 1 else 'on GPUs fairseq'} writes to the console only")
+    module = "fairseq_cli.hydra_train" if hydra else "fairseq_cli.train"
+    program = [sys.executable, "-m", module]
     if not cpu:
         if n > 1 and not opts.dry_run:
             import torch
@@ -147,13 +179,13 @@ def build(opts, parser):
         settings = [] if n == 1 else [
             ("distributed_training", "distributed_world_size", n),
             ("distributed_training", "distributed_init_method", f"tcp://127.0.0.1:{opts.port or free_port()}")]
-        return [program + args + render(settings, hydra)], {}
+        return program + args + render(settings, hydra), {}
 
     if cpu_flag(args, hydra) is False:
         parser.error("common.cpu=false among the fairseq arguments, but the launcher is to train on CPU")
     settings = [] if cpu_flag(args, hydra) else [("common", "cpu", True)]
     if n == 1:
-        return [program + args + render(settings, hydra)], {}
+        return program + args + render(settings, hydra), {}
     backends = []
     for name, choices in CPU_CHOICES.items():
         given = find_setting(args, "distributed_training", name, hydra)
@@ -162,106 +194,50 @@ def build(opts, parser):
                          f"use {' or '.join(choices)} or leave it out")
         if given is None:
             backends.append(("distributed_training", name, choices[0]))
-    init_method = f"tcp://127.0.0.1:{opts.port or free_port()}"
-    commands = [program + args + render(settings + [("distributed_training", "distributed_world_size", n),
-                                                    ("distributed_training", "distributed_rank", rank),
-                                                    ("distributed_training", "distributed_init_method", init_method),
-                                                    ("distributed_training", "distributed_no_spawn", True)] + backends,
-                                        hydra)
-                for rank in range(n)]
-    env = {}
-    if "OMP_NUM_THREADS" not in os.environ:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        env["OMP_NUM_THREADS"] = str(max(1, cpus // n))
-    return commands, env
-
-
-def _forward(stream, prefix):
-    """Copy a rank's output to ours, line by line, with a prefix."""
-    for line in iter(stream.readline, ""):
-        sys.stdout.write(prefix + line)
-        sys.stdout.flush()
-    stream.close()
+    settings += [("distributed_training", "distributed_world_size", n),
+                 ("distributed_training", "distributed_rank", "${local_rank}"),  # torchrun writes each rank's
+                 ("distributed_training", "distributed_init_method", "env://"),
+                 ("distributed_training", "distributed_no_spawn", True)] + backends
+    command = [*TORCHRUN, *torchrun_options(n, opts.port, opts.log_dir),
+               "-m", module, *args, *render(settings, hydra)]
+    return command, {**cpu_threads_env(n), **RANK_PREFIX}
 
 
 def _exit_status(returncode):
     return returncode if returncode >= 0 else 128 - returncode  # killed by signal s: 128 + s, as a shell says
 
 
-def run(commands, env):
-    """Start one process per command and wait for all of them.
+def run_torchrun(options):
+    """torchrun (``python -m torch.distributed.run <options>``) in this process. Returns 0, the exit status
+    of the first rank to fail (torchrun has stopped the others), or 128 + the signal that stopped torchrun
+    (it passed the signal on to every rank)."""
+    from torch.distributed import run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    Returns 0, or the exit status of the first process seen to fail (the others are then stopped),
-    or 128 + the signal number after a SIGINT or SIGTERM (passed on to every process).
-    """
-    full_env = dict(os.environ, **env)
-    procs, threads, signals = [], [], []
-
-    def on_signal(signum, _frame):
-        signals.append(signum)
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signum)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for rank, cmd in enumerate(commands):
-            if signals:
-                break
-            if rank == 0:
-                procs.append(subprocess.Popen(cmd, env=full_env))
-                continue
-            proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace")
-            procs.append(proc)
-            threads.append(threading.Thread(target=_forward, args=(proc.stdout, f"[rank {rank}] "), daemon=True))
-            threads[-1].start()
-        failed, deadline = None, None
-        while True:
-            codes = [proc.poll() for proc in procs]
-            if failed is None and not signals:
-                failed = next(((rank, c) for rank, c in enumerate(codes) if c not in (None, 0)), None)
-                if failed is not None and len(procs) > 1:
-                    print(f"fairseq_tnn.distributed.launch: rank {failed[0]} exited with status {_exit_status(failed[1])}; "
-                          "stopping the other ranks", file=sys.stderr, flush=True)
-                    for proc in procs:
-                        if proc.poll() is None:
-                            proc.terminate()
-            if deadline is None and (failed is not None or signals):
-                deadline = time.monotonic() + STOP_GRACE_S
-            if all(c is not None for c in codes):
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                for proc in procs:
-                    if proc.poll() is None:
-                        proc.kill()
-            time.sleep(0.1)
-    finally:
-        for proc in procs:  # only left running if starting a later rank raised
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for thread in threads:
-            thread.join(timeout=5)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    if signals:
-        return 128 + signals[0]
-    return _exit_status(failed[1]) if failed is not None else 0
+        torchrun.main(options)
+    except ChildFailedError as error:
+        print(error, file=sys.stderr, flush=True)  # torchrun's report: each failed rank, its status and error
+        return _exit_status(error.get_first_failure()[1].exitcode)
+    except SignalException as error:
+        return 128 + int(error.sigval)
+    return 0
 
 
 def main(argv=None):
     parser, opts = parse_args(sys.argv[1:] if argv is None else argv)
-    commands, env = build(opts, parser)
-    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env.items())
+    command, env = build(opts, parser)
     if opts.dry_run:
-        for cmd in commands:
-            print(prefix + shlex.join(cmd))
+        print("".join(f"{k}={shlex.quote(v)} " for k, v in env.items()) + shlex.join(command))
         return 0
-    if len(commands) > 1:
-        print(f"fairseq_tnn.distributed.launch: {len(commands)} CPU processes ({prefix.strip() or 'OMP_NUM_THREADS as set'}); "
-              "rank 0's output follows, other ranks' lines start with [rank R]", file=sys.stderr, flush=True)
-    return run(commands, env)
+    if command[:3] != TORCHRUN:  # one fairseq process (which spawns the GPU ranks): it becomes this one
+        os.execv(command[0], command)
+    print(f"fairseq_tnn.distributed.launch: torchrun starts {opts.nproc} CPU processes "
+          f"(OMP_NUM_THREADS={env.get('OMP_NUM_THREADS', os.environ.get('OMP_NUM_THREADS'))}); rank 0's output "
+          "follows, other ranks' lines start with [rank R]", file=sys.stderr, flush=True)
+    os.environ.update(env)
+    return run_torchrun(command[len(TORCHRUN):])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""Multi-process CPU training through fairseq_tnn.distributed.launch: one real data-parallel run, rank 0 alone
-writes checkpoints, per-update losses equal one process with --update-freq 2, and resuming works on
-torch >= 2.6 (rank 0 broadcasts the checkpoint). Then the launcher's command lines and errors."""
+"""Multi-process CPU training through fairseq_tnn.distributed.launch (torchrun underneath): one real data-parallel
+run, rank 0 alone writes checkpoints, per-update losses equal one process with --update-freq 2, and resuming works
+on torch >= 2.6 (rank 0 broadcasts the checkpoint). Then the launcher's command lines, errors, and what it makes of
+torchrun's handling of a failing rank and of a signal."""
 import fractions
 import os
 import re
@@ -9,11 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import cli, lm_args, mlm_args, run
+from helpers import cli, lm_args, mlm_args, run
 from fairseq_tnn import patches
 from fairseq_tnn.distributed import launch
 
@@ -136,6 +138,25 @@ def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin
 MASKED_TRAIN = mlm_args(batch_size=4, disable_validation=True)
 
 
+def children(pid):
+    """The processes that `pid` started (from any of its threads)."""
+    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+
+
+def wait_gone(pids, timeout=30):
+    """Until each of `pids` has exited (gone, or a zombie nobody reaped)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat")
+        while stat.exists() and time.monotonic() < deadline:
+            try:
+                if stat.read_text().rpartition(")")[2].split()[0] == "Z":
+                    break
+            except OSError:
+                break
+            time.sleep(0.05)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["causal", "masked"])
 def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data_bin, tmp_path, kind):
@@ -154,17 +175,27 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
     cmd = command(tmp_path / "checkpoints")
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)  # the launcher and its ranks share one process group
+                            start_new_session=True)
+
+    def kill_all():  # the launcher (torchrun runs in it) and each rank, which torchrun starts in a session of its own
+        ranks = children(proc.pid)
+        for group in [proc.pid, *ranks]:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:  # a rank that had exited already
+                pass
+        wait_gone(ranks)
+
     seen = []
     try:
         for line in proc.stdout:
             seen.append(line)
             if "| train_inner |" in line and not line.startswith("[rank") and "num_updates=5," in line:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_all()
                 break
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_all()
         proc.wait(timeout=60)
     first = "".join(seen)
     assert proc.returncode == -signal.SIGKILL and "num_updates=5," in first, first[-3000:]
@@ -218,47 +249,55 @@ def dry_run(capsys, *argv):
     return [line.split() for line in capsys.readouterr().out.splitlines()]
 
 
-def expected_rank_flags(n, rank, port):
-    return ["--cpu", "--distributed-world-size", str(n), "--distributed-rank", str(rank),
-            "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+PREFIX = ["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank", "${rank}]", "'"]  # '[rank ${rank}] ', split at spaces
+
+
+def expected_rank_flags(n):
+    return ["--cpu", "--distributed-world-size", str(n), "--distributed-rank", "'${local_rank}'",
+            "--distributed-init-method", "env://", "--distributed-no-spawn",
             "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
 
 
 def test_dry_run_cpu_prints_one_command_per_rank(capsys, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(6)))
-    lines = dry_run(capsys, "--nproc", 3, "--cpu", "--port", 23456, "--dry-run", "--", "data-bin/x", "--arch", "tnn_lm_tiny")
-    assert len(lines) == 3
-    for rank, words in enumerate(lines):
-        assert words[:4] == ["OMP_NUM_THREADS=2", sys.executable, "-m", "fairseq_cli.train"]
-        assert words[4:7] == ["data-bin/x", "--arch", "tnn_lm_tiny"]
-        assert words[7:] == expected_rank_flags(3, rank, 23456)
+    (words,) = dry_run(capsys, "--nproc", 3, "--cpu", "--port", 23456, "--dry-run", "--", "data-bin/x", "--arch", "tnn_lm_tiny")
+    assert words[:4] == ["OMP_NUM_THREADS=2", *PREFIX]
+    assert words[4:] == [*TORCHRUN, "--nproc-per-node", "3", "--master-addr", "127.0.0.1", "--master-port", "23456",
+                         "--tee", "1:3,2:3", "-m", "fairseq_cli.train", "data-bin/x", "--arch", "tnn_lm_tiny",
+                         *expected_rank_flags(3)]
 
 
 def test_dry_run_variants(capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the user: left alone
-    # --cpu among fairseq's arguments means CPU; a CPU-capable --ddp-backend is kept
-    (r0, r1) = dry_run(capsys, "--nproc", 2, "--port", 1234, "--dry-run", "--", "d", "--cpu", "--ddp-backend", "no_c10d")
-    assert r0[:3] == [sys.executable, "-m", "fairseq_cli.train"]
-    assert r1[3:] == ["d", "--cpu", "--ddp-backend", "no_c10d", "--distributed-world-size", "2", "--distributed-rank",
-                      "1", "--distributed-init-method", "tcp://127.0.0.1:1234", "--distributed-no-spawn",
-                      "--distributed-backend", "gloo"]
-    assert len(dry_run(capsys, "--nproc", 2, "--dry-run", "--", "--cpu", "d")) == 2  # --cpu is a flag, d is data
+    # --cpu among fairseq's arguments means CPU; a CPU-capable --ddp-backend is kept; a free port from torchrun
+    # (--standalone); --log-dir goes to torchrun
+    (cpu,) = dry_run(capsys, "--nproc", 2, "--log-dir", "logs", "--dry-run", "--", "d", "--cpu", "--ddp-backend", "no_c10d")
+    assert cpu[:len(PREFIX)] == PREFIX and cpu[len(PREFIX):][:3] == TORCHRUN
+    assert cpu[len(PREFIX) + 3:] == ["--nproc-per-node", "2", "--standalone", "--tee", "1:3", "--log-dir", "logs",
+                                     "-m", "fairseq_cli.train", "d", "--cpu", "--ddp-backend", "no_c10d",
+                                     "--distributed-world-size", "2", "--distributed-rank", "'${local_rank}'",
+                                     "--distributed-init-method", "env://", "--distributed-no-spawn",
+                                     "--distributed-backend", "gloo"]
+    assert dry_run(capsys, "--nproc", 2, "--dry-run", "--", "--cpu", "d")[0][-13:-11] == ["--cpu", "d"]  # --cpu is a flag
     # GPUs: one fairseq-train that spawns the ranks itself
     (gpu,) = dry_run(capsys, "--nproc", 4, "--gpu", "--port", 1234, "--dry-run", "--", "d")
-    assert gpu[3:] == ["d", "--distributed-world-size", "4", "--distributed-init-method", "tcp://127.0.0.1:1234"]
+    assert gpu == [sys.executable, "-m", "fairseq_cli.train", "d", "--distributed-world-size", "4",
+                   "--distributed-init-method", "tcp://127.0.0.1:1234"]
     # one process: fairseq-train unchanged (plus --cpu on CPU)
     assert dry_run(capsys, "--nproc", 1, "--cpu", "--dry-run", "--", "d")[0][3:] == ["d", "--cpu"]
     assert dry_run(capsys, "--nproc", 1, "--gpu", "--dry-run", "--", "d")[0][3:] == ["d"]
-    # fairseq-hydra-train: the same settings as overrides; a free port when none is given
-    (h0, h1) = dry_run(capsys, "--nproc", 2, "--cpu", "--hydra", "--dry-run", "--", "--config-name", "c")
-    assert h0[2] == "fairseq_cli.hydra_train" and h1[3:6] == ["--config-name", "c", "common.cpu=true"]
-    port = int(h1[8].rpartition(":")[2])
-    assert h1[6:] == ["distributed_training.distributed_world_size=2", "distributed_training.distributed_rank=1",
-                      f"distributed_training.distributed_init_method=tcp://127.0.0.1:{port}",
-                      "distributed_training.distributed_no_spawn=true", "distributed_training.distributed_backend=gloo",
-                      "distributed_training.ddp_backend=legacy_ddp"]
-    assert h0[8] == h1[8] and 0 < port < 65536
+    # fairseq-hydra-train: the same settings as overrides
+    (hydra,) = dry_run(capsys, "--nproc", 2, "--cpu", "--hydra", "--dry-run", "--", "--config-name", "c")
+    module = hydra.index("-m", len(PREFIX) + 3)
+    assert hydra[module:] == ["-m", "fairseq_cli.hydra_train", "--config-name", "c", "common.cpu=true",
+                              "distributed_training.distributed_world_size=2",
+                              "'distributed_training.distributed_rank=${local_rank}'",
+                              "distributed_training.distributed_init_method=env://",
+                              "distributed_training.distributed_no_spawn=true",
+                              "distributed_training.distributed_backend=gloo",
+                              "distributed_training.ddp_backend=legacy_ddp"]
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -278,6 +317,8 @@ def test_dry_run_variants(capsys, monkeypatch):
     (["--nproc", "2", "--cpu", "--", "d", "--distributed-backend", "nccl"], "--distributed-backend nccl does not work on CPU"),
     (["--nproc", "2", "--gpu", "--", "d", "--cpu"], "--gpu contradicts --cpu"),
     (["--nproc", "2", "--cpu", "--hydra", "--", "common.cpu=false"], "common.cpu=false among the fairseq arguments"),
+    (["--nproc", "2", "--gpu", "--log-dir", "l", "--", "d"], "--log-dir is for torchrun, which starts CPU ranks"),
+    (["--nproc", "1", "--cpu", "--log-dir", "l", "--", "d"], "--log-dir is for torchrun, which starts CPU ranks"),
 ])
 def test_bad_launcher_input_is_refused(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
@@ -287,43 +328,57 @@ def test_bad_launcher_input_is_refused(capsys, argv, message):
     assert err.startswith("usage: python -m fairseq_tnn.distributed.launch --nproc N") and message in err, err
 
 
-def python(code):
-    return [sys.executable, "-c", code]
+@pytest.fixture
+def torchrun_env(monkeypatch):
+    """The environment the launcher gives torchrun; the signal handlers torchrun installs are undone after."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for key, value in launch.RANK_PREFIX.items():
+        monkeypatch.setenv(key, value)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    yield
+    for s, handler in handlers.items():
+        signal.signal(s, handler)
 
 
-def test_a_failing_rank_stops_the_others_and_sets_the_exit_status(capsys):
+def python_ranks(code, *args):
+    """torchrun's options, as the launcher gives them, for 2 ranks of `python -c code args`."""
+    return [*launch.torchrun_options(2), "--no-python", sys.executable, "-c", code, *args]
+
+
+def test_a_failing_rank_stops_the_others_and_sets_the_exit_status(capsys, torchrun_env):
+    code = "import os, sys, time\nif os.environ['RANK'] == '1':\n    print('rank one fails'); sys.exit(3)\ntime.sleep(60)"
     start = time.monotonic()
-    status = launch.run([python("import time; time.sleep(60)"),
-                         python("import sys; print('rank one fails'); sys.exit(3)")], {})
-    assert status == 3 and time.monotonic() - start < launch.STOP_GRACE_S
+    status = launch.run_torchrun(python_ranks(code))
+    assert status == 3 and time.monotonic() - start < 30  # rank 0 was stopped, not waited for
     out, err = capsys.readouterr()
-    assert "[rank 1] rank one fails" in out and "rank 1 exited with status 3" in err
+    assert "[rank 1] rank one fails" in out and re.search(r"exitcode\s*:\s*3\b", err), (out, err)
 
 
-def test_sigterm_is_passed_on_to_every_rank(tmp_path):
-    wait_for_signal = ("import signal, sys, time, pathlib\n"
+def test_sigterm_is_passed_on_to_every_rank(tmp_path, torchrun_env):
+    wait_for_signal = ("import os, signal, sys, time, pathlib\n"
+                       "out = pathlib.Path(sys.argv[1]) / os.environ['RANK']\n"
                        "def stop(signum, frame):\n"
-                       "    pathlib.Path(sys.argv[1]).write_text(str(signum)); sys.exit(0)\n"
+                       "    out.write_text(str(signum)); sys.exit(0)\n"
                        "signal.signal(signal.SIGTERM, stop)\n"
-                       "pathlib.Path(sys.argv[1] + '.ready').touch()\n"
+                       "out.with_suffix('.ready').touch()\n"
                        "time.sleep(60)\n")
-    got = [tmp_path / f"rank{r}" for r in range(2)]
+    got = [tmp_path / str(r) for r in range(2)]
 
     def terminate_launcher_when_ready():
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if all(p.with_name(p.name + ".ready").exists() for p in got):  # launch.run is running
-                os.kill(os.getpid(), signal.SIGTERM)  # caught by its handler, passed on to the ranks
+            if all(p.with_suffix(".ready").exists() for p in got):  # torchrun is running, its handlers installed
+                os.kill(os.getpid(), signal.SIGTERM)  # caught by torchrun, passed on to the ranks
                 return
             time.sleep(0.05)
 
     threading.Thread(target=terminate_launcher_when_ready, daemon=True).start()
     start = time.monotonic()
-    status = launch.run([python(wait_for_signal) + [str(p)] for p in got], {})
-    assert status == 128 + signal.SIGTERM and time.monotonic() - start < launch.STOP_GRACE_S
+    status = launch.run_torchrun(python_ranks(wait_for_signal, str(tmp_path)))
+    assert status == 128 + signal.SIGTERM and time.monotonic() - start < 60
     assert [p.read_text() for p in got] == [str(int(signal.SIGTERM))] * 2
 
 
 def test_launcher_module_runs_without_import_warnings():
     log = run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu", "--dry-run", "--", "data"])
-    assert "Warning" not in log and log.count("fairseq_cli.train data") == 2, log
+    assert "Warning" not in log and log.count("-m fairseq_cli.train data --cpu") == 1, log
