@@ -1,7 +1,8 @@
 """Every command shown in README.md and docs/*.md is run by a test: the table below names, for each command
 pattern, the tests that run it (the same command on data/sample with tiny presets, or, for the multi-GPU,
 SLURM and Wikitext-103 ones that need hardware or data this suite does not have, its dry run checked flag by
-flag). A command added to the docs without a row here, a row whose tests are gone, a row no command uses
+flag), and every ```python block is run as written by the test PYTHON_RUN_BY names. A command added to the
+docs without a row here, a row whose tests are gone, a row no command uses, a Python example no test runs
 and a link to a missing page all fail."""
 import re
 from pathlib import Path
@@ -14,6 +15,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CI = "ci: .ci/run"  # the command CI itself runs
 # Pages whose every block a test runs as written, in order (no per-command rows needed)
 RUN_AS_WRITTEN = {"docs/using-models.md": "scripts/test_docs_using_models.py"}
+# The test that runs each page's ```python blocks as written
+PYTHON_RUN_BY = {"README.md": "scripts/test_docs_using_models.py", **RUN_AS_WRITTEN}
 
 # (regex on the command line, tests that run it)
 COVERAGE = [
@@ -112,6 +115,13 @@ def test_every_command_is_run_by_a_test(page, command):
                 continue
             file, name = test.split("::")
             assert re.search(rf"^def {name}\(", (ROOT / "tests" / file).read_text(), re.M), f"{test} is gone"
+
+
+def test_every_python_example_is_run_by_a_test():
+    pages = {str(p.relative_to(ROOT)) for p in DOCS if "```python\n" in p.read_text()}
+    assert "README.md" in pages and pages == set(PYTHON_RUN_BY), (pages, PYTHON_RUN_BY)
+    for page, runner in PYTHON_RUN_BY.items():
+        assert page in (ROOT / "tests" / runner).read_text(), f"{runner} no longer runs the Python of {page}"
 
 
 def test_every_coverage_row_is_used():

@@ -1,6 +1,6 @@
-"""Every command of docs/using-models.md, run as written, in a directory laid out as after the demo
-(data-bin/sample, demo-run/checkpoints/<model>/checkpoint_best.pt, data/sample/spm.model, .venv,
-fairseq_tnn, benchmarks), with the session's tiny checkpoints."""
+"""Every command of docs/using-models.md, and the Python example of README.md, run as written, in a directory
+laid out as after the demo (data-bin/sample, demo-run/checkpoints/<model>/checkpoint_best.pt,
+data/sample/spm.model, .venv, fairseq_tnn, benchmarks), with the session's tiny checkpoints."""
 import json
 import os
 import re
@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT
 
 DOC = ROOT / "docs" / "using-models.md"
+README = ROOT / "README.md"
 VENV = Path(sys.executable).parent.parent
 
 
@@ -72,6 +73,14 @@ def test_every_example_runs(sandbox, tmp_path):
     assert "| tnn_lm_tiny |" in (sandbox / "results" / "generate-quick" / "generate.md").read_text()
     assert (sandbox / "results" / "generate-quick" / "generate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "generate: " in bench
+
+
+def test_the_readme_example_runs(sandbox, tmp_path):
+    found = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert len(found) == 1 and len(found[0].strip().splitlines()) == 5, found  # the README shows five lines
+    sample, ppl = run_block("python", found[0], sandbox, tmp_path).splitlines()
+    assert sample.startswith("And God said ") and len(sample.split()) > 3, sample  # the prompt, continued
+    assert 1 < float(ppl) < 1888, ppl  # a perplexity, below the uniform one of the sample's 1,888 symbols
 
 
 def test_benchmark_refuses_to_overwrite(tmp_path):
