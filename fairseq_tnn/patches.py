@@ -69,10 +69,6 @@ def resolve(path: str):
     return getattr(obj, ORIGINAL, obj) if getattr(obj, MARK, None) else obj
 
 
-def _always() -> bool:
-    return True
-
-
 @dataclasses.dataclass(frozen=True)
 class Patch:
     """One fix of fairseq.
@@ -93,12 +89,14 @@ class Patch:
     replaces: Optional[str] = None
     replacement: Optional[Callable[[Any], Any]] = None
     action: Optional[Callable[[], None]] = None
-    needed: Callable[[], bool] = _always
+    needed: Callable[[], bool] = lambda: True
 
     def __post_init__(self):
         if self.on_mismatch not in ("skip", "apply"):
             raise ValueError(f"patch {self.name}: on_mismatch={self.on_mismatch!r}; allowed: 'skip', 'apply'")
-        if (self.replaces is None) != (self.replacement is None) or (self.replacement is None) == (self.action is None):
+        rebinds = self.replaces is not None and self.replacement is not None and self.action is None
+        acts = self.replaces is None and self.replacement is None and self.action is not None
+        if not (rebinds or acts):
             raise ValueError(f"patch {self.name}: give replaces with replacement, or action alone")
 
     def installed(self) -> bool:

@@ -225,7 +225,9 @@ def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tm
 def test_old_style_checkpoint_loads_and_weights_only_stays_on(two_procs, data_bin, tmp_path):
     from fairseq import checkpoint_utils, options
     from fairseq.distributed import utils as distributed_utils
+    from fairseq_tnn import register
 
+    register()  # as fairseq loading the plugin does (this module imports fairseq_tnn before fairseq)
     assert distributed_utils._broadcast_object_slow is patches.broadcast_object_slow
     # a pre-hydra checkpoint: the configuration as an argparse.Namespace under "args"
     state = torch.load(two_procs[3], map_location="cpu")
