@@ -8,7 +8,9 @@ punctuation are dropped, `{a,b}` is expanded into each path, and `\\.` (a regex'
 It exists if it does relative to the repository root, or, for a mention inside tests/, relative to tests/
 (where pytest node ids such as `scripts/test_docs.py::test_x` are written from). A glob (`*.py`) or a
 placeholder (`configs/experiments/<preset>.yaml`) must match at least one file. The only exceptions are
-NOT_IN_THE_REPOSITORY below: paths relative to an output directory, each with its reason."""
+NOT_IN_THE_REPOSITORY below: paths relative to an output directory, each with its reason. An anchor named
+with its page (`docs/setup.md#tests`, or a Markdown link `[text](setup.md#tests)` in a page) must be one of
+the page's headings as GitHub writes its anchor."""
 import itertools
 import re
 from pathlib import Path
@@ -74,6 +76,30 @@ def missing(text: str, source: Path):
     return [f"{where}:{n}: {p}" for n, p in mentions(text) if p not in NOT_IN_THE_REPOSITORY and not exists(p, source)]
 
 
+# A page of docs/ or README.md with an anchor, named anywhere; in a Markdown page, also [text](page.md#anchor)
+PAGE_ANCHOR = re.compile(r"(?<![\w./$~-])((?:docs/[\w.-]+|README)\.md)#([\w-]+)")
+LINK_ANCHOR = re.compile(r"\]\(([^()\s#:]*)#([\w-]+)\)")
+
+
+def heading_anchors(page: Path) -> set:
+    """The anchors GitHub gives a Markdown page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)  # a `# comment` in a code block is no heading
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def missing_anchors(text: str, source: Path):
+    """'file:line: page#anchor' for every anchor a text names that its page (an existing .md file) has no heading for."""
+    named = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        named |= {(number, ROOT / page, anchor) for page, anchor in PAGE_ANCHOR.findall(line)}
+        if source.suffix == ".md":
+            named |= {(number, (source.parent / page).resolve() if page else source, anchor)
+                      for page, anchor in LINK_ANCHOR.findall(line)}
+    where = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
+    return [f"{where}:{n}: {page.relative_to(ROOT)}#{anchor}" for n, page, anchor in sorted(named)
+            if page.suffix == ".md" and page.is_file() and anchor not in heading_anchors(page)]
+
+
 def test_every_named_path_exists():
     files = sources()
     assert len(files) > 80 and ROOT / "README.md" in files and ROOT / "fairseq_tnn" / "ops" / "ski.py" in files
@@ -81,6 +107,14 @@ def test_every_named_path_exists():
     assert found > 300, found  # the scan sees the paths (a regex that matched nothing would pass trivially)
     broken = [m for f in files for m in missing(f.read_text(), f)]
     assert not broken, "paths named but not in the repository:\n" + "\n".join(broken)
+
+
+def test_every_named_anchor_exists():
+    files = sources()
+    named = sum(len(PAGE_ANCHOR.findall(f.read_text())) + len(LINK_ANCHOR.findall(f.read_text())) for f in files)
+    assert named > 20, named
+    broken = [m for f in files for m in missing_anchors(f.read_text(), f)]
+    assert not broken, "anchors named but not a heading of their page:\n" + "\n".join(broken)
 
 
 def test_the_exceptions_are_still_named():
@@ -106,3 +140,12 @@ def test_a_missing_path_is_reported_with_its_line():
     assert missing(nowhere, source) == [f"synthetic.md:1: {nowhere}"]
     assert missing("scripts/test_docs.py::test_x", ROOT / "tests" / "scripts" / "x.py") == []
     assert missing("scripts/test_docs.py::test_x", source) == ["synthetic.md:1: scripts/test_docs.py"]
+
+
+def test_a_missing_anchor_is_reported_with_its_line():
+    # Named with its page or linked from a page (here docs/evaluation.md), an anchor must be one of its headings.
+    page = ROOT / "docs" / "evaluation.md"
+    gone = "docs/evaluation.md" + "#no-such-heading"
+    text = f"[the demo](evaluation.md#the-demo), docs/setup.md#tests, {gone}; [here](#" + "nowhere)\n"
+    assert missing_anchors(text, page) == [f"docs/evaluation.md:1: {gone}",
+                                           "docs/evaluation.md:1: docs/evaluation.md" + "#nowhere"]
