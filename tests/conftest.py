@@ -1,27 +1,51 @@
-"""pytest's fixtures and hooks for the suite: the sample corpus binarised once per session, the tiny
-checkpoints trained once per session, the `device` parameter, the markers and the CUDA-skip summary.
+"""pytest's fixtures and hooks for the suite: the sample corpus binarised, the tiny checkpoints and a
+train.sh run, each made once per test run (shared by pytest-xdist's workers), the `device` parameter, the
+markers and the CUDA-skip summary.
 The shared utilities live in helpers.py (``from helpers import run, cli, ...``); the names below are
 re-exported from there so that ``from conftest import ...`` keeps working."""
 import os
+import shutil
 
 import pytest
 import torch
+from filelock import FileLock  # a dependency of torch
 
 from helpers import (  # noqa: F401  (re-exported)
-    BIN, LM_OPTIONS, LM_TRAIN, MLM_OPTIONS, NO_LR_SCHEDULE, ROOT, THREADS, USER_DIR, CUDA_TOL_FACTOR,
+    BIN, CUDA_TOL_FACTOR, LM_OPTIONS, LM_TRAIN, MLM_OPTIONS, NO_LR_SCHEDULE, ROOT, SCRIPTS, THREADS, USER_DIR,
     arch_presets, assert_compiled_matches_eager, assert_on, cli, fairseq_options, lm_args, lm_train_cmd,
-    mlm_args, mlm_train_cmd, on, rel, run, split_tokens, tol, valid_ppls, wt103_presets)
+    mlm_args, mlm_train_cmd, ok, on, rel, run, split_tokens, tol, valid_ppls, wt103_presets)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(THREADS))
 
 
+def made_once(tmp_path_factory, name, make):
+    """A directory that make(path) fills once per test run. pytest-xdist's workers each run the session
+    fixtures; they share this directory instead of each making its own: the first to come makes it, holding
+    a lock, the others wait for it and reuse it (so a fixture's fairseq runs happen once, not once per
+    worker). The users only read it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        path = tmp_path_factory.mktemp(name)
+        make(path)
+        return path
+    shared = tmp_path_factory.getbasetemp().parent  # this run's directory, above the workers' own
+    path, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(path, ignore_errors=True)  # left by a worker whose attempt failed
+            path.mkdir()
+            make(path)
+            done.touch()
+    return path
+
+
 @pytest.fixture(scope="session")
 def data_bin(tmp_path_factory):
-    dest = tmp_path_factory.mktemp("data-bin") / "sample"
-    run(["bash", ROOT / "scripts/preprocess.sh", ROOT / "data/sample", dest],
-        env={"FAIRSEQ_PREPROCESS": cli("fairseq-preprocess")})
-    return dest
+    """data/sample binarised by scripts/preprocess.sh."""
+    def make(path):
+        run(["bash", ROOT / "scripts/preprocess.sh", ROOT / "data/sample", path / "sample"],
+            env={"FAIRSEQ_PREPROCESS": cli("fairseq-preprocess")})
+    return made_once(tmp_path_factory, "data-bin", make) / "sample"
 
 
 @pytest.fixture(scope="session")
@@ -29,18 +53,34 @@ def tiny_checkpoints(data_bin, tmp_path_factory):
     """A few updates of each tiny model: {arch: checkpoint dir with checkpoint_best.pt}, for the
     generation, scoring and fill-mask tests. The causal ones train with --sample-break-mode eos
     (fairseq's numpy-2-sensitive path, see fairseq_tnn/patches.py)."""
-    root = tmp_path_factory.mktemp("tiny-checkpoints")
-    common = dict(batch_size=8, max_update=20, validate_interval_updates=20, no_epoch_checkpoints=True,
-                  log_interval=10, lr="0.003", max_valid_steps=2, tokens_per_sample=128)
-    out = {}
-    for arch in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
-        out[arch] = root / arch
-        run(lm_train_cmd(data_bin, arch=arch, sample_break_mode="eos", save_dir=out[arch], **common, **NO_LR_SCHEDULE))
-    out["tnn_mlm_tiny"] = root / "tnn_mlm_tiny"
-    run(mlm_train_cmd(data_bin, arch="tnn_mlm_tiny", save_dir=out["tnn_mlm_tiny"], **common))
+    archs = ("tnn_lm_tiny", "fd_tnn_lm_tiny", "tnn_mlm_tiny")
+
+    def make(root):
+        common = dict(batch_size=8, max_update=20, validate_interval_updates=20, no_epoch_checkpoints=True,
+                      log_interval=10, lr="0.003", max_valid_steps=2, tokens_per_sample=128)
+        for arch in archs[:2]:
+            run(lm_train_cmd(data_bin, arch=arch, sample_break_mode="eos", save_dir=root / arch, **common,
+                             **NO_LR_SCHEDULE))
+        run(mlm_train_cmd(data_bin, arch="tnn_mlm_tiny", save_dir=root / "tnn_mlm_tiny", **common))
+
+    root = made_once(tmp_path_factory, "tiny-checkpoints", make)
+    out = {arch: root / arch for arch in archs}
     for path in out.values():
         assert (path / "checkpoint_best.pt").is_file(), path
     return out
+
+
+@pytest.fixture(scope="session")
+def train_sh_run(data_bin, tmp_path_factory):
+    """The run directory of scripts/train.sh on CPU with the tiny causal preset: 4 updates of 8 x 64 tokens,
+    validation and a checkpoint every 2 updates, json log, tensorboard (tests/scripts: train.sh,
+    eval_extrapolation.sh, plot_training.py)."""
+    def make(save_root):
+        env = {"CPU": "1", "MAX_UPDATE": "4", "TOKENS_PER_SAMPLE": "64", "SEQS_PER_UPDATE": "8", "BATCH_PER_GPU": "8",
+               "LR": "0.003", "WARMUP_UPDATES": "2", "VALIDATE_INTERVAL_UPDATES": "2", "SAVE_INTERVAL_UPDATES": "2",
+               "LOG_INTERVAL": "1", "NUM_WORKERS": "0", "SAVE_ROOT": str(save_root)}
+        ok(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin, "--max-valid-steps", "4"], env)
+    return made_once(tmp_path_factory, "train-sh", make) / "tnn_lm_tiny"
 
 
 def pytest_configure(config):

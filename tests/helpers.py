@@ -4,6 +4,7 @@ recipes' fairseq-train options, the architecture presets from fairseq's registry
 relative-error and device helpers of the numeric tests."""
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,10 @@ USER_DIR = str(ROOT / "fairseq_tnn")  # absolute, as a user passes it
 # Threads for torch in the tests and in the commands they run: 2, shared out among pytest-xdist's workers
 # (scripts/test.sh runs one per core) so that the workers do not oversubscribe the cores.
 THREADS = str(max(1, 2 // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+
+
+SCRIPTS = ROOT / "scripts"
+SLURM = SCRIPTS / "slurm"
 
 
 def run(cmd, expect_ok=True, timeout=900, env=None):
@@ -170,3 +175,55 @@ def assert_on(device, *tensors):
     for i, t in enumerate(tensors):
         if t is not None:
             assert t.device.type == want, f"tensor {i} is on {t.device}, the test runs on {want}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The user-facing scripts (tests/scripts): run as a user runs them, from the repository root, with the fairseq
+# CLIs of the venv that runs pytest and without the SLURM variables of a real job.
+# ---------------------------------------------------------------------------------------------------------
+SCRIPT_ENV = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+SCRIPT_ENV.update(FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, PYTHONUNBUFFERED="1",
+                  OMP_NUM_THREADS="1")  # tiny models: one thread is 10-30x faster than two on a busy 2-core machine
+
+
+def sh(cmd, env=None, timeout=600):
+    """Run a command from the repository root; return (exit status, stdout, stderr)."""
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**SCRIPT_ENV, **(env or {})})
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def ok(cmd, env=None, timeout=600):
+    """sh() of a command that must succeed; return (stdout, stderr)."""
+    rc, out, err = sh(cmd, env, timeout)
+    assert rc == 0, f"{cmd} failed ({rc}):\n{out[-3000:]}\n{err[-5000:]}"
+    return out, err
+
+
+def flags(argv):
+    """'--a 1 --b --c x y' -> {'--a': ['1'], '--b': [], '--c': ['x', 'y']} (last occurrence wins)."""
+    out, key = {}, None
+    for a in argv:
+        if a.startswith("--"):
+            key = a
+            out[key] = []
+        elif key is not None:
+            out[key].append(a)
+    return out
+
+
+def dry_train(preset, data, **env):
+    """The command scripts/train.sh would run for preset on data (DRY_RUN=1), split into arguments."""
+    out, _ = ok(["bash", SCRIPTS / "train.sh", preset, data], {"DRY_RUN": "1", **env})
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    return shlex.split(lines[0])
+
+
+def script_module(name):
+    """Import scripts/<name>.py (to call its main() in this process, where fairseq is already imported)."""
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(SCRIPTS))

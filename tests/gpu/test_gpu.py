@@ -11,14 +11,14 @@ import re
 import pytest
 import torch
 
-from helpers import USER_DIR, assert_compiled_matches_eager, cli, rel, run
+from helpers import USER_DIR, assert_compiled_matches_eager, cli, rel, run, wt103_presets
 from fairseq_tnn.models.blocks import compile_layers
 from fairseq_tnn.models.build import build_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-CAUSAL = ["tnn_lm_wt103", "tnn_lm_wt103_rpe3", "fd_tnn_lm_wt103"]
-MASKED = ["tnn_mlm_wt103", "fd_tnn_mlm_wt103", "ski_tnn_mlm_wt103"]
+CAUSAL = wt103_presets("tnn_lm")  # fairseq's registry of our archs
+MASKED = wt103_presets("tnn_mlm")
 
 
 def small(arch):

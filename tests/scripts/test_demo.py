@@ -1,0 +1,40 @@
+"""scripts/demo.sh, README command 1, shortened: TNN and FD-TNN trained side by side, evaluated and reported."""
+import json
+import re
+
+import pytest
+
+from helpers import SCRIPTS, ok, sh
+
+
+@pytest.mark.slow
+def test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports(tmp_path):
+    """README command 1, shortened: both models train_sh_run, the Table-1 rows, the extrapolation table and plot,
+    the training curves and step times; a second run reuses the finished runs."""
+    env = {"WORK": str(tmp_path / "demo"), "MAX_UPDATE": "6", "TOKENS_PER_SAMPLE": "32", "BATCH_SIZE": "4",
+           "LENGTHS": "32 64", "WARMUP_UPDATES": "2", "LOG_INTERVAL": "2"}
+    out, _ = ok(["bash", SCRIPTS / "demo.sh"], env, timeout=900)
+    results = tmp_path / "demo" / "results" / "demo"
+    report = json.loads((results / "extrapolation.json").read_text())
+    assert [(r["model"], r["length"]) for r in report["results"]] == \
+        [(m, L) for m in ("tnn_lm_tiny", "fd_tnn_lm_tiny") for L in (32, 64)]
+    assert all(r["evaluated_tokens"] == r["expected_tokens"] for r in report["results"])
+    for model in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
+        assert re.search(rf"^\| {model} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out  # table.md
+        assert re.search(rf"^  {model}: 1 validations, ppl [0-9.]+ at update 6, [0-9.]+ at update 6; median update time [0-9.]+ ms$",
+                         out, re.M), out
+        # a sampled continuation of the fixed prompt, as text (sentencepiece-decoded, no pieces)
+        assert re.search(rf"^  {model}: And God said unto Moses[^\u2581]*$", out, re.M), out
+    for png in ("extrapolation.png", "training.png", "training-wall.png", "kernels/tnn_lm_tiny/layer0.png",
+                "kernels/fd_tnn_lm_tiny/layer1.png"):
+        assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads((results / "kernels" / "fd_tnn_lm_tiny" / "kernels.json").read_text())["length"] == 32
+    # a second run reuses both finished runs: checked up to the evaluation, which an invalid LENGTHS stops
+    # before any work (the steps after the training are the first run's, already checked above)
+    stamps = {m: (tmp_path / "demo" / "checkpoints" / m / "checkpoint_last.pt").stat().st_mtime_ns
+              for m in ("tnn_lm_tiny", "fd_tnn_lm_tiny")}
+    rc, again, err = sh(["bash", SCRIPTS / "demo.sh"], {**env, "LENGTHS": "0"}, timeout=900)
+    assert rc == 1 and "lengths must be positive integers (got '0')" in err, (rc, again, err[-2000:])
+    assert again.count("demo: reusing the finished run") == 2 and "demo: training" not in again, again
+    assert stamps == {m: (tmp_path / "demo" / "checkpoints" / m / "checkpoint_last.pt").stat().st_mtime_ns
+                      for m in stamps}

@@ -1,0 +1,25 @@
+"""scripts/preprocess.sh (data/sample binarised as conftest's data_bin is) and scripts/make_sample_data.sh:
+an existing output is kept unless FORCE=1."""
+import shutil
+
+from helpers import ROOT, SCRIPTS, cli, ok, sh
+
+
+def test_make_sample_data_refuses_to_overwrite_the_corpus():
+    before = {p.name: p.read_bytes() for p in (ROOT / "data" / "sample").iterdir()}
+    rc, _, err = sh(["bash", SCRIPTS / "make_sample_data.sh"])
+    assert rc == 1 and "refusing to overwrite" in err and "FORCE=1" in err, err
+    assert {p.name: p.read_bytes() for p in (ROOT / "data" / "sample").iterdir()} == before
+
+
+def test_preprocess_skips_a_binarised_dir_and_redoes_it_with_force(data_bin, tmp_path):
+    """data_bin is `bash scripts/preprocess.sh data/sample <dest>` (conftest): a copy of it is an existing output."""
+    dest = tmp_path / "bin"
+    shutil.copytree(data_bin, dest)
+    env = {"FAIRSEQ_PREPROCESS": cli("fairseq-preprocess")}
+    before = (dest / "train.bin").read_bytes()
+    (dest / "train.bin").write_bytes(b"damaged")
+    out, _ = ok(["bash", SCRIPTS / "preprocess.sh", ROOT / "data" / "sample", dest], env)
+    assert "already binarised (FORCE=1 to redo)" in out and (dest / "train.bin").read_bytes() == b"damaged"
+    ok(["bash", SCRIPTS / "preprocess.sh", ROOT / "data" / "sample", dest], {**env, "FORCE": "1"})
+    assert (dest / "train.bin").read_bytes() == before

@@ -1,0 +1,75 @@
+"""What every user-facing script (scripts/*.sh, scripts/slurm/*.sbatch, scripts/*.py) shares: bash syntax and
+strict mode, scripts/lib.sh's helpers sourced rather than copied, --help on the Python scripts, and a usage
+message with exit status 2 on wrong arguments."""
+import re
+import shlex
+import sys
+
+import pytest
+
+from helpers import ROOT, SCRIPTS, SLURM, ok, sh
+
+LIBRARIES = [SCRIPTS / "lib.sh", SCRIPTS / "recipe.sh"]  # sourced, not run
+BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIPTS / "eval_extrapolation.sh",
+                *LIBRARIES, *sorted(SLURM.glob("*.sbatch")), SCRIPTS / "demo.sh",
+                SCRIPTS / "preprocess.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh", SCRIPTS / "make_sample_data.sh",
+                SCRIPTS / "gpu_check.sh"]
+PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
+              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py"]
+# the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
+
+
+@pytest.mark.parametrize("script", BASH_SCRIPTS, ids=lambda p: p.name)
+def test_bash_syntax_and_strict_mode(script):
+    ok(["bash", "-n", script])
+    text = script.read_text()
+    if script not in LIBRARIES:
+        assert "set -euo pipefail" in text
+
+
+def test_every_script_uses_the_shared_helpers():
+    """scripts/lib.sh holds die, say, usage_error, quote_cmd and is_pos_int; every script that uses one sources it
+    (directly or through recipe.sh) and none defines its own copy."""
+    scripts = sorted({*SCRIPTS.glob("*.sh"), *SLURM.glob("*.sbatch")})
+    assert set(scripts) == set(BASH_SCRIPTS)  # a new script is checked here too
+    users = []
+    for script in scripts:
+        if script.name == "lib.sh":
+            continue
+        text = script.read_text()
+        if re.search(r"\b(die|say|usage_error|quote_cmd|is_pos_int)\b", text):
+            users.append(script.name)
+            assert re.search(r'^\s*source "\$ROOT/scripts/(lib|recipe)\.sh"', text, re.M), f"{script.name} does not source lib.sh"
+        own = re.findall(r"^\s*(\w*die|say|quote_cmd|usage_error|is_pos_int)\s*\(\)", text, re.M)
+        assert not own, f"{script.name} defines {own}; use scripts/lib.sh's"
+    assert set(users) == {s.name for s in scripts} - {"lib.sh", "test.sh"}, users  # test.sh: two lines, no errors
+
+
+def test_die_names_the_calling_script_and_takes_an_exit_code(tmp_path):
+    script = tmp_path / "caller.sh"
+    script.write_text(f'set -euo pipefail\nROOT={shlex.quote(str(ROOT))}\nsource "$ROOT/scripts/lib.sh"\n'
+                      'quote_cmd a "b c" "it\'s"\n[[ "${1:-}" == 3 ]] && die "three" 3\ndie "plain"\n')
+    rc, out, err = sh(["bash", script])
+    assert (rc, out, err) == (1, "a 'b c' 'it'\\''s'\n", "caller.sh: error: plain\n")
+    assert shlex.split(out) == ["a", "b c", "it's"]
+    rc, _, err = sh(["bash", script, "3"], {"PROG": "named"})
+    assert (rc, err) == (3, "named: error: three\n")
+
+
+@pytest.mark.parametrize("script", PY_SCRIPTS, ids=lambda p: p.name)
+def test_python_scripts_compile_and_have_help(script):
+    out, _ = ok([sys.executable, script, "--help"])
+    assert "usage:" in out
+
+
+@pytest.mark.parametrize("cmd", [
+    ["train.sh"], ["train.sh", "tnn_lm_tiny"], ["train.sh", "no_such_preset", "data-bin"],
+    ["eval_extrapolation.sh"], ["prepare-wikitext-103.sh", "a", "b"], ["prepare-wikitext-103.sh", "--help"],
+    ["preprocess.sh"], ["preprocess.sh", "data/sample"], ["preprocess.sh", "/no/such/dir", "/tmp/x"],
+    ["demo.sh", "--fast"], ["setup.sh", "x"], ["make_sample_data.sh", "x"],
+], ids=lambda c: " ".join(c) or "none")
+def test_wrong_arguments_print_usage_and_fail(cmd):
+    rc, out, err = sh(["bash", SCRIPTS / cmd[0], *cmd[1:]])
+    assert rc == 2, (rc, out, err)
+    assert "usage: bash scripts/" + cmd[0] in err
+    assert out == ""

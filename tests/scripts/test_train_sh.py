@@ -1,0 +1,193 @@
+"""scripts/train.sh and the recipe it shares (scripts/recipe.sh): dry runs checked flag by flag against the
+paper's recipe for every preset, the environment knobs, refusals of bad settings and of existing runs, the
+presets being fairseq's registered archs, and a real run on CPU (conftest's train_sh_run)."""
+import json
+import os
+import shlex
+import sys
+
+import pytest
+
+from helpers import ROOT, SCRIPTS, USER_DIR, arch_presets, cli, dry_train, flags, ok, sh, wt103_presets
+
+CAUSAL = wt103_presets("tnn_lm")
+
+
+def test_recipe_presets_are_the_registered_archs():
+    """scripts/recipe.sh's preset lists (what train.sh and train.sbatch accept, kept in bash so that a dry run
+    starts no Python) are the archs registered in fairseq for tnn_lm and tnn_mlm, in registration order."""
+    out, _ = ok(["bash", "-c", 'ROOT="$1"; source "$ROOT/scripts/recipe.sh"; echo "$TNN_CAUSAL_PRESETS"; '
+                 'echo "$TNN_MASKED_PRESETS"', "recipe", ROOT])
+    causal, masked = out.splitlines()
+    assert causal.split() == arch_presets("tnn_lm"), "scripts/recipe.sh: TNN_CAUSAL_PRESETS is not the registry's list"
+    assert masked.split() == arch_presets("tnn_mlm"), "scripts/recipe.sh: TNN_MASKED_PRESETS is not the registry's list"
+
+
+@pytest.mark.parametrize("preset,nproc,batch,update_freq", [
+    ("tnn_lm_wt103", 8, 8, 2), ("tnn_lm_wt103", 1, 8, 16), ("fd_tnn_lm_wt103", 2, 8, 8), ("tnn_lm_wt103_rpe3", 4, 4, 8),
+    ("tnn_mlm_wt103", 8, 16, 4), ("ski_tnn_mlm_wt103", 1, 16, 32), ("fd_tnn_mlm_wt103", 16, 16, 2),
+])
+def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, batch, update_freq):
+    argv = dry_train(preset, data_bin, NPROC=str(nproc), BATCH_PER_GPU=str(batch), SAVE_ROOT=str(tmp_path / "ck"))
+    causal = preset in CAUSAL
+    if nproc == 1:
+        assert argv[0] == cli("fairseq-train")
+        args = argv[1:]
+        assert flags(args)["--distributed-world-size"] == ["1"]
+    else:
+        assert argv[:6] == [sys.executable, "-m", "fairseq_tnn.distributed.launch", "--nproc", str(nproc), "--"], argv
+        args = argv[6:]
+        assert "--distributed-world-size" not in args  # the launcher sets it
+    assert args[0] == str(data_bin)
+    f = flags(args)
+    save_dir = str(tmp_path / "ck" / preset)
+    expect = {
+        "--user-dir": [USER_DIR], "--arch": [preset],  # every preset is a registered arch
+        "--task": ["tnn_language_modeling" if causal else "tnn_masked_lm"],
+        "--criterion": ["cross_entropy" if causal else "masked_lm"],
+        "--sample-break-mode": ["none" if causal else "complete"],
+        "--optimizer": ["adam"], "--adam-betas": ["(0.9, 0.98)"], "--weight-decay": ["0.2"], "--clip-norm": ["1.0"],
+        "--lr": ["1e-3" if preset.startswith("fd_") else "5e-4"],
+        "--lr-scheduler": ["inverse_sqrt" if causal else "polynomial_decay"],
+        "--warmup-updates": ["4000" if causal else "3000"],
+        "--tokens-per-sample": ["512"], "--batch-size": [str(batch)], "--update-freq": [str(update_freq)],
+        "--max-update": ["50000"], "--fp16": [], "--tnn-compile": [], "--log-format": ["json"], "--save-dir": [save_dir],
+        "--log-file": [save_dir + "/train.log"], "--tensorboard-logdir": [save_dir + "/tensorboard"],
+        "--no-epoch-checkpoints": [], "--seed": ["1"],
+    }
+    expect.update({"--warmup-init-lr": ["1e-07"]} if causal else
+                  {"--adam-eps": ["1e-06"], "--total-num-update": ["50000"], "--skip-invalid-size-inputs-valid-test": []})
+    for key, value in expect.items():
+        assert f.get(key) == value, (key, f.get(key), value)
+    assert "--cpu" not in f
+    assert "--rpe-layers" not in f  # the arch says it (tnn_*_wt103_rpe3), no flag on top
+    # the paper's tokens per update, whatever the number of processes
+    assert batch * update_freq * nproc == (128 if causal else 512)
+
+
+def test_train_dry_run_cpu_env_overrides_and_extra_args_last(data_bin, tmp_path):
+    env = {"CPU": "1", "NPROC": "2", "MAX_UPDATE": "7", "TOKENS_PER_SAMPLE": "64", "SEQS_PER_UPDATE": "16",
+           "BATCH_PER_GPU": "4", "LR": "0.003", "WARMUP_UPDATES": "3", "SAVE_ROOT": str(tmp_path), "RUN_NAME": "smoke"}
+    out, _ = ok(["bash", SCRIPTS / "train.sh", "fd_tnn_lm_tiny", data_bin, "--max-epoch", "1"], {"DRY_RUN": "1", **env})
+    argv = shlex.split(out)
+    assert argv[:7] == [sys.executable, "-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu", "--"], argv
+    f = flags(argv[7:])
+    assert f["--update-freq"] == ["2"] and f["--batch-size"] == ["4"] and f["--max-update"] == ["7"]
+    assert f["--tokens-per-sample"] == ["64"] and f["--lr"] == ["0.003"] and f["--warmup-updates"] == ["3"]
+    assert "--cpu" in f and "--fp16" not in f and f["--save-dir"] == [str(tmp_path / "smoke")]
+    assert "--tnn-compile" not in f and "--bf16-autocast" not in f  # CPU: eager fp32 unless asked
+    assert argv[-2:] == ["--max-epoch", "1"]
+    assert not (tmp_path / "smoke").exists()  # a dry run creates nothing
+
+
+@pytest.mark.parametrize("env,present,absent", [
+    ({}, ["--fp16", "--tnn-compile"], ["--bf16-autocast", "--bf16", "--cpu"]),
+    ({"PRECISION": "bf16"}, ["--bf16-autocast", "--tnn-compile"], ["--fp16", "--bf16"]),
+    ({"PRECISION": "fp32", "TNN_COMPILE": "0"}, [], ["--fp16", "--bf16-autocast", "--tnn-compile"]),
+    ({"CPU": "1", "PRECISION": "bf16", "TNN_COMPILE": "1"}, ["--bf16-autocast", "--tnn-compile", "--cpu"], ["--fp16"]),
+])
+def test_train_dry_run_precision_and_compile(data_bin, tmp_path, env, present, absent):
+    """GPU recipe: fp16 and compiled layers by default; PRECISION=bf16 is the plugin's bf16 autocast (fairseq's
+    --bf16 means TPU); TNN_COMPILE switches compilation either way."""
+    f = flags(dry_train("tnn_lm_wt103", data_bin, NPROC="1", SAVE_ROOT=str(tmp_path), **env))
+    for flag in present:
+        assert flag in f, (flag, env)
+    for flag in absent:
+        assert flag not in f, (flag, env)
+
+
+@pytest.mark.parametrize("value,expected", [("1", []), ("strict", ["strict"])])
+def test_train_dry_run_compile_mode(data_bin, tmp_path, value, expected):
+    """TNN_COMPILE=1: --tnn-compile (a layer that fails to compile runs eagerly); strict: --tnn-compile strict."""
+    f = flags(dry_train("tnn_lm_wt103", data_bin, NPROC="1", SAVE_ROOT=str(tmp_path), TNN_COMPILE=value))
+    assert f["--tnn-compile"] == expected
+
+
+def test_train_nproc_defaults_to_the_visible_gpus(data_bin, tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text("#!/bin/sh\nfor i in 0 1 2 3; do echo \"GPU $i: NVIDIA H100 (UUID: GPU-$i)\"; done\n")
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {"PATH": f"{fake}:{os.environ['PATH']}", "SAVE_ROOT": str(tmp_path)}
+    argv = dry_train("tnn_lm_wt103", data_bin, **env)
+    assert argv[3:5] == ["--nproc", "4"] and flags(argv)["--update-freq"] == ["4"]  # 128 / (8 x 4)
+    argv = dry_train("tnn_lm_wt103", data_bin, CUDA_VISIBLE_DEVICES="0,1", **env)
+    assert argv[3:5] == ["--nproc", "2"] and flags(argv)["--update-freq"] == ["8"]
+    argv = dry_train("tnn_lm_wt103", data_bin, CPU="1", **env)
+    assert argv[0] == cli("fairseq-train") and flags(argv)["--update-freq"] == ["16"]
+
+
+def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_path):
+    """The NPROC > 1 command line, run through fairseq_tnn.distributed.launch --dry-run: one torchrun command
+    that starts 2 ranks, each told its rank by torchrun (${local_rank})."""
+    pytest.importorskip("fairseq_tnn.distributed.launch")
+    argv = dry_train("tnn_lm_tiny", data_bin, CPU="1", NPROC="2", SEQS_PER_UPDATE="8", BATCH_PER_GPU="4",
+                     SAVE_ROOT=str(tmp_path))
+    out, _ = ok([*argv[:5], "--dry-run", *argv[5:]])
+    (line,) = out.splitlines()
+    f = flags(shlex.split(line))
+    assert "-m torch.distributed.run --nproc-per-node 2 " in line and " -m fairseq_cli.train " in line, line
+    assert f["--distributed-world-size"] == ["2"] and f["--distributed-rank"] == ["${local_rank}"]
+    assert f["--batch-size"] == ["4"] and f["--update-freq"] == ["1"] and f["--user-dir"] == [USER_DIR]
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"NPROC": "3"}, "SEQS_PER_UPDATE=128 is not divisible by BATCH_PER_GPU=8 x 3 processes"),
+    ({"NPROC": "1", "BATCH_PER_GPU": "0"}, "must be positive integers"),
+    ({"NPROC": "x"}, "NPROC must be a positive integer"),
+    ({"NPROC": "1", "PRECISION": "fp8"}, "PRECISION must be"),
+    ({"NPROC": "1", "TNN_COMPILE": "yes"}, "TNN_COMPILE must be 0 or 1"),
+    ({"CPU": "1", "PRECISION": "fp16"}, "CPU=1 trains in fp32 or bf16"),
+])
+def test_train_rejects_bad_settings(data_bin, env, message):
+    rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_wt103", data_bin], {"DRY_RUN": "1", **env})
+    assert rc == 2 and message in err and out == "", (rc, out, err)
+
+
+def test_train_refuses_an_existing_run_without_force(data_bin, tmp_path):
+    run_dir = tmp_path / "tnn_lm_tiny"
+    run_dir.mkdir()
+    ckpt = run_dir / "checkpoint_last.pt"
+    ckpt.write_bytes(b"precious")
+    before = ckpt.stat().st_mtime_ns
+    rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin], {"CPU": "1", "SAVE_ROOT": str(tmp_path)})
+    assert rc == 1 and "refusing to overwrite" in err and "FORCE=1" in err, (rc, out, err)
+    assert ckpt.read_bytes() == b"precious" and ckpt.stat().st_mtime_ns == before
+    # RESUME=1 would continue the run, FORCE=1 would delete it: the dry run says so and touches nothing
+    _, err = ok(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin],
+                {"CPU": "1", "SAVE_ROOT": str(tmp_path), "FORCE": "1", "DRY_RUN": "1"})
+    assert "FORCE=1: deleting" in err and ckpt.read_bytes() == b"precious"
+
+
+def test_train_retries_a_run_that_saved_no_checkpoint(data_bin, tmp_path):
+    """A first attempt that failed before saving a checkpoint (here: the masked recipe refusing long lines
+    with OVERSIZED=error) does not block the same command; its files move to previous-attempt/."""
+    env = {"CPU": "1", "SAVE_ROOT": str(tmp_path), "MAX_UPDATE": "1", "TOKENS_PER_SAMPLE": "64", "SEQS_PER_UPDATE": "4",
+           "BATCH_PER_GPU": "4", "NUM_WORKERS": "0", "WARMUP_UPDATES": "1", "LOG_INTERVAL": "1"}
+    cmd = ["bash", SCRIPTS / "train.sh", "tnn_mlm_tiny", data_bin, "--max-valid-steps", "1"]
+    rc, out, err = sh(cmd, {**env, "OVERSIZED": "error"})
+    assert rc != 0 and "is too small for --sample-break-mode complete" in out + err, (rc, out[-2000:], err[-2000:])
+    run_dir = tmp_path / "tnn_mlm_tiny"
+    assert (run_dir / "command.txt").is_file() and not list(run_dir.glob("checkpoint*.pt"))
+    _, err = ok(cmd, env)  # the retry, same command, no FORCE=1
+    assert "holds no checkpoint" in err and (run_dir / "checkpoint_last.pt").is_file()
+    assert "--oversized-blocks error" in (run_dir / "previous-attempt" / "command.txt").read_text()
+    assert "--oversized-blocks drop" in (run_dir / "command.txt").read_text()
+    # now the run has a checkpoint: the same command is refused again
+    rc, _, err = sh(cmd, env)
+    assert rc == 1 and "refusing to overwrite" in err
+
+
+def test_train_sh_trains_on_cpu_with_json_log_and_tensorboard(train_sh_run):
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_1_2.pt", "checkpoint_1_4.pt"):
+        assert (train_sh_run / name).is_file(), name
+    records = []
+    for line in (train_sh_run / "train.log").read_text().splitlines():
+        if line.startswith('{"'):  # json log lines (the config dump starts with "{'")
+            records.append(json.loads(line))
+    valid = [r for r in records if "valid_ppl" in r]
+    inner = [r for r in records if "update_ms" in r and "num_updates" in r]
+    assert [r["valid_num_updates"] for r in valid] == ["2", "4"]
+    assert [r["num_updates"] for r in inner] == ["1", "2", "3", "4"] and all("max_rss_mb" in r for r in inner)
+    assert any((train_sh_run / "tensorboard").rglob("events.out.tfevents.*"))
+    assert (train_sh_run / "command.txt").read_text().startswith(cli("fairseq-train"))
