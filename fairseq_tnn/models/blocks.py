@@ -1,14 +1,14 @@
 """Building a stack of TNN layers from a model config (shared by the LM and the MLM)."""
-import dataclasses
 import logging
 
 import torch
 import torch._functorch.config
 from torch import nn
 
-from ..modules import Glu, Gtu, TnnLayer, build_tno
+from ..modules import Glu, Gtu, TnnLayer
+from ..modules.tno import TnoSettings, tno_class
 from ..modules.tno.base import require
-from .config import COMPILE_MODES, block_tno_settings, compile_mode
+from .config import COMPILE_MODES, compile_mode
 
 logger = logging.getLogger(__name__)
 # The compile warning's logger: a child of fairseq-train's logger, to whose handlers fairseq_cli.train gives
@@ -23,16 +23,17 @@ compile_logger = logging.getLogger("fairseq_cli.train." + __name__)
 COMPILE_RECOMPILE_LIMIT = 64
 
 
-def build_layers(cfg, dim: int, num_layers: int, causal: bool, name: str = "layers") -> nn.ModuleList:
-    """The model's stack of TNN layers, compiled per ``--tnn-compile`` (``name``: the stack's attribute
-    path in the model, which names a layer in the compile warnings)."""
+def build_layers(cfg, dim: int, num_layers: int, causal: bool, tno_settings: TnoSettings,
+                 name: str = "layers") -> nn.ModuleList:
+    """The model's stack of TNN layers, each with a ``cfg.tno_type`` TNO of the checked ``tno_settings``
+    (``validate_block_config``'s), compiled per ``--tnn-compile`` (``name``: the stack's attribute path in the
+    model, which names a layer in the compile warnings)."""
     d1 = cfg.expand_ratio * dim
     glu_dim = cfg.glu_dim or dim
-    tno_settings = dataclasses.asdict(block_tno_settings(cfg, causal))
+    tno_cls = tno_class(str(cfg.tno_type))
     layers = []
     for _ in range(num_layers):
-        tno = build_tno(str(cfg.tno_type), d1, causal, **tno_settings)
-        gtu = Gtu(dim, d1, tno, activation=str(cfg.gtu_activation))
+        gtu = Gtu(dim, d1, tno_cls(d1, causal, tno_settings), activation=str(cfg.gtu_activation))
         glu = Glu(dim, glu_dim, activation=str(cfg.glu_activation))
         layers.append(TnnLayer(dim, gtu, glu, norm_type=str(cfg.norm_type),
                                normalize_before=str(cfg.norm_position) == "pre", dropout=cfg.dropout))

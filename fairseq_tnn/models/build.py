@@ -4,10 +4,9 @@ No models are registered here."""
 import argparse
 
 from fairseq.data import Dictionary
-from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_NAME_REGISTRY, ARCH_MODEL_REGISTRY, MODEL_DATACLASS_REGISTRY
 
-from .tnn_lm import TnnLanguageModel, TnnLmConfig
-from .tnn_mlm import TnnMlmConfig
+from . import tnn_lm, tnn_mlm  # noqa: F401  (registers the models and their architectures)
 
 
 class VocabTask:
@@ -31,6 +30,6 @@ def build_arch(arch: str, vocab: int, **overrides):
     args = argparse.Namespace(**overrides)
     ARCH_CONFIG_REGISTRY[arch](args)
     model_cls = ARCH_MODEL_REGISTRY[arch]
-    cfg_cls = TnnLmConfig if model_cls is TnnLanguageModel else TnnMlmConfig
+    cfg_cls = MODEL_DATACLASS_REGISTRY[ARCH_MODEL_NAME_REGISTRY[arch]]  # with the fields of TNO types registered since
     cfg = cfg_cls(**{k: v for k, v in vars(args).items() if k in cfg_cls.__dataclass_fields__})
     return model_cls.build_model(cfg, VocabTask(dictionary_of_size(vocab)))

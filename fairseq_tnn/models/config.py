@@ -5,26 +5,28 @@ Every TNN hyperparameter is a declared field with help text, so fairseq copies i
 the arch presets. The TNO fields are not written here: they are derived from the registered TNO
 types' ``Settings`` dataclasses (fairseq_tnn/modules/tno/), which hold each default, help text and
 check once. In a config they are ``None`` unless given, meaning the chosen type's default; setting
-one that the chosen ``--tno-type`` does not use is an error.
+one that the chosen ``--tno-type`` does not use is an error. A type registered after this module is
+imported (a user's own, from a ``--user-dir`` package) gets its fields and its ``--tno-type`` choice
+when it registers (``follow_tno_types``). A model resolves its TNO's settings once
+(``validate_block_config``) and gives the checked ``Settings`` to every layer.
 """
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.activations import ACTIVATIONS
 from ..modules.norm import NORM_CHOICES
 from ..modules.tno import TNO_TYPES, tno_class, tno_settings
-from ..modules.tno.base import option, require
+from ..modules.tno.base import InvalidSetting, TnoSettings, on_register_tno, option, require
 
 logger = logging.getLogger(__name__)
 
 ACTIVATION_CHOICES = ChoiceEnum(sorted(ACTIVATIONS))
 NORM_TYPE_CHOICES = ChoiceEnum(list(NORM_CHOICES))
 NORM_POSITION_CHOICES = ChoiceEnum(["pre", "post"])
-TNO_TYPE_CHOICES = ChoiceEnum(sorted(TNO_TYPES))
 
 
 def _settings_fields(tno_type: str) -> Dict[str, dataclasses.Field]:
@@ -36,25 +38,36 @@ def _aliases(tno_type: str) -> Dict[str, str]:
     return {f.metadata["alias"]: f.name for f in _settings_fields(tno_type).values() if "alias" in f.metadata}
 
 
-# Every TNO settings field (and alias) of the flat model config -> the TNO types it applies to.
-TNO_FIELD_USERS: Dict[str, List[str]] = {}
-for _type in TNO_TYPES:
-    for _name in [*_settings_fields(_type), *_aliases(_type)]:
-        TNO_FIELD_USERS.setdefault(_name, []).append(_type)
+def tno_field_users() -> Dict[str, List[str]]:
+    """Every TNO settings field (and alias) of the registered types -> the types it applies to."""
+    users: Dict[str, List[str]] = {}
+    for tno_type in TNO_TYPES:
+        for name in [*_settings_fields(tno_type), *_aliases(tno_type)]:
+            users.setdefault(name, []).append(tno_type)
+    return users
 
 
-def _tno_config_fields():
-    """The TNO part of the model config: one Optional field per settings field of any registered type,
-    default None, with the help text of its settings field, the types that use it and their defaults."""
+def _tno_type_field() -> Tuple[str, Any, dataclasses.Field]:
+    """The --tno-type field, its choices the registered types."""
+    help_text = "Toeplitz neural operator: " + ", ".join(TNO_TYPES[t].summary for t in sorted(TNO_TYPES))
+    return "tno_type", ChoiceEnum(sorted(TNO_TYPES)), field(default="tnn", metadata={"help": help_text})
+
+
+def _tno_config_fields(existing=()) -> List[Tuple[str, Any, dataclasses.Field]]:
+    """The TNO part of the model config that ``existing`` (field names) lacks: one Optional field per settings
+    field of any registered type, default None, with the help text of its settings field, the types that use
+    it and their defaults."""
     out = []
-    for name, users in TNO_FIELD_USERS.items():
+    for name, users in tno_field_users().items():
         owners = [t for t in users if name in _settings_fields(t)]
         alias_of = {t: _aliases(t)[name] for t in users if name in _aliases(t)}
         # the declarations behind the name (an alias-only name: the fields it stands for); one type, one help
         declared = [_settings_fields(t)[name] for t in owners] or [_settings_fields(t)[f] for t, f in alias_of.items()]
         first = declared[0]
-        assert all(f.type is first.type and f.metadata["help"] == first.metadata["help"] for f in declared), \
-            f"TNO setting {name!r} is declared differently by the types {users}"
+        if any(f.type is not first.type for f in declared):
+            raise TypeError(f"TNO setting {name!r} is declared with different types by the TNO types {users}")
+        if name in existing:
+            continue
         defaults = {t: _settings_fields(t)[name].default for t in owners}
         if len(set(map(repr, defaults.values()))) == 1:
             default_text = f"default {next(iter(defaults.values()))}"
@@ -82,9 +95,6 @@ class TnnLayerConfig(FairseqDataclass):
     gtu_activation: ACTIVATION_CHOICES = field(default="silu", metadata={"help": "activation of the GTU's u and v branches"})
     glu_dim: Optional[int] = field(default=None, metadata={"help": "GLU hidden width (default: the embedding dim)"})
     glu_activation: ACTIVATION_CHOICES = field(default="silu", metadata={"help": "activation of the GLU's gate"})
-    tno_type: TNO_TYPE_CHOICES = field(
-        default="tnn", metadata={"help": "Toeplitz neural operator: " + ", ".join(
-            TNO_TYPES[t].summary for t in sorted(TNO_TYPES))})
     # Any, not a ChoiceEnum: configs and checkpoints written before the modes existed hold true / false,
     # which an enum field would refuse; compile_mode() checks the value and add_compile_choices() gives the
     # command line its choices.
@@ -100,8 +110,42 @@ class TnnLayerConfig(FairseqDataclass):
             "argparse_const": "fallback"})
 
 
-TnnBlockConfig = dataclasses.make_dataclass("TnnBlockConfig", _tno_config_fields(), bases=(TnnLayerConfig,))
-TnnBlockConfig.__doc__ = "TnnLayerConfig plus the settings of every registered TNO type (None: the type's default)."
+TnnBlockConfig = dataclasses.make_dataclass("TnnBlockConfig", [_tno_type_field(), *_tno_config_fields()],
+                                            bases=(TnnLayerConfig,))
+TnnBlockConfig.__doc__ = ("TnnLayerConfig plus --tno-type and the settings of every registered TNO type (None: the "
+                          "type's default).")
+
+
+def with_new_tno_types(config_cls: type) -> type:
+    """``config_cls`` (a TnnBlockConfig) as it stands, or where TNO types were registered after it was made, a
+    subclass of the same name with their settings fields and the --tno-type choices of all the types."""
+    existing = {f.name for f in dataclasses.fields(config_cls)}
+    new_fields = _tno_config_fields(existing)
+    if not new_fields and set(config_cls.__dataclass_fields__["tno_type"].type.choices) == set(TNO_TYPES):
+        return config_cls
+    extended = dataclasses.make_dataclass(config_cls.__name__, [_tno_type_field(), *new_fields], bases=(config_cls,))
+    extended.__module__, extended.__doc__ = config_cls.__module__, config_cls.__doc__
+    return extended
+
+
+def follow_tno_types(model_name: str, model_cls: type) -> None:
+    """Keep the fairseq config of the registered model ``model_name`` in step with the TNO registry: when a type
+    registers after the model (a user's own TNO type, from a --user-dir package importing fairseq_tnn), the
+    model's config gains its option fields and --tno-type choice, in the three places fairseq reads it from (the
+    model's dataclass for its command-line options, the dataclass registry that checkpoint configs are merged
+    into, and hydra's config store that composes cfg.model)."""
+    from fairseq.models import MODEL_DATACLASS_REGISTRY
+    from hydra.core.config_store import ConfigStore
+
+    def update(_new_type) -> None:
+        config_cls = MODEL_DATACLASS_REGISTRY[model_name]
+        extended = with_new_tno_types(config_cls)
+        if extended is not config_cls:
+            MODEL_DATACLASS_REGISTRY[model_name] = extended
+            setattr(model_cls, "__dataclass", extended)  # fairseq's register_model keeps it there, by this name
+            ConfigStore.instance().store(name=model_name, group="model", node=extended(), provider="fairseq")
+
+    on_register_tno(update)
 
 
 COMPILE_MODES = ("fallback", "strict")
@@ -131,39 +175,9 @@ def add_compile_choices(parser) -> None:
             action.metavar = "{" + ",".join(COMPILE_MODES) + "}"
 
 
-_WARNED = set()
-
-
-def tno_values(cfg) -> Dict[str, object]:
-    """The settings of ``cfg.tno_type`` given in a model config (the rest are the type's defaults).
-
-    Refuses a setting of another TNO type; maps a deprecated option name (``--decay`` for SKI's
-    ``--ski-warp-decay``) to its field, with a warning, so old commands and checkpoints still work."""
-    tno_type = str(cfg.tno_type)
-    fields, aliases = _settings_fields(tno_type), _aliases(tno_type)
-    for name, users in TNO_FIELD_USERS.items():
-        value = getattr(cfg, name, None)
-        require(value is None or name in fields or name in aliases, name, value,
-                 f"it applies to --tno-type {' or '.join(users)} only, not {tno_type}")
-    values = {name: getattr(cfg, name) for name in fields if getattr(cfg, name, None) is not None}
-    for old, target in aliases.items():
-        value = getattr(cfg, old, None)
-        if value is None:
-            continue
-        if target in values and values[target] != value:
-            raise ValueError(f"{option(old)}={value!r} and {option(target)}={values[target]!r} disagree: for "
-                             f"--tno-type {tno_type}, {option(old)} is the deprecated name of {option(target)}; "
-                             f"pass {option(target)} alone")
-        if (old, tno_type) not in _WARNED:  # once per process (validation and building both get here)
-            _WARNED.add((old, tno_type))
-            logger.warning(f"{option(old)} for --tno-type {tno_type} is deprecated: it is now {option(target)} (same "
-                           f"meaning); using {option(target)}={value!r}")
-        values[target] = value
-    return values
-
-
-def validate_block_config(cfg, embed_dim_field: str, layers_field: str, causal: bool):
-    """Refuse nonsensical hyperparameters with an error naming the option, before any work."""
+def validate_block_config(cfg, embed_dim_field: str, layers_field: str, causal: bool) -> TnoSettings:
+    """Refuse nonsensical hyperparameters with an error naming the option, before any work; return the checked
+    settings of the config's TNO, which every layer of the model is built with (resolved once per model)."""
     for name in (embed_dim_field, layers_field, "expand_ratio"):
         value = getattr(cfg, name)
         require(isinstance(value, int) and value >= 1, name, value, "must be an integer >= 1")
@@ -175,24 +189,45 @@ def validate_block_config(cfg, embed_dim_field: str, layers_field: str, causal: 
         require(value in ACTIVATIONS, name, value, f"must be one of {sorted(ACTIVATIONS)}")
     require(str(cfg.norm_type) in NORM_CHOICES, "norm_type", cfg.norm_type, f"must be one of {list(NORM_CHOICES)}")
     require(str(cfg.norm_position) in ("pre", "post"), "norm_position", cfg.norm_position, "must be 'pre' or 'post'")
-    tno_class(str(cfg.tno_type))
-    block_tno_settings(cfg, causal)
     compile_mode(cfg)
+    return resolve_tno_settings(cfg, causal)
 
 
-def block_tno_settings(cfg, causal: bool):
-    """The checked settings of the config's TNO (errors name the option as the user spelled it)."""
+def resolve_tno_settings(cfg, causal: bool) -> TnoSettings:
+    """The checked settings of ``cfg.tno_type`` from a model config (those not given: the type's defaults).
+
+    Refuses a setting of another TNO type. A deprecated option name (``--decay`` for SKI's
+    ``--ski-warp-decay``) sets its field, with a warning, so old commands and checkpoints still work; an
+    error about its value names it as the user spelled it."""
     tno_type = str(cfg.tno_type)
-    values = tno_values(cfg)
+    tno_class(tno_type)
+    fields, aliases = _settings_fields(tno_type), _aliases(tno_type)
+    for name, users in tno_field_users().items():
+        value = getattr(cfg, name, None)
+        require(value is None or name in fields or name in aliases, name, value,
+                f"it applies to --tno-type {' or '.join(users)} only, not {tno_type}")
+    values = {name: getattr(cfg, name) for name in fields if getattr(cfg, name, None) is not None}
+    spelled = {}  # settings field -> the deprecated name it was given by
+    for old, target in aliases.items():
+        value = getattr(cfg, old, None)
+        if value is None:
+            continue
+        if target in values and values[target] != value:
+            raise ValueError(f"{option(old)}={value!r} and {option(target)}={values[target]!r} disagree: for "
+                             f"--tno-type {tno_type}, {option(old)} is the deprecated name of {option(target)}; "
+                             f"pass {option(target)} alone")
+        logger.warning(f"{option(old)} for --tno-type {tno_type} is deprecated: it is now {option(target)} (same "
+                       f"meaning); using {option(target)}={value!r}")
+        values[target] = value
+        spelled[target] = old
     try:
         return tno_settings(tno_type, causal, **values)
-    except ValueError as err:
-        message = str(err)
-        for old, target in _aliases(tno_type).items():
-            if getattr(cfg, old, None) is not None and message.startswith(option(target) + "="):
-                raise ValueError(message.replace(option(target), option(old), 1) +
-                                 f" ({option(old)} is the deprecated name of {option(target)})") from None
-        raise
+    except InvalidSetting as err:
+        if err.name not in spelled:
+            raise
+        old = spelled[err.name]
+        raise InvalidSetting(old, err.value, f"{err.allowed} ({option(old)} is the deprecated name of "
+                                             f"{option(err.name)})") from None
 
 
 def set_defaults(args, **preset):
@@ -204,10 +239,10 @@ def set_defaults(args, **preset):
     tnn_lm_wt103 --tno-type fd`` works and keeps the preset's RPE size."""
     own = preset.get("tno_type", "tnn")
     final = str(getattr(args, "tno_type", None) or own)
-    tno_part = {**dataclasses.asdict(TNO_TYPES[own].Settings()),
-                **{k: v for k, v in preset.items() if k in TNO_FIELD_USERS}}
+    users = tno_field_users()
+    tno_part = {**dataclasses.asdict(TNO_TYPES[own].Settings()), **{k: v for k, v in preset.items() if k in users}}
     for key, value in preset.items():
-        if key not in TNO_FIELD_USERS and getattr(args, key, None) is None:
+        if key not in users and getattr(args, key, None) is None:
             setattr(args, key, value)
     if final not in TNO_TYPES:
         return  # refused by name when the model is built

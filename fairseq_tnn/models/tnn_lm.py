@@ -20,7 +20,8 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers
-from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
+from ..modules.tno import TnoSettings
+from .config import TnnBlockConfig, add_compile_choices, follow_tno_types, set_defaults, validate_block_config
 
 # A TNN has no positional limit: report a bound no dataset reaches, so fairseq
 # never drops a long evaluation block because of the model.
@@ -38,15 +39,14 @@ class TnnLmConfig(TnnBlockConfig):
 
 
 class TnnDecoder(FairseqIncrementalDecoder):
-    def __init__(self, cfg: TnnLmConfig, dictionary):
+    def __init__(self, cfg: TnnLmConfig, dictionary, tno_settings: TnoSettings):
         super().__init__(dictionary)
         dim = cfg.decoder_embed_dim
         self.padding_idx = dictionary.pad()
         self.embed_tokens = Embedding(len(dictionary), dim, self.padding_idx)
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
         self.dropout = nn.Dropout(cfg.dropout)
-        causal = True
-        self.layers = build_layers(cfg, dim, cfg.decoder_layers, causal, name="decoder.layers")
+        self.layers = build_layers(cfg, dim, cfg.decoder_layers, True, tno_settings, name="decoder.layers")
         # fairseq's usual final LayerNorm after a pre-norm stack
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
         if cfg.share_decoder_input_output_embed:
@@ -198,8 +198,11 @@ class TnnLanguageModel(FairseqLanguageModel):
 
     @classmethod
     def build_model(cls, cfg: TnnLmConfig, task):
-        validate_block_config(cfg, "decoder_embed_dim", "decoder_layers", causal=True)
-        return cls(TnnDecoder(cfg, task.target_dictionary))
+        tno_settings = validate_block_config(cfg, "decoder_embed_dim", "decoder_layers", causal=True)
+        return cls(TnnDecoder(cfg, task.target_dictionary, tno_settings))
+
+
+follow_tno_types("tnn_lm", TnnLanguageModel)
 
 
 # The TNO part of a preset is its tno_type's Settings defaults (fairseq_tnn/modules/tno/), which hold

@@ -14,7 +14,8 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers, length_bucket
-from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
+from ..modules.tno import TnoSettings
+from .config import TnnBlockConfig, add_compile_choices, compile_mode, follow_tno_types, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
 
 
@@ -60,7 +61,7 @@ class MeanPoolClassificationHead(nn.Module):
 
 
 class TnnEncoder(FairseqEncoder):
-    def __init__(self, cfg: TnnMlmConfig, dictionary):
+    def __init__(self, cfg: TnnMlmConfig, dictionary, tno_settings: TnoSettings):
         super().__init__(dictionary)
         dim = cfg.encoder_embed_dim
         self.padding_idx = dictionary.pad()
@@ -68,7 +69,7 @@ class TnnEncoder(FairseqEncoder):
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
         self.layernorm_embedding = nn.LayerNorm(dim) if cfg.layernorm_embedding else None
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = build_layers(cfg, dim, cfg.encoder_layers, causal=False, name="encoder.layers")
+        self.layers = build_layers(cfg, dim, cfg.encoder_layers, False, tno_settings, name="encoder.layers")
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
         self.lm_head = TnnLMHead(dim, self.embed_tokens.weight)
         # Compiled layers compile once per length: batches (whose length is their longest sample's in
@@ -150,8 +151,8 @@ class TnnMaskedLMModel(FairseqEncoderModel):
 
     @classmethod
     def build_model(cls, cfg: TnnMlmConfig, task):
-        validate_block_config(cfg, "encoder_embed_dim", "encoder_layers", causal=False)
-        return cls(cfg, TnnEncoder(cfg, task.source_dictionary))
+        tno_settings = validate_block_config(cfg, "encoder_embed_dim", "encoder_layers", causal=False)
+        return cls(cfg, TnnEncoder(cfg, task.source_dictionary, tno_settings))
 
     def forward(self, src_tokens, src_lengths=None, features_only: bool = False, return_all_hiddens: bool = False,
                 classification_head_name: Optional[str] = None, masked_tokens=None, **kwargs):
@@ -179,6 +180,9 @@ class TnnMaskedLMModel(FairseqEncoderModel):
                     out = state_dict[prefix + f"classification_heads.{head}.out_proj.weight"]
                     inner = state_dict[prefix + f"classification_heads.{head}.dense.weight"]
                     self.register_classification_head(head, out.size(0), inner.size(0))
+
+
+follow_tno_types("tnn_mlm", TnnMaskedLMModel)
 
 
 # The TNO part of a preset: its tno_type's Settings defaults plus the overrides it names (see tnn_lm.py).

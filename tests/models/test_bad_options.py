@@ -78,7 +78,7 @@ def test_invalid_setting_stops_before_any_data_is_loaded(data_bin, tmp_path, mon
         parser = options.get_training_parser()
         args = options.parse_args_and_arch(parser, input_args=argv)
         train.main(convert_namespace_to_omegaconf(args))
-    message = str(info.value) if info.type is ValueError else capsys.readouterr().err
+    message = str(info.value) if isinstance(info.value, ValueError) else capsys.readouterr().err
     assert re.search(pattern, message), message
     assert allowed in message, message
     assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").iterdir())

@@ -1,14 +1,14 @@
 """The models' TNO options are derived from the TNO types' settings: fields, help, defaults, presets,
-and the deprecated ``--decay`` of SKI (now ``--ski-warp-decay``) on the command line and in old configs."""
+the deprecated ``--decay`` of SKI (now ``--ski-warp-decay``) on the command line and in old configs, and a
+type registered from outside the package (a user's --user-dir package) on fairseq-train's command line."""
 import dataclasses
 import logging
 
 import pytest
 from fairseq import options
 
-from conftest import USER_DIR
+from helpers import USER_DIR, lm_train_cmd, run
 from fairseq_tnn.models.build import VocabTask, build_arch, dictionary_of_size
-from fairseq_tnn.models import config
 from fairseq_tnn.models.config import TnnBlockConfig
 from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel, TnnMlmConfig
 from fairseq_tnn.modules.tno import TNO_TYPES
@@ -63,7 +63,6 @@ def test_decay_is_a_deprecated_alias_for_ski(caplog):
     args = parse("ski_tnn_mlm_tiny", "--decay", "0.9")
     assert args.decay == 0.9 and getattr(args, "ski_warp_decay", None) is None  # the preset leaves it to --decay
     cfg = TnnMlmConfig(**{k: v for k, v in vars(args).items() if k in TnnMlmConfig.__dataclass_fields__})
-    config._WARNED.clear()  # warned once per process: an earlier test may have used --decay with ski
     with caplog.at_level(logging.WARNING):
         model = TnnMaskedLMModel.build_model(cfg, VocabTask(dictionary_of_size(40)))
     assert caplog.text.count("--decay for --tno-type ski is deprecated: it is now --ski-warp-decay") == 1
@@ -100,3 +99,63 @@ def test_presets_take_the_tno_part_from_the_settings():
     # a flag wins over the preset; switching the type keeps the preset's shared RPE size
     assert settings("tnn_lm_wt103", decoder_layers=1, rpe_dim=32).rpe_dim == 32
     assert settings("tnn_lm_wt103", decoder_layers=1, tno_type="fd").rpe_layers == 6
+
+
+# A user's own package, given to fairseq-train as --user-dir: it imports fairseq_tnn (which registers the
+# plugin's models and tasks with fairseq) and registers a fourth TNO type with an option of its own.
+BOX_PLUGIN = """
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fairseq_tnn  # noqa: F401
+from fairseq_tnn.modules.tno import Tno, TnoSettings, register_tno
+from fairseq_tnn.modules.tno.base import is_int, require
+
+
+@dataclass
+class BoxSettings(TnoSettings):
+    box_width: int = field(default=2, metadata={"help": "positions averaged, >= 1"})
+
+    def check(self):
+        require(is_int(self.box_width, 1), "box_width", self.box_width, "must be an integer >= 1")
+
+
+@register_tno
+class BoxTno(Tno):
+    name = "box"
+    summary = "box (the mean of the last --box-width positions, a scale per channel)"
+    Settings = BoxSettings
+
+    def __init__(self, dim, causal, settings=None, **values):
+        super().__init__(dim, causal, settings, **values)
+        self.scale = nn.Parameter(torch.ones(dim))
+
+    def extra_repr(self):
+        return f"box_width={self.settings.box_width}"
+
+    def forward(self, x, layout="bnd"):
+        xc = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n)
+        w = self.settings.box_width
+        c = xc.cumsum(-1)
+        y = (c - F.pad(c, (w, 0))[..., :-w]) / w * self.scale.view(-1, *[1] * (xc.dim() - 1))
+        return y.permute(1, 2, 0) if layout == "bnd" else y
+"""
+
+
+def test_a_type_from_a_user_dir_gets_its_options_on_the_command_line(data_bin, tmp_path):
+    """fairseq-train --user-dir <a package registering --tno-type box> --tno-type box --box-width 3 parses,
+    validates, builds the layers with box_width 3 and trains; a bad --box-width is refused by name."""
+    plugin = tmp_path / "box_plugin"
+    plugin.mkdir()
+    (plugin / "__init__.py").write_text(BOX_PLUGIN)
+    common = dict(user_dir=plugin, max_update=1, disable_validation=True, no_save=True, log_interval=1)
+    log = run(lm_train_cmd(data_bin, "--tno-type", "box", "--box-width", 3, **common))
+    assert "'tno_type': box," in log and "'box_width': 3}" in log, log[-3000:]  # in cfg.model
+    assert "(tno): BoxTno(box_width=3)" in log and "done training" in log, log[-3000:]  # in the model's layers
+    log = run(lm_train_cmd(data_bin, "--tno-type", "box", "--box-width", 0, **common), expect_ok=False)
+    assert "InvalidSetting: --box-width=0 is invalid: must be an integer >= 1" in log, log[-3000:]
+    log = run(lm_train_cmd(data_bin, "--box-width", 3, **common), expect_ok=False)  # the preset's tno_type: tnn
+    assert "--box-width=3 is invalid: it applies to --tno-type box only, not tnn" in log, log[-3000:]
