@@ -14,7 +14,8 @@
 # Environment (defaults in brackets):
 #   NPROC [number of GPUs seen (CUDA_VISIBLE_DEVICES, else nvidia-smi), 1 with CPU=1]: processes.
 #         1 runs fairseq-train directly (with --distributed-world-size 1); more runs
-#         "python -m fairseq_tnn.distributed.launch --nproc NPROC [--cpu] -- <fairseq-train args>".
+#         "python -m fairseq_tnn.distributed.launch --nproc NPROC [--cpu] -- <fairseq-train args>":
+#         on GPUs one fairseq-train that spawns a process per GPU, on CPU torchrun with NPROC ranks.
 #   CPU [0]            1 trains on CPU (adds --cpu, fp32).
 #   DRY_RUN [0]        1 prints the exact command line instead of running it.
 #   FAIRSEQ_BIN [<repo>/.venv/bin]  where fairseq-train lives; PYTHON [$FAIRSEQ_BIN/python] runs the launcher.

@@ -12,19 +12,21 @@ each with::
     --cpu --distributed-world-size N --distributed-rank ${local_rank} --distributed-init-method env://
     --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp
 
-Stock fairseq needs them all: on CPU it reads no rank from torchrun's environment (with
-``--distributed-world-size N`` alone it divides by the number of CUDA devices). torchrun replaces
-``${local_rank}`` in each rank's arguments with its rank (one machine: local rank = rank), and ``env://``
-reads the rendezvous address torchrun gives the ranks. fairseq's default backends, nccl and
+Stock fairseq needs them all on CPU. Its world size defaults to the number of CUDA devices (none:
+1, and each rank would train alone); given N, it reads torchrun's RANK but takes the device as
+RANK % torch.cuda.device_count(), a division by zero. So the rank comes as a flag: torchrun replaces
+``${local_rank}`` in each rank's arguments with its number (one machine: local rank = rank), and
+``env://`` reads the rendezvous address torchrun gives the ranks. fairseq's default backends, nccl and
 ``pytorch_ddp`` (which passes CUDA ``device_ids`` to DDP), fail on CPU.
 
 torchrun stops the other ranks if one fails, passes SIGINT and SIGTERM on to every rank, and keeps each
 rank's output under its log directory (``--log-dir``, default a new ``torchelastic_*`` directory in the
-temporary directory). Rank 0's output goes to the console as it is; the other ranks log only warnings
-and errors (fairseq's choice), shown with a ``[rank R]`` prefix. Left to this launcher: the flags above;
-an equal share of the CPUs per rank in OMP_NUM_THREADS unless it is set (torchrun sets 1, with a
-warning); and the exit status, that of the first rank to fail or 128 + the signal, as a shell gives
-(torchrun raises, exiting with 1 and a traceback of its own).
+temporary directory). Rank 0's output goes to the console as it is; torchrun tees the others' (which
+fairseq limits to warnings and errors) to the console with a ``[rank R]`` prefix. Left to this launcher:
+the flags above; an equal share of the CPUs per rank in OMP_NUM_THREADS unless it is set (torchrun sets
+1, with a warning); and the exit status, that of the first rank to fail or 128 + the signal, as a shell
+gives (torchrun raises, exiting with 1 and a traceback of its own). ``--dry-run`` prints the torchrun
+command, which runs as it is in a shell.
 
 GPUs: fairseq starts one process per GPU itself, so this runs one ``fairseq-train ...
 --distributed-world-size N --distributed-init-method tcp://127.0.0.1:P``. (An explicit init
@@ -33,7 +35,6 @@ SLURM.) One process (``--nproc 1``): ``fairseq-train`` unchanged, with ``--cpu``
 
 ``--port`` gives the rendezvous port on 127.0.0.1 (default: a free one). ``--hydra`` runs
 ``fairseq-hydra-train`` instead and passes the same settings as ``distributed_training.*=`` overrides.
-``--dry-run`` prints the command line and exits.
 """
 import argparse
 import os

@@ -216,7 +216,9 @@ def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tm
     save_dir = tmp_path / "checkpoints"
     log = run([cli("torchrun"), "--nproc-per-node", 2, cli("fairseq-train"), data_bin, *TRAIN, "--max-update", 2,
                "--save-dir", save_dir], expect_ok=False)
-    assert "started as rank 0 of WORLD_SIZE=2" in log and "python -m fairseq_tnn.distributed.launch --nproc N --cpu" in log, log[-3000:]
+    # whichever rank gets there first; torchrun then stops the other
+    assert re.search(r"started as rank [01] of WORLD_SIZE=2", log), log[-3000:]
+    assert "python -m fairseq_tnn.distributed.launch --nproc N --cpu" in log, log[-3000:]
     assert "training on 1 devices" not in log
     assert not list(save_dir.glob("*.pt"))
 
