@@ -2,18 +2,22 @@
 forward), the hub interfaces (sample / score / generate / fill_mask), and the numpy-2 shim. In the CLI layer:
 its models are checkpoints trained through fairseq-train (conftest's tiny_checkpoints)."""
 import inspect
+from dataclasses import dataclass, field
 
 import numpy
 import pytest
 import torch
+import torch.nn.functional as F
 from fairseq.data import TokenBlockDataset, token_block_dataset
 from fairseq.dataclass.configs import GenerationConfig
+from fairseq.sequence_generator import SequenceGenerator
 
 from conftest import ROOT
 from fairseq_tnn import patches
-from fairseq_tnn.models.build import build_arch
+from fairseq_tnn.models.build import build_arch, dictionary_of_size
 from fairseq_tnn.models.tnn_lm import TnnLanguageModel
 from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel
+from fairseq_tnn.modules.tno import TNO_TYPES, Tno, TnoSettings, register_tno
 
 SPM = str(ROOT / "data/sample/spm.model")
 PROMPTS = ["And God said", "In the beginning God created the heaven and the earth", "The LORD"]
@@ -135,6 +139,71 @@ def test_left_padding_chunks_and_reordering(arch):
         with torch.no_grad():  # left-padded row equals the same tokens without padding (row 1 is the old row 0)
             alone = dec(tokens[1:2, 7:])[0].log_softmax(-1)
         assert_rel_close(cached[1, 7:], alone[0], "left padding")
+
+
+@dataclass
+class WindowSettings(TnoSettings):
+    window: int = field(default=3, metadata={"help": "positions summed"})
+
+
+class CausalWindowTno(Tno):
+    """A fourth causal type that is not spectral and gives no decoding kernel (``supports_incremental`` is
+    False, the base class's): the sum of the last ``window`` positions, a scale per channel."""
+
+    name = "window"
+    summary = "window (the sum of the last --window positions)"
+    Settings = WindowSettings
+
+    def __init__(self, dim, causal, settings=None, **values):
+        super().__init__(dim, causal, settings, **values)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, dim))
+
+    def forward(self, x, layout="bnd"):
+        xc = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n)
+        c = xc.cumsum(-1)
+        y = (c - F.pad(c, (self.settings.window, 0))[..., :-self.settings.window]) * self.scale.view(-1, 1, 1)
+        return y.permute(1, 2, 0) if layout == "bnd" else y
+
+
+@pytest.fixture
+def window_registered():
+    register_tno(CausalWindowTno)
+    yield
+    del TNO_TYPES["window"]
+
+
+def test_a_causal_tno_without_a_decoding_kernel_decodes_by_the_full_forward(window_registered):
+    """Incremental calls run the full forward of the prefix and return the new positions: the same features,
+    left padding included; fairseq's generator with and without its incremental states finds the same beams."""
+    torch.manual_seed(0)
+    model = build_arch("tnn_lm_tiny", 60, tno_type="window").eval()
+    dec, pad = model.decoder, model.decoder.padding_idx
+    assert not dec.incremental and not dec.layers[0].supports_incremental
+    with pytest.raises(ValueError, match="--tno-type window cannot decode incrementally"):
+        dec.layers[0].init_cache(2, 16)
+    tokens = torch.randint(4, 60, (3, 20))
+    tokens[1, :6] = pad
+    with torch.no_grad():
+        state = {}
+        outs = [dec(tokens[:, :8], incremental_state=state)[0]]
+        for t in range(9, 21):
+            if t == 14:
+                order = torch.tensor([2, 0, 1])
+                dec.reorder_incremental_state_scripting(state, order)
+                tokens, outs = tokens[order], [o[order] for o in outs]
+            outs.append(dec(tokens[:, :t], incremental_state=state)[0])
+        full = dec(tokens)[0]
+    assert_rel_close(torch.cat(outs, 1), full, "window, incremental calls")
+    generator = SequenceGenerator([model], dictionary_of_size(60), beam_size=3, max_len_b=12, min_len=10)
+    prompts = torch.randint(4, 60, (2, 5))
+    sample = {"net_input": {"src_tokens": prompts, "src_lengths": torch.tensor([5, 5])}}
+    cached = generator.generate([model], sample, prefix_tokens=prompts)
+    generator.model.has_incremental = False
+    uncached = generator.generate([model], sample, prefix_tokens=prompts)
+    for a, b in zip(cached, uncached):
+        for ha, hb in zip(a, b):
+            assert torch.equal(ha["tokens"], hb["tokens"]) and len(ha["tokens"]) >= 10
+            assert_rel_close(ha["positional_scores"], hb["positional_scores"], "window")
 
 
 def test_hub_sample_score_generate(hubs):

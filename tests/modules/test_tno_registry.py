@@ -24,11 +24,22 @@ def test_the_registered_types_and_their_published_defaults():
         assert all(f.metadata.get("help") for f in dataclasses.fields(cls.Settings)), cls
 
 
+def test_what_each_type_declares_for_decoding():
+    assert TnnTno.supports_incremental and not TnnTno.kernel_depends_on_length
+    assert FdTno.supports_incremental and FdTno.kernel_depends_on_length
+    assert not SkiTno.supports_causal and not SkiTno.supports_incremental
+
+
 def test_build_tno_takes_plain_values_and_fills_the_defaults():
     tno = build_tno("tnn", 8, True, rpe_layers=2)
     assert tno.settings == TnnTno.Settings(rpe_layers=2) and len(tno.rpe.linears) == 2 and tno.rpe.out.out_features == 8
     ski = build_tno("ski", 8, False, ski_rank=4)
     assert ski.knots.shape == (8, 8) and ski.conv_weight.shape == (8, 17) and ski.decay == 0.99
+    # or a checked Settings instance, as a model passes the one it resolved to every layer
+    settings = tno_settings("fd", True, rpe_layers=1)
+    assert FdTno(8, True, settings).settings is settings
+    with pytest.raises(TypeError, match="FdTno takes a FdSettings instance or plain values, not TnnSettings"):
+        FdTno(8, True, TnnTno.Settings())
 
 
 @pytest.mark.parametrize("tno_type,causal,values,match", [
@@ -89,6 +100,10 @@ def test_a_new_type_is_one_class_and_one_registration(toy_registered, device):
     y = tno(x)
     assert_on(device, y, pos, neg)
     torch.testing.assert_close(y, toeplitz_ref(x, pos.t(), neg.t()))
+    # a SpectralTno decodes incrementally with its causal kernel
+    causal = build_tno("toy", 3, True, toy_decay=0.25).to(device)
+    assert causal.supports_incremental and not causal.kernel_depends_on_length
+    torch.testing.assert_close(causal.decoding_kernel(6, device), pos)
     with pytest.raises(ValueError, match=r"--toy-decay=2.0 is invalid: must be in \(0, 1\)"):
         build_tno("toy", 3, True, toy_decay=2.0)
     with pytest.raises(ValueError, match="registered twice"):
