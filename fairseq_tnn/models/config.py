@@ -95,9 +95,11 @@ class TnnLayerConfig(FairseqDataclass):
     gtu_activation: ACTIVATION_CHOICES = field(default="silu", metadata={"help": "activation of the GTU's u and v branches"})
     glu_dim: Optional[int] = field(default=None, metadata={"help": "GLU hidden width (default: the embedding dim)"})
     glu_activation: ACTIVATION_CHOICES = field(default="silu", metadata={"help": "activation of the GLU's gate"})
-    # Any, not a ChoiceEnum: configs and checkpoints written before the modes existed hold true / false,
-    # which an enum field would refuse; compile_mode() checks the value and add_compile_choices() gives the
-    # command line its choices.
+    # Any, not a typed field: configs and checkpoints written before the modes existed hold true / false, and
+    # fairseq merges a checkpoint's cfg.model into this dataclass (merge_with_parent), where an enum field
+    # refuses true / false (omegaconf ValidationError) and an Optional[str] one turns them into 'True' /
+    # 'False' while giving the parser no choices (fairseq derives argparse choices from enum fields only).
+    # compile_mode() checks the value and add_compile_choices() gives the command line its choices.
     tnn_compile: Any = field(
         default=False, metadata={
             "help": "compile each TNN layer with torch.compile (fewer, fused kernels; on by default in the GPU "
