@@ -263,7 +263,7 @@ def expected_rank_flags(n):
             "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
 
 
-def test_dry_run_cpu_prints_one_command_per_rank(capsys, monkeypatch):
+def test_dry_run_cpu_prints_one_torchrun_command(capsys, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(6)))
     (words,) = dry_run(capsys, "--nproc", 3, "--cpu", "--port", 23456, "--dry-run", "--", "data-bin/x", "--arch", "tnn_lm_tiny")

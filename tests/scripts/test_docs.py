@@ -38,7 +38,7 @@ COVERAGE = [
      ["reliability/test_distributed.py::test_two_processes_train_as_one_with_update_freq_2"]),
     (r"^python -m fairseq_tnn\.distributed\.launch --nproc 8 -- ", ["reliability/test_distributed.py::test_dry_run_variants"]),
     (r"^python -m fairseq_tnn\.distributed\.launch --nproc 2 --cpu --dry-run -- ",
-     ["reliability/test_distributed.py::test_dry_run_cpu_prints_one_command_per_rank"]),
+     ["reliability/test_distributed.py::test_dry_run_cpu_prints_one_torchrun_command"]),
     (r"^(sbatch (--nodes=2 |--job-name=\w+ )?|DRY_RUN=1 SLURM_\S+ SLURM_\S+ SLURM_\S+ bash )scripts/slurm/train\.sbatch \w+_wt103(_rpe3)?$",
      ["scripts/test_slurm.py::test_sbatch_dry_run_is_train_sh_recipe_under_srun"]),
     (r"^(jid=\$\(sbatch --parsable|REPORT_ONLY=1 sbatch) .*scripts/slurm/extrapolation\.sbatch ",
