@@ -177,6 +177,14 @@ def assert_on(device, *tensors):
             assert t.device.type == want, f"tensor {i} is on {t.device}, the test runs on {want}"
 
 
+def assert_close_rel(actual, expected, tol, what=""):
+    """max |actual - expected| <= tol * max |expected|: the op tests' comparison of a fast path with its dense
+    reference (an error relative to the largest value, so entries near zero do not set it)."""
+    scale = expected.abs().max().clamp_min(1e-30)
+    err = (actual - expected).abs().max()
+    assert err <= tol * scale, f"{what + ': ' if what else ''}max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The user-facing scripts (tests/scripts): run as a user runs them, from the repository root, with the fairseq
 # CLIs of the venv that runs pytest and without the SLURM variables of a real job.

@@ -4,7 +4,7 @@ plain formula. Every test on every device (the `device` fixture: CPU, and CUDA w
 import pytest
 import torch
 
-from conftest import assert_on
+from helpers import assert_on
 
 from fairseq_tnn.modules import Gtu, SpectralTno, build_tno
 from fairseq_tnn.ops.toeplitz import toeplitz_ref

@@ -98,7 +98,7 @@ def test_fairseq_train_with_bf16_autocast_learns(data_bin, tmp_path, arch, task)
     checkpoint, finite losses that fall."""
     import re
 
-    from conftest import NO_LR_SCHEDULE, lm_train_cmd, mlm_train_cmd, run
+    from helpers import NO_LR_SCHEDULE, lm_train_cmd, mlm_train_cmd, run
     causal = task == "tnn_language_modeling"
     settings = dict(arch=arch, bf16_autocast=True, tokens_per_sample=128, lr="0.003", max_update=30,
                     save_dir=tmp_path / "ck", log_interval=5, no_epoch_checkpoints=True, validate_interval_updates=10)

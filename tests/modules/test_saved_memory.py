@@ -6,7 +6,7 @@ counted through saved_tensors_hooks, which see CUDA tensors as they see CPU ones
 import pytest
 import torch
 
-from conftest import assert_on
+from helpers import assert_on
 
 from fairseq_tnn.modules import build_tno
 

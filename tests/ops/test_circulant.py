@@ -5,7 +5,7 @@ present), but for the refusal of a too small circulant (CPU only)."""
 import pytest
 import torch
 
-from conftest import assert_on, on
+from helpers import assert_on, on
 
 from fairseq_tnn.ops.toeplitz import (circulant_column, circulant_lags, fft_conv, kernel_spectrum, lag_function_spectrum,
                                       next_fast_len, spectrum_kernel, toeplitz_ref)

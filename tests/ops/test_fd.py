@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import assert_on, on, tol
+from helpers import assert_close_rel, assert_on, on, tol
 
 from fairseq_tnn.modules.tno import build_tno
 from fairseq_tnn.ops.fd import (
@@ -40,12 +40,6 @@ def fd_tno(x, k_real, k_imag=None, layout="bnd"):
 
 def absmax(t):
     return t.abs().max() if t.numel() else torch.zeros((), dtype=t.real.dtype, device=t.device)
-
-
-def assert_close_rel(actual, expected, tol):
-    scale = expected.abs().max().clamp_min(1e-30)
-    err = (actual - expected).abs().max()
-    assert err <= tol * scale, f"max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
 
 
 def make_inputs(n, dtype, d=3, b=2, seed=0, device="cpu"):

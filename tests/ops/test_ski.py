@@ -5,7 +5,7 @@ interpolation, f, Theorem 1 and the errors on CPU only."""
 import pytest
 import torch
 
-from conftest import assert_on, on, tol
+from helpers import assert_close_rel, assert_on, on, tol
 
 from fairseq_tnn.ops.ski import (
     inducing_points,
@@ -35,12 +35,6 @@ CASES = [
     (100, 7, 1),
     (512, 32, 17),
 ]
-
-
-def assert_close_rel(actual, expected, tol):
-    scale = expected.abs().max().clamp_min(1e-30)
-    err = (actual - expected).abs().max()
-    assert err <= tol * scale, f"max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
 
 
 def make_inputs(n, r, m, dtype, d=3, b=2, seed=0, device="cpu"):

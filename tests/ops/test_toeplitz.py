@@ -4,7 +4,7 @@ CPU only, by design."""
 import pytest
 import torch
 
-from conftest import assert_on, on, tol
+from helpers import assert_on, on, tol
 from fairseq_tnn.ops.toeplitz import next_fast_len, toeplitz_dense, toeplitz_fft, toeplitz_ref
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-9, atol=1e-9)}

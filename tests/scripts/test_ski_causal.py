@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, assert_on, on, tol
+from helpers import ROOT, assert_close_rel, assert_on, on, tol
 
 if str(ROOT) not in sys.path:  # benchmarks/ is imported as a package from the repository root, as its scripts do
     sys.path.insert(0, str(ROOT))
@@ -27,12 +27,6 @@ def make_inputs(n, r, m, dtype, d=3, b=2, seed=0, device="cpu"):
     conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
     knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
     return on(device, x, conv_weight, knots)
-
-
-def assert_close_rel(actual, expected, tol, name):
-    scale = expected.abs().max().clamp_min(1e-30)
-    err = (actual - expected).abs().max()
-    assert err <= tol * scale, f"{name}: max abs err {err.item():.3e} > {tol:.1e} * {scale.item():.3e}"
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda f: f.__name__)
