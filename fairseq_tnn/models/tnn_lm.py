@@ -136,10 +136,11 @@ class TnnDecoder(FairseqIncrementalDecoder):
         """A cache outgrown: double it (at least to ``total``). Where a layer's kernel depends on the length
         (FD), the cached inputs were computed with the old kernel: start again (None)."""
         capacity = max(2 * state["capacity"], total)
-        caches = [layer.grow_cache(cache, capacity, state["length"]) for layer, cache in zip(self.layers, state["layers"])]
+        used = state["length"]
+        caches = [layer.grow_cache(cache, capacity, used) for layer, cache in zip(self.layers, state["layers"])]
         if any(cache is None for cache in caches):
             return None
-        return {"length": state["length"], "capacity": capacity, "layers": caches}
+        return {"length": used, "capacity": capacity, "layers": caches}
 
     def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
         """Beam search: keep the cached rows of the hypotheses that survive, in their new order."""

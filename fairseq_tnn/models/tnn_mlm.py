@@ -15,7 +15,8 @@ from torch import nn
 
 from .blocks import build_layers, length_bucket
 from ..modules.tno import TnoSettings
-from .config import TnnBlockConfig, add_compile_choices, compile_mode, follow_tno_types, set_defaults, validate_block_config
+from .config import (TnnBlockConfig, add_compile_choices, compile_mode, follow_tno_types, set_defaults,
+                     validate_block_config)
 from .tnn_lm import UNLIMITED_POSITIONS
 
 
