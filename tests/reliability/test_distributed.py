@@ -65,7 +65,8 @@ def launch_2_procs(data_bin, save_dir, max_update, hook_dir):
     writes = hook_dir / f"writes_{max_update}.txt"
     env = {"OMP_NUM_THREADS": "1", "TNN_WATCH_DIR": str(save_dir), "TNN_WRITES_LOG": str(writes),
            "PYTHONPATH": os.pathsep.join(p for p in [str(hook_dir), os.environ.get("PYTHONPATH", "")] if p)}
-    log = run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu", "--",
+    log = run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu",
+               "--log-dir", hook_dir / f"ranks_{max_update}", "--",
                data_bin, *TRAIN, "--max-update", max_update, "--save-dir", save_dir], env=env)
     return log, writes.read_text().splitlines() if writes.exists() else []
 
@@ -101,10 +102,12 @@ def assert_only_rank_0_wrote(writes, save_dir):
 
 
 @pytest.mark.slow
-def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc):
+def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc, hook_dir):
     save_dir, log, writes, first = two_procs
     assert "training on 2 devices" in log, log[-3000:]
     assert "[rank 1]" in log and "distributed init (rank 1)" in log  # rank 1 ran, its lines are prefixed
+    (rank_1,) = (hook_dir / f"ranks_{FIRST}").glob("*/attempt_0/1/stdout.log")  # and torchrun kept them
+    assert "distributed init (rank 1)" in rank_1.read_text()
     assert_only_rank_0_wrote(writes, save_dir)
     assert sorted(p.name for p in save_dir.iterdir()) == ["checkpoint_after_6.pt", "checkpoint_last.pt"]
 
@@ -166,7 +169,8 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
     train = TRAIN if kind == "causal" else MASKED_TRAIN
 
     def command(save_dir):
-        return [cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu", "--", str(data_bin),
+        return [cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu",
+                "--log-dir", str(tmp_path / f"{save_dir.name}-ranks"), "--", str(data_bin),
                 *map(str, train), "--max-update", str(RESUMED), "--save-interval-updates", "3",
                 "--save-dir", str(save_dir)]
 
@@ -344,15 +348,15 @@ def torchrun_env(monkeypatch):
         signal.signal(s, handler)
 
 
-def python_ranks(code, *args):
+def python_ranks(log_dir, code, *args):
     """torchrun's options, as the launcher gives them, for 2 ranks of `python -c code args`."""
-    return [*launch.torchrun_options(2), "--no-python", sys.executable, "-c", code, *args]
+    return [*launch.torchrun_options(2, log_dir=str(log_dir)), "--no-python", sys.executable, "-c", code, *args]
 
 
-def test_a_failing_rank_stops_the_others_and_sets_the_exit_status(capsys, torchrun_env):
+def test_a_failing_rank_stops_the_others_and_sets_the_exit_status(capsys, torchrun_env, tmp_path):
     code = "import os, sys, time\nif os.environ['RANK'] == '1':\n    print('rank one fails'); sys.exit(3)\ntime.sleep(60)"
     start = time.monotonic()
-    status = launch.run_torchrun(python_ranks(code))
+    status = launch.run_torchrun(python_ranks(tmp_path, code))
     assert status == 3 and time.monotonic() - start < 30  # rank 0 was stopped, not waited for
     out, err = capsys.readouterr()
     assert "[rank 1] rank one fails" in out and re.search(r"exitcode\s*:\s*3\b", err), (out, err)
@@ -378,7 +382,7 @@ def test_sigterm_is_passed_on_to_every_rank(tmp_path, torchrun_env):
 
     threading.Thread(target=terminate_launcher_when_ready, daemon=True).start()
     start = time.monotonic()
-    status = launch.run_torchrun(python_ranks(wait_for_signal, str(tmp_path)))
+    status = launch.run_torchrun(python_ranks(tmp_path / "logs", wait_for_signal, str(tmp_path)))
     assert status == 128 + signal.SIGTERM and time.monotonic() - start < 60
     assert [p.read_text() for p in got] == [str(int(signal.SIGTERM))] * 2
 
