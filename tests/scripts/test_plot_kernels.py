@@ -6,17 +6,11 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, mlm_train_cmd, run
-
-SCRIPTS = ROOT / "scripts"
+from helpers import SCRIPTS, mlm_train_cmd, run, script_module
 
 
 def plot_kernels():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        return __import__("plot_kernels")
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    return script_module("plot_kernels")
 
 
 @pytest.mark.parametrize("kind,causal", [("tnn", True), ("tnn", False), ("fd", True), ("fd", False), ("ski", False)])
@@ -55,7 +49,7 @@ def ski_checkpoint(data_bin, tmp_path_factory):
     return save / "checkpoint_last.pt"
 
 
-def test_checkpoint_figures_and_json(ski_checkpoint, tmp_path):
+def test_checkpoint_figures_and_json(ski_checkpoint, tmp_path, capsys):
     out = tmp_path / "k"
     log = run([sys.executable, SCRIPTS / "plot_kernels.py", ski_checkpoint, "--channels", 1, 3, "--out", out])
     assert "layer 0: ski TNO, bidirectional, channels [1, 3], n=48" in log
@@ -70,13 +64,15 @@ def test_checkpoint_figures_and_json(ski_checkpoint, tmp_path):
     for name in ("layer0.png", "layer1.png", "layer0-ski-parts.png", "layer1-ski-parts.png"):
         png = matplotlib.image.imread(out / name)
         assert png.std() > 0.01, name
-    # an existing --out is refused, untouched; --force replaces it
+    # an existing --out is refused, untouched; --force replaces it (in process: the command line's code path)
+    main = plot_kernels().main
     before = (out / "kernels.json").read_bytes()
-    log = run([sys.executable, SCRIPTS / "plot_kernels.py", ski_checkpoint, "--layers", "1", "--out", out],
-              expect_ok=False)
-    assert "already exists; refusing to overwrite" in log and (out / "kernels.json").read_bytes() == before
-    run([sys.executable, SCRIPTS / "plot_kernels.py", ski_checkpoint, "--layers", "1", "--length", 20, "--out", out,
-         "--force"])
+    with pytest.raises(SystemExit) as exc:
+        main([str(ski_checkpoint), "--layers", "1", "--out", str(out)])
+    text = f"{exc.value.code} {capsys.readouterr().err}"
+    assert exc.value.code not in (0, None) and "already exists; refusing to overwrite" in text, text[-2000:]
+    assert (out / "kernels.json").read_bytes() == before
+    main([str(ski_checkpoint), "--layers", "1", "--length", "20", "--out", str(out), "--force"])
     assert not (out / "layer0.png").exists() and json.loads((out / "kernels.json").read_text())["length"] == 20
 
 
