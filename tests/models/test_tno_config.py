@@ -3,11 +3,12 @@ the deprecated ``--decay`` of SKI (now ``--ski-warp-decay``) on the command line
 type registered from outside the package (a user's --user-dir package) on fairseq-train's command line."""
 import dataclasses
 import logging
+import re
 
 import pytest
 from fairseq import options
 
-from helpers import USER_DIR, lm_train_cmd, run
+from helpers import USER_DIR, cli, lm_train_cmd, run
 from fairseq_tnn.models.build import VocabTask, build_arch, dictionary_of_size
 from fairseq_tnn.models.config import TnnBlockConfig
 from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel, TnnMlmConfig
@@ -117,7 +118,7 @@ from fairseq_tnn.modules.tno.base import is_int, require
 
 @dataclass
 class BoxSettings(TnoSettings):
-    box_width: int = field(default=2, metadata={"help": "positions averaged, >= 1"})
+    box_width: int = field(default=2, metadata={"help": "positions in the window, >= 1"})
 
     def check(self):
         require(is_int(self.box_width, 1), "box_width", self.box_width, "must be an integer >= 1")
@@ -126,12 +127,13 @@ class BoxSettings(TnoSettings):
 @register_tno
 class BoxTno(Tno):
     name = "box"
-    summary = "box (the mean of the last --box-width positions, a scale per channel)"
+    summary = "box (a causal window of --box-width positions, its weights per channel learnt)"
     Settings = BoxSettings
 
     def __init__(self, dim, causal, settings=None, **values):
         super().__init__(dim, causal, settings, **values)
-        self.scale = nn.Parameter(torch.ones(dim))
+        w = self.settings.box_width
+        self.weight = nn.Parameter(torch.full((dim, w), 1.0 / w))  # its shape says the width a checkpoint has
 
     def extra_repr(self):
         return f"box_width={self.settings.box_width}"
@@ -139,22 +141,30 @@ class BoxTno(Tno):
     def forward(self, x, layout="bnd"):
         xc = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n)
         w = self.settings.box_width
-        c = xc.cumsum(-1)
-        y = (c - F.pad(c, (w, 0))[..., :-w]) / w * self.scale.view(-1, *[1] * (xc.dim() - 1))
+        windows = F.pad(xc, (w - 1, 0)).unfold(-1, w, 1)  # (d, *batch, n, w): x_{t-w+1} .. x_t
+        y = (windows * self.weight.view(xc.shape[0], *[1] * (xc.dim() - 1), w)).sum(-1)
         return y.permute(1, 2, 0) if layout == "bnd" else y
 """
 
 
 def test_a_type_from_a_user_dir_gets_its_options_on_the_command_line(data_bin, tmp_path):
     """fairseq-train --user-dir <a package registering --tno-type box> --tno-type box --box-width 3 parses,
-    validates, builds the layers with box_width 3 and trains; a bad --box-width is refused by name."""
+    validates, builds the layers with box_width 3, trains and saves a checkpoint that fairseq-eval-lm loads; a bad
+    --box-width is refused by name, and so is --box-width with another --tno-type."""
     plugin = tmp_path / "box_plugin"
     plugin.mkdir()
     (plugin / "__init__.py").write_text(BOX_PLUGIN)
-    common = dict(user_dir=plugin, max_update=1, disable_validation=True, no_save=True, log_interval=1)
-    log = run(lm_train_cmd(data_bin, "--tno-type", "box", "--box-width", 3, **common))
+    common = dict(user_dir=plugin, max_update=1, disable_validation=True, log_interval=1)
+    log = run(lm_train_cmd(data_bin, "--tno-type", "box", "--box-width", 3, save_dir=tmp_path / "ck", **common))
     assert "'tno_type': box," in log and "'box_width': 3}" in log, log[-3000:]  # in cfg.model
     assert "(tno): BoxTno(box_width=3)" in log and "done training" in log, log[-3000:]  # in the model's layers
+    # its checkpoint loads with its settings (fairseq merges the stored cfg.model into the model's dataclass, where
+    # a field it lacked would be dropped and the default width would not fit the checkpoint's weights)
+    log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", plugin, "--cpu", "--task", "tnn_language_modeling",
+               "--path", tmp_path / "ck" / "checkpoint_last.pt", "--tokens-per-sample", 64, "--batch-size", 4,
+               "--num-workers", 0, "--gen-subset", "valid"])
+    assert re.search(r"Perplexity: [0-9.]+", log), log[-3000:]
+    common["no_save"] = True
     log = run(lm_train_cmd(data_bin, "--tno-type", "box", "--box-width", 0, **common), expect_ok=False)
     assert "InvalidSetting: --box-width=0 is invalid: must be an integer >= 1" in log, log[-3000:]
     log = run(lm_train_cmd(data_bin, "--box-width", 3, **common), expect_ok=False)  # the preset's tno_type: tnn
