@@ -79,7 +79,8 @@ def test_the_readme_example_runs(sandbox, tmp_path):
     found = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert len(found) == 1 and len(found[0].strip().splitlines()) == 5, found  # the README shows five lines
     sample, ppl = run_block("python", found[0], sandbox, tmp_path).splitlines()
-    assert sample.startswith("And God said ") and len(sample.split()) > 3, sample  # the prompt, continued
+    # the prompt, continued (the continuation may start with punctuation: "And God said, and ...")
+    assert sample.startswith("And God said") and len(sample) > len("And God said") + 2, sample
     assert 1 < float(ppl) < 1888, ppl  # a perplexity, below the uniform one of the sample's 1,888 symbols
 
 
