@@ -147,6 +147,7 @@ class BoxTno(Tno):
 """
 
 
+@pytest.mark.slow  # fairseq-train and fairseq-eval-lm processes
 def test_a_type_from_a_user_dir_gets_its_options_on_the_command_line(data_bin, tmp_path):
     """fairseq-train --user-dir <a package registering --tno-type box> --tno-type box --box-width 3 parses,
     validates, builds the layers with box_width 3, trains and saves a checkpoint that fairseq-eval-lm loads; a bad
