@@ -235,3 +235,14 @@ def script_module(name):
         return __import__(name)
     finally:
         sys.path.remove(str(SCRIPTS))
+
+
+def ski_inputs(n, r, m, dtype, layout="bnd", d=3, b=2, seed=0, device="cpu"):
+    """Random SKI operands: x (b, n, d), or channel-major (d, b, n) with ``layout="dbn"``; conv_weight (d, m);
+    knots (2r, d). Drawn in float64, then cast to ``dtype``, on ``device``."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (b, n, d) if layout == "bnd" else (d, b, n)
+    x = torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype)
+    conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
+    knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
+    return on(device, x, conv_weight, knots)

@@ -5,7 +5,7 @@ interpolation, f, Theorem 1 and the errors on CPU only."""
 import pytest
 import torch
 
-from helpers import assert_close_rel, assert_on, on, tol
+from helpers import assert_close_rel, assert_on, on, ski_inputs, tol
 
 from fairseq_tnn.ops.ski import (
     inducing_points,
@@ -37,12 +37,7 @@ CASES = [
 ]
 
 
-def make_inputs(n, r, m, dtype, d=3, b=2, seed=0, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(b, n, d, generator=g, dtype=torch.float64).to(dtype)
-    conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
-    knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
-    return on(device, x, conv_weight, knots)
+make_inputs = ski_inputs  # x (b, n, d)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

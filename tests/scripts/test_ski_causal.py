@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, assert_close_rel, assert_on, on, tol
+from helpers import ROOT, assert_close_rel, assert_on, ski_inputs, tol
 
 if str(ROOT) not in sys.path:  # benchmarks/ is imported as a package from the repository root, as its scripts do
     sys.path.insert(0, str(ROOT))
@@ -20,13 +20,9 @@ CASES = [(1, 4, 3), (2, 2, 1), (5, 8, 3), (31, 4, 17), (64, 2, 5), (100, 7, 1), 
 IMPLS = [ski_causal_cumsum, ski_causal_local]
 
 
-def make_inputs(n, r, m, dtype, d=3, b=2, seed=0, device="cpu"):
-    """x channel-major (d, b, n) as the causal variants take it, conv_weight (d, m), knots (2r, d)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(d, b, n, generator=g, dtype=torch.float64).to(dtype)
-    conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
-    knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
-    return on(device, x, conv_weight, knots)
+def make_inputs(n, r, m, dtype, **kwargs):
+    """x channel-major (d, b, n), as the causal variants take it; conv_weight (d, m), knots (2r, d)."""
+    return ski_inputs(n, r, m, dtype, layout="dbn", **kwargs)
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=lambda f: f.__name__)
