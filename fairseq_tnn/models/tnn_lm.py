@@ -147,7 +147,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
         state = self.get_incremental_state(incremental_state, "tnn_cache")
         if state is None or state["layers"] is None:
             return
-        batch = state["layers"][0].v.shape[1]
+        batch = state["layers"][0].batch
         if new_order.numel() == batch and bool((new_order == torch.arange(batch, device=new_order.device)).all()):
             return  # nothing moves (fairseq asks at every step, also for beam 1): no copy of the cache
         state["layers"] = [cache.reordered(new_order, state["length"]) for cache in state["layers"]]

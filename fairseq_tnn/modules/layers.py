@@ -20,6 +20,10 @@ class GtuCache:
     v: torch.Tensor
 
     @property
+    def batch(self) -> int:
+        return self.v.shape[1]
+
+    @property
     def capacity(self) -> int:
         return self.v.shape[2]
 
@@ -84,7 +88,7 @@ class Gtu(nn.Module):
         depends on the length (FD): the cached inputs were mixed with the old kernel, decoding starts again."""
         if self.tno.kernel_depends_on_length:
             return None
-        grown = self.init_cache(cache.v.shape[1], capacity, cache.v.device)
+        grown = self.init_cache(cache.batch, capacity, cache.v.device)
         grown.v[:, :, :used] = cache.v[:, :, :used]
         return grown
 
