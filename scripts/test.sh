@@ -9,7 +9,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cores="$(nproc 2>/dev/null || echo 2)"
 workers="${TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}"
 [[ "$workers" =~ ^[0-9]+$ ]] || { echo "test.sh: TEST_WORKERS=$workers is invalid: must be a whole number (0: no worker processes)" >&2; exit 2; }
-selection=(tests -n "$workers" --dist loadfile)
+selection=(tests -n "$workers" --dist loadfile --no-loadscope-reorder)  # files in tests/conftest.py's order
 pass=()
 for arg in "$@"; do
   if [[ "$arg" == "--fast" ]]; then

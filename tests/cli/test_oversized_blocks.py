@@ -29,33 +29,28 @@ def dropped(log, split):
     return int(m.group(1).replace(",", "")), m.group(5), int(m.group(4))
 
 
-def test_complete_mode_drops_long_lines_from_training_and_says_how_many(data_bin, tmp_path):
+def test_complete_mode_drops_long_training_lines_and_validation_scores_them_unless_told_to_skip(data_bin, tmp_path):
+    """One fairseq-train run in complete mode: the long training lines dropped and counted (in the log and as a
+    metric on every training line), the long validation lines scored at their full length; then fairseq-validate
+    of its checkpoint, without and with --skip-invalid-size-inputs-valid-test (the flag that drops them)."""
     train, valid = line_sizes(data_bin, "train"), line_sizes(data_bin, "valid")
     # a line of more than TPS - 1 tokens (eos included; <s> is the block's first token) is its own block
     long_train, long_valid = int((train > TPS - 1).sum()), int((valid > TPS - 1).sum())
     assert long_train > 10 and long_valid > 10  # the corpus has long lines at this length
-    log = mlm_train(data_bin, tmp_path / "ck", "complete", "--skip-invalid-size-inputs-valid-test")
+    log = mlm_train(data_bin, tmp_path / "ck", "complete")
     assert dropped(log, "train") == (long_train, "dropped", int(train.max()) + 1)
-    assert dropped(log, "valid") == (long_valid, "dropped", int(valid.max()) + 1)
-    # the count is a training metric on every training log line
+    assert dropped(log, "valid") == (long_valid, "scored at their full length", int(valid.max()) + 1)
     counts = re.findall(r"dropped_blocks[=| ]+([0-9]+)", log)
     assert len(counts) >= 3 and set(counts) == {str(long_train)}, log[-3000:]
     assert re.search(r"valid on 'valid' subset \| loss [0-9.]+", log)
-
-
-def test_validation_without_the_skip_flag_scores_long_blocks_in_full(data_bin, tmp_path):
-    log = mlm_train(data_bin, tmp_path / "ck", "complete")
-    assert dropped(log, "train")[1] == "dropped"
-    n, what, _ = dropped(log, "valid")
-    assert n == int((line_sizes(data_bin, "valid") > TPS - 1).sum()) and what == "scored at their full length"
-    assert re.search(r"valid on 'valid' subset \| loss [0-9.]+", log)
-    # fairseq-validate follows the same rule: with the flag the long blocks are dropped, without they are scored
+    # fairseq-validate follows the same rule: without the flag the long blocks are scored, with it dropped
     ckpt = tmp_path / "ck" / "checkpoint_last.pt"
     base = [cli("fairseq-validate"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
             "--path", ckpt, "--valid-subset", "valid", "--batch-size", 8, "--num-workers", 0]
     full = run(base)
     skipped = run(base + ["--skip-invalid-size-inputs-valid-test"])
-    assert dropped(full, "valid")[1] == "scored at their full length" and dropped(skipped, "valid")[1] == "dropped"
+    assert dropped(full, "valid") == (long_valid, "scored at their full length", int(valid.max()) + 1)
+    assert dropped(skipped, "valid") == (long_valid, "dropped", int(valid.max()) + 1)
     bsz = [int(float(re.search(r"valid on 'valid' subset .*\| bsz ([0-9.]+)", log_).group(1))) for log_ in (full, skipped)]
     assert bsz[0] >= bsz[1]
 

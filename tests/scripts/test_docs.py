@@ -62,7 +62,8 @@ COVERAGE = [
     (r"^\.venv/bin/python benchmarks/ski_diagnostics\.py ", ["scripts/test_quality.py::test_diagnostics_command_writes_its_tables"]),
     (r"^\.venv/bin/python benchmarks/quality\.py ", ["scripts/test_quality.py::test_quality_quick_trains_every_model_through_fairseq"]),
     (r"^(\.venv/bin/)?python3? benchmarks/run\.py --device ",
-     ["scripts/test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer_eager_and_compiled",
+     ["scripts/test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer",  # eager
+      "scripts/test_gpu_check.py::test_quick_cpu_check_writes_a_complete_report",  # compiled, fp32 and bf16
       "scripts/test_benchmarks.py::test_trainer_benchmark_refuses_cuda_without_a_gpu"]),
     (r"^(PRECISION=bf16|TNN_COMPILE=0|TNN_COMPILE=strict) bash scripts/train\.sh \w+_wt103 data-bin/wikitext-103$",
      ["scripts/test_train_sh.py::test_train_dry_run_precision_and_compile",
