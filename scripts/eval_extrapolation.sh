@@ -77,6 +77,16 @@ for arg in "$@"; do
   labels+=("$label"); ckpts+=("$ckpt")
 done
 
+# Existing results are refused before anything is read or run.
+report_files=("$OUT/extrapolation.json" "$OUT/extrapolation.md" "$OUT/extrapolation.png" "$OUT/table.md")
+if [[ "${REPORT:-1}" == 1 || "${REPORT_ONLY:-0}" == 1 ]]; then
+  for f in "${report_files[@]}"; do
+    if [[ -e "$f" && "${FORCE:-0}" != 1 ]]; then
+      die "$f already exists; refusing to overwrite the results in $OUT (FORCE=1 redoes them, or choose another NAME)"
+    fi
+  done
+fi
+
 # The training length (the task's tokens_per_sample in each checkpoint's saved config) is the default of
 # TRAIN_TOKENS and TABLE_TOKENS; checkpoints trained at different lengths need both set by hand.
 if [[ -z "$TRAIN_TOKENS" || -z "$TABLE_TOKENS" ]]; then
@@ -110,15 +120,6 @@ set TRAIN_TOKENS (marked on the plot) and TABLE_TOKENS (the valid/test table's l
   TRAIN_TOKENS="${TRAIN_TOKENS:-$trained}"
   TABLE_TOKENS="${TABLE_TOKENS:-$trained}"
   say "trained at $trained tokens (the checkpoints' tokens_per_sample): TRAIN_TOKENS=$TRAIN_TOKENS TABLE_TOKENS=$TABLE_TOKENS"
-fi
-
-report_files=("$OUT/extrapolation.json" "$OUT/extrapolation.md" "$OUT/extrapolation.png" "$OUT/table.md")
-if [[ "${REPORT:-1}" == 1 || "${REPORT_ONLY:-0}" == 1 ]]; then
-  for f in "${report_files[@]}"; do
-    if [[ -e "$f" && "${FORCE:-0}" != 1 ]]; then
-      die "$f already exists; refusing to overwrite the results in $OUT (FORCE=1 redoes them, or choose another NAME)"
-    fi
-  done
 fi
 
 log_path() { echo "$OUT/raw/$1/$2.L$3.cw$4.log"; }  # label subset length context-window

@@ -49,6 +49,11 @@ def test_options_command_lists_an_architectures_options_with_its_values(arch, ex
     text = " ".join(proc.stdout.split())  # argparse wraps the lines
     assert all(e in text for e in expect), text
     assert "--decoder-layers" in text or "--encoder-layers" in text
+
+
+def test_options_command_refuses_an_unknown_architecture():
+    import subprocess
+    import sys
     proc = subprocess.run([sys.executable, "-m", "fairseq_tnn.options", "tnn_lm_huge"], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, timeout=300)
     assert proc.returncode == 2 and "'tnn_lm_huge' is not a TNN architecture: must be one of" in proc.stderr
