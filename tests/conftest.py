@@ -1,8 +1,8 @@
 """pytest's fixtures and hooks for the suite: the sample corpus binarised, the tiny checkpoints and a
 train.sh run, each made once per test run (shared by pytest-xdist's workers), the `device` parameter, the
 markers and the CUDA-skip summary.
-The shared utilities live in helpers.py (``from helpers import run, cli, ...``); the names below are
-re-exported from there so that ``from conftest import ...`` keeps working."""
+The shared utilities live in helpers.py (``from helpers import run, cli, ...``); test modules import from
+there, never from this file."""
 import os
 import shutil
 
@@ -10,10 +10,7 @@ import pytest
 import torch
 from filelock import FileLock  # a dependency of torch
 
-from helpers import (  # noqa: F401  (re-exported)
-    BIN, CUDA_TOL_FACTOR, LM_OPTIONS, LM_TRAIN, MLM_OPTIONS, NO_LR_SCHEDULE, ROOT, SCRIPTS, THREADS, USER_DIR,
-    arch_presets, assert_compiled_matches_eager, assert_on, cli, fairseq_options, lm_args, lm_train_cmd,
-    mlm_args, mlm_train_cmd, ok, on, rel, run, split_tokens, tol, valid_ppls, wt103_presets)
+from helpers import NO_LR_SCHEDULE, ROOT, SCRIPTS, THREADS, cli, lm_train_cmd, mlm_train_cmd, ok, run
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(THREADS))

@@ -12,7 +12,7 @@ from fairseq.data import TokenBlockDataset, token_block_dataset
 from fairseq.dataclass.configs import GenerationConfig
 from fairseq.sequence_generator import SequenceGenerator
 
-from conftest import ROOT
+from helpers import ROOT
 from fairseq_tnn import patches
 from fairseq_tnn.models.build import build_arch, dictionary_of_size
 from fairseq_tnn.models.tnn_lm import TnnLanguageModel

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, USER_DIR, cli, run
+from helpers import ROOT, USER_DIR, cli, run
 
 SPM = ROOT / "data/sample/spm.model"
 PROMPTS = ["And God said", "In the beginning God created the heaven and the earth"]

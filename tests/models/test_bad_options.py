@@ -13,7 +13,7 @@ from fairseq.data import data_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_cli import train
 
-from conftest import USER_DIR
+from helpers import USER_DIR
 
 LM = ["--task", "tnn_language_modeling", "--criterion", "cross_entropy", "--tokens-per-sample", "64"]
 MLM = ["--task", "tnn_masked_lm", "--criterion", "masked_lm", "--tokens-per-sample", "128",

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from conftest import LM_TRAIN, USER_DIR, assert_compiled_matches_eager, cli, lm_train_cmd, rel, run
+from helpers import LM_TRAIN, USER_DIR, assert_compiled_matches_eager, cli, lm_train_cmd, rel, run
 from fairseq_tnn.models.blocks import TnnCompileError, compile_layers, compile_logger, eager_layers
 from fairseq_tnn.models.build import build_arch
 from fairseq_tnn.models.config import compile_mode

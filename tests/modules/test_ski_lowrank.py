@@ -6,7 +6,7 @@ import logging
 import pytest
 import torch
 
-from conftest import assert_on
+from helpers import assert_on
 from fairseq_tnn.modules.tno import build_tno
 from fairseq_tnn.ops.ski import ski_tno_ref
 

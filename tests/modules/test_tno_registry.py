@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from conftest import assert_on
+from helpers import assert_on
 from fairseq_tnn.modules.tno import TNO_TYPES, FdTno, SkiTno, SpectralTno, TnnTno, build_tno, register_tno, tno_settings
 from fairseq_tnn.modules.tno.base import TnoSettings, require
 from fairseq_tnn.ops.toeplitz import kernel_spectrum, next_fast_len, toeplitz_ref

@@ -4,7 +4,7 @@ fixture: CPU, and CUDA where present); the refusal of bad shapes on CPU only."""
 import pytest
 import torch
 
-from conftest import assert_on, on, tol
+from helpers import assert_on, on, tol
 
 from fairseq_tnn.ops.fd import fd_causal_kernel, fd_grid, fd_time_kernel, hilbert_causal_spectrum
 from fairseq_tnn.ops.toeplitz import causal_toeplitz_tail, fft_conv, toeplitz_ref

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 DOC = ROOT / "docs" / "using-models.md"
 README = ROOT / "README.md"
