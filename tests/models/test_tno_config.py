@@ -4,6 +4,8 @@ type registered from outside the package (a user's --user-dir package) on fairse
 import dataclasses
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 from fairseq import options
@@ -36,15 +38,18 @@ def test_help_lists_the_tno_options():
     assert "--ski-warp-decay" in text and "inverse time warp" in text
 
 
+def options_command(arch):
+    """python -m fairseq_tnn.options ARCH, its output captured."""
+    return subprocess.run([sys.executable, "-m", "fairseq_tnn.options", arch], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
+
+
 @pytest.mark.parametrize("arch,expect", [
     ("tnn_lm_wt103", ["--rpe-layers", "[tnn_lm_wt103: 6]", "[tnn_lm_wt103: tnn]", "[tnn_lm_wt103: 0.99]"]),
     ("ski_tnn_mlm_wt103", ["--ski-warp-decay", "[ski_tnn_mlm_wt103: 32]", "task tnn_masked_lm"])])
 def test_options_command_lists_an_architectures_options_with_its_values(arch, expect):
     """python -m fairseq_tnn.options ARCH: what fairseq-train --help cannot show (it prints before adding them)."""
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-m", "fairseq_tnn.options", arch], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=300)
+    proc = options_command(arch)
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = " ".join(proc.stdout.split())  # argparse wraps the lines
     assert all(e in text for e in expect), text
@@ -52,10 +57,7 @@ def test_options_command_lists_an_architectures_options_with_its_values(arch, ex
 
 
 def test_options_command_refuses_an_unknown_architecture():
-    import subprocess
-    import sys
-    proc = subprocess.run([sys.executable, "-m", "fairseq_tnn.options", "tnn_lm_huge"], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=300)
+    proc = options_command("tnn_lm_huge")
     assert proc.returncode == 2 and "'tnn_lm_huge' is not a TNN architecture: must be one of" in proc.stderr
 
 
