@@ -2,14 +2,23 @@
 only pytest's fixtures and hooks): running commands and the fairseq CLIs, the tiny causal and masked
 recipes' fairseq-train options, the architecture presets from fairseq's registry, and the tolerance,
 relative-error and device helpers of the numeric tests."""
+import atexit
+import itertools
+import json
 import os
 import re
+import select
 import shlex
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
+
+from forkserver import LATE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 # The fairseq CLIs: beside the Python that runs pytest (scripts/test.sh's venv), or where FAIRSEQ_BIN says
@@ -25,17 +34,120 @@ SCRIPTS = ROOT / "scripts"
 SLURM = SCRIPTS / "slurm"
 
 
-def run(cmd, expect_ok=True, timeout=900, env=None):
-    """Run a command line, return its combined output; check the exit status."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", THREADS))
-    full_env.update(env or {})
-    proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout, env=full_env, cwd=ROOT)
-    if expect_ok and proc.returncode != 0:
-        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stdout[-6000:]}")
-    if not expect_ok and proc.returncode == 0:
-        raise AssertionError(f"command unexpectedly succeeded: {' '.join(map(str, cmd))}\n{proc.stdout[-3000:]}")
-    return proc.stdout
+def command_env(**extra):
+    """run()'s environment for a command: this process's, unbuffered, with the suite's THREADS for torch."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", THREADS),
+            **extra}
+
+
+def run(cmd, expect_ok=True, timeout=900, env=None, stdin=None):
+    """Run a command line (stdin: text fed to it), return its combined output; check the exit status."""
+    code, out, _ = execute(cmd, command_env(**(env or {})), timeout, stdin=stdin, merge=True)
+    if expect_ok and code != 0:
+        raise AssertionError(f"command failed ({code}): {' '.join(map(str, cmd))}\n{out[-6000:]}")
+    if not expect_ok and code == 0:
+        raise AssertionError(f"command unexpectedly succeeded: {' '.join(map(str, cmd))}\n{out[-3000:]}")
+    return out
+
+
+def execute(cmd, env, timeout, stdin=None, merge=False, cwd=ROOT):
+    """subprocess.run of cmd from cwd: (exit status, stdout, stderr; with merge, stderr is in stdout and
+    None). The fairseq CLIs (a fairseq-* script in BIN) and `sys.executable SCRIPT.py | -m MODULE` are forked
+    from this worker's fork server (tests/forkserver.py: the same command without Python's, torch's and
+    fairseq's ~5 s of start-up) unless their environment needs a fresh process; everything else (and every
+    command with TESTS_FORKSERVER=0) starts as a process of its own."""
+    cmd = [str(c) for c in cmd]
+    request = ForkServer.request(cmd, env)
+    if request is not None:
+        return ForkServer.get().execute(request, env, timeout, stdin, merge, cwd)
+    proc = subprocess.run(cmd, input=stdin, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True, timeout=timeout,
+                          env=env, cwd=cwd)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+class ForkServer:
+    """The client of tests/forkserver.py: one server per pytest worker, started on first use with run()'s
+    environment, stopped when the worker exits. TESTS_FORKSERVER=0 runs every command as a fresh process."""
+    _instance = None
+    _count = itertools.count()
+    ENABLED = os.environ.get("TESTS_FORKSERVER", "1") != "0"
+
+    @classmethod
+    def request(cls, cmd, env):
+        """What the server runs for cmd ({"script" or "module", "args"}), or None if cmd needs a process."""
+        base = command_env()
+        if not cls.ENABLED or any(env.get(k) != base.get(k) for k in set(env) | set(base) if k not in LATE_ENV):
+            return None
+        if Path(cmd[0]).parent == BIN and Path(cmd[0]).name.startswith("fairseq-"):
+            return {"script": cmd[0], "args": cmd[1:]}
+        if cmd[0] == sys.executable and len(cmd) > 2 and cmd[1] == "-m":
+            return {"module": cmd[2], "args": cmd[3:]}
+        if cmd[0] == sys.executable and len(cmd) > 1 and cmd[1].endswith(".py"):
+            return {"script": cmd[1], "args": cmd[2:]}
+        return None
+
+    @classmethod
+    def get(cls):
+        if cls._instance is None or cls._instance.proc.poll() is not None:
+            cls._instance = cls()
+        return cls._instance
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="forkserver-")
+        req_r, self.req_w = os.pipe()
+        self.rep_r, rep_w = os.pipe()
+        with open(os.path.join(self.dir, "server.log"), "w") as log:
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")),
+                                          str(req_r), str(rep_w)], pass_fds=(req_r, rep_w), env=command_env(),
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
+        os.close(req_r)
+        os.close(rep_w)
+        self.buf = b""
+        self._reply(120)  # {"ready": pid}: torch and fairseq imported
+        atexit.register(self.stop)
+
+    def stop(self):
+        os.close(self.req_w)  # the server exits at the end of its requests
+        os.close(self.rep_r)
+        self.proc.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _reply(self, timeout):
+        """The server's next reply (a dict), or None if none came within timeout seconds."""
+        while b"\n" not in self.buf:
+            if not select.select([self.rep_r], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self.rep_r, 4096)
+            if not chunk:
+                raise RuntimeError(f"the fork server exited; its log: {self.dir}/server.log")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, request, env, timeout, stdin, merge, cwd):
+        n = next(self._count)
+        files = {k: os.path.join(self.dir, f"{n}.{k}") for k in ("stdin", "stdout", "stderr")}
+        for k, path in files.items():
+            with open(path, "w") as f:
+                f.write((stdin or "") if k == "stdin" else "")
+        if merge:
+            files["stderr"] = files["stdout"]
+        os.write(self.req_w, (json.dumps({**request, "env": env, "cwd": str(cwd), **files}) + "\n").encode())
+        started = self._reply(60)
+        if started is None:
+            raise RuntimeError(f"the fork server did not start {request}; its log: {self.dir}/server.log")
+        pid = started["pid"]
+        status = self._reply(timeout)
+        if status is None:
+            os.kill(pid, signal.SIGKILL)
+            self._reply(60)
+        out, err = (open(files[k]).read() for k in ("stdout", "stderr"))
+        for path in set(files.values()):
+            os.remove(path)
+        if status is None:
+            raise subprocess.TimeoutExpired(request.get("script") or request["module"], timeout, output=out)
+        return status["status"], out, None if merge else err
 
 
 def cli(name):
@@ -196,9 +308,7 @@ SCRIPT_ENV.update(FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, PYTHONUNBUFFERED=
 
 def sh(cmd, env=None, timeout=600):
     """Run a command from the repository root; return (exit status, stdout, stderr)."""
-    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**SCRIPT_ENV, **(env or {})})
-    return proc.returncode, proc.stdout, proc.stderr
+    return execute(cmd, {**SCRIPT_ENV, **(env or {})}, timeout)
 
 
 def ok(cmd, env=None, timeout=600):

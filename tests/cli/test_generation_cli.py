@@ -1,7 +1,6 @@
 """Generation from the command line: fairseq-interactive and fairseq-generate with TNN and FD-TNN
 checkpoints, greedy / beam / top-k / top-p, text in and out through --bpe sentencepiece."""
 import re
-import subprocess
 
 import pytest
 
@@ -20,10 +19,7 @@ MODES = {
 def interactive(data_bin, checkpoint, stdin, *extra, expect_ok=True):
     cmd = [cli("fairseq-interactive"), data_bin, "--user-dir", USER_DIR, "--task", "tnn_language_modeling",
            "--path", checkpoint, "--cpu", "--bpe", "sentencepiece", "--sentencepiece-model", SPM, *extra]
-    proc = subprocess.run([str(c) for c in cmd], input=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=300, cwd=ROOT)
-    assert (proc.returncode == 0) == expect_ok, proc.stdout[-4000:]
-    return proc.stdout
+    return run(cmd, expect_ok=expect_ok, timeout=300, stdin=stdin)
 
 
 def hypotheses(out):

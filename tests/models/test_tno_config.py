@@ -4,13 +4,12 @@ type registered from outside the package (a user's --user-dir package) on fairse
 import dataclasses
 import logging
 import re
-import subprocess
 import sys
 
 import pytest
 from fairseq import options
 
-from helpers import USER_DIR, cli, lm_train_cmd, run
+from helpers import USER_DIR, cli, command_env, execute, lm_train_cmd, run
 from fairseq_tnn.models.build import VocabTask, build_arch, dictionary_of_size
 from fairseq_tnn.models.config import TnnBlockConfig
 from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel, TnnMlmConfig
@@ -39,9 +38,8 @@ def test_help_lists_the_tno_options():
 
 
 def options_command(arch):
-    """python -m fairseq_tnn.options ARCH, its output captured."""
-    return subprocess.run([sys.executable, "-m", "fairseq_tnn.options", arch], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, timeout=300)
+    """python -m fairseq_tnn.options ARCH: (exit status, stdout, stderr)."""
+    return execute([sys.executable, "-m", "fairseq_tnn.options", arch], command_env(), 300)
 
 
 @pytest.mark.parametrize("arch,expect", [
@@ -49,16 +47,16 @@ def options_command(arch):
     ("ski_tnn_mlm_wt103", ["--ski-warp-decay", "[ski_tnn_mlm_wt103: 32]", "task tnn_masked_lm"])])
 def test_options_command_lists_an_architectures_options_with_its_values(arch, expect):
     """python -m fairseq_tnn.options ARCH: what fairseq-train --help cannot show (it prints before adding them)."""
-    proc = options_command(arch)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    text = " ".join(proc.stdout.split())  # argparse wraps the lines
+    code, out, err = options_command(arch)
+    assert code == 0, err[-3000:]
+    text = " ".join(out.split())  # argparse wraps the lines
     assert all(e in text for e in expect), text
     assert "--decoder-layers" in text or "--encoder-layers" in text
 
 
 def test_options_command_refuses_an_unknown_architecture():
-    proc = options_command("tnn_lm_huge")
-    assert proc.returncode == 2 and "'tnn_lm_huge' is not a TNN architecture: must be one of" in proc.stderr
+    code, _, err = options_command("tnn_lm_huge")
+    assert code == 2 and "'tnn_lm_huge' is not a TNN architecture: must be one of" in err
 
 
 def parse(arch, *extra):

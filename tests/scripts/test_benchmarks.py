@@ -2,13 +2,11 @@
 its verdicts on the targets, on synthetic measurements at the target lengths."""
 import importlib
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import ROOT, command_env, execute
 
 SECTIONS = {"causal", "bidirectional", "rpe", "layer"}
 
@@ -16,9 +14,9 @@ SECTIONS = {"causal", "bidirectional", "rpe", "layer"}
 @pytest.mark.slow
 def test_quick_benchmark_writes_json_markdown_and_plots(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/run.py"), "--quick", "--out", str(out)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    code, log, _ = execute([sys.executable, ROOT / "benchmarks/run.py", "--quick", "--out", out], command_env(), 300,
+                           merge=True)
+    assert code == 0, log[-4000:]
 
     result = json.loads((out / "results.json").read_text())
     meta = result["meta"]
@@ -59,9 +57,9 @@ def test_quick_benchmark_writes_json_markdown_and_plots(tmp_path):
 
     # a second run into the same directory refuses before any work, leaving the results as they were
     before = (out / "results.json").read_bytes()
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/run.py"), "--quick", "--out", str(out)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 2 and "refusing to overwrite" in proc.stdout, proc.stdout[-2000:]
+    code, log, _ = execute([sys.executable, ROOT / "benchmarks/run.py", "--quick", "--out", out], command_env(), 300,
+                           merge=True)
+    assert code == 2 and "refusing to overwrite" in log, log[-2000:]
     assert (out / "results.json").read_bytes() == before
 
 
@@ -74,8 +72,8 @@ def test_trainer_benchmark_through_fairseqs_trainer(tmp_path):
     configurations once; compiling all seven here on CPU cost about 80 s of the suite."""
     out = tmp_path / "trainer"
     cmd = [sys.executable, str(ROOT / "benchmarks/run.py"), "--device", "cpu", "--quick", "--modes", "eager", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:]
+    code, log, _ = execute(cmd, command_env(), 900, merge=True)
+    assert code == 0, log[-4000:]
     result = json.loads((out / "trainer.json").read_text())
     assert result["meta"]["device"] == "cpu" and result["meta"]["precision"] == "fp32"
     assert [(g["section"], g["batch"], g["n"]) for g in result["groups"]] == [("causal", 2, 32), ("masked", 2, 32)]
@@ -93,23 +91,23 @@ def test_trainer_benchmark_through_fairseqs_trainer(tmp_path):
     md = (out / "trainer.md").read_text()
     assert "| causal | 2 x 32 | FD-TNN (RPE 3) |" in md and "## Ratios against TNN" in md
     assert (out / "trainer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 2 and "refusing to overwrite" in proc.stdout
+    code, log, _ = execute(cmd, command_env(), 300, merge=True)
+    assert code == 2 and "refusing to overwrite" in log
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is present: --device cuda would run")
 def test_trainer_benchmark_refuses_cuda_without_a_gpu(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/run.py"), "--device", "cuda", "--out", str(tmp_path)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 2 and "--device cuda: no CUDA device" in proc.stdout
+    cmd = [sys.executable, ROOT / "benchmarks/run.py", "--device", "cuda", "--out", tmp_path]
+    code, log, _ = execute(cmd, command_env(), 300, merge=True)
+    assert code == 2 and "--device cuda: no CUDA device" in log
 
 
 def test_memory_accounting_of_every_configuration(tmp_path):
     """benchmarks/memory.py --quick: the saved tensors of each configuration, by layer part, against the bounds."""
     out = tmp_path / "mem"
     cmd = [sys.executable, str(ROOT / "benchmarks/memory.py"), "--quick", "--out", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    code, log, _ = execute(cmd, command_env(), 300, merge=True)
+    assert code == 0, log[-3000:]
     result = json.loads((out / "memory.json").read_text())
     assert [(g["section"], g["n"], g["batch"]) for g in result["groups"]] == [("causal", 32, 2), ("masked", 32, 2)]
     for g in result["groups"]:
@@ -127,8 +125,8 @@ def test_memory_accounting_of_every_configuration(tmp_path):
         assert ("gtu", "mul", "float16") in parts and ("glu.in_proj", "linear", "float16") in parts
     assert "| masked | 2 x 32 | SKI-TNN |" in (out / "memory.md").read_text()
     assert all(c["paper_memory_vs_tnn"] == "" for g in result["groups"] for c in g["configs"])  # not at quick sizes
-    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 2 and "refusing to overwrite" in proc.stdout
+    code, log, _ = execute(cmd, command_env(), 300, merge=True)
+    assert code == 2 and "refusing to overwrite" in log
 
 
 def test_saved_tensor_log_names_the_module_and_operator(monkeypatch):

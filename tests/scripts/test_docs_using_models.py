@@ -2,15 +2,13 @@
 laid out as after the demo (data-bin/sample, demo-run/checkpoints/<model>/checkpoint_best.pt,
 data/sample/spm.model, .venv, fairseq_tnn, benchmarks), with the session's tiny checkpoints."""
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, command_env, execute
 
 DOC = ROOT / "docs" / "using-models.md"
 README = ROOT / "README.md"
@@ -37,17 +35,15 @@ def sandbox(tmp_path_factory, data_bin, tiny_checkpoints):
 
 
 def run_block(kind, code, cwd, scripts):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"))
     if kind == "bash":
         cmd = ["bash", "-euo", "pipefail", "-c", code]
     else:  # from a file elsewhere, so that `import fairseq_tnn` finds the installed package, as from the repo root
         script = scripts / f"block{len(list(scripts.iterdir()))}.py"
         script.write_text(code)
         cmd = [sys.executable, str(script)]
-    proc = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600,
-                          env=env)
-    assert proc.returncode == 0, f"{kind} block failed:\n{code}\n---\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout  # fairseq logs to stderr
+    status, out, err = execute(cmd, command_env(), 600, cwd=cwd)
+    assert status == 0, f"{kind} block failed:\n{code}\n---\n{out[-3000:]}\n{err[-3000:]}"
+    return out  # fairseq logs to stderr
 
 
 def test_every_example_runs(sandbox, tmp_path):
@@ -86,6 +82,6 @@ def test_the_readme_example_runs(sandbox, tmp_path):
 
 def test_benchmark_refuses_to_overwrite(tmp_path):
     (tmp_path / "generate.json").write_text("{}")
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/generate.py"), "--quick", "--out", str(tmp_path)],
-                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-    assert proc.returncode == 2 and "pass --force" in proc.stdout
+    code, log, _ = execute([sys.executable, ROOT / "benchmarks/generate.py", "--quick", "--out", tmp_path],
+                           command_env(), 120, merge=True)
+    assert code == 2 and "pass --force" in log

@@ -1,13 +1,12 @@
 """benchmarks/quality.py (training TNN, FD-TNN and SKI-TNN side by side through fairseq-train) and
 benchmarks/ski_diagnostics.py (the scales behind SKI-TNN's --ski-lowrank default), at toy sizes."""
 import json
-import subprocess
 import sys
 
 import pytest
 
 from benchmarks.ski_diagnostics import init_and_step
-from helpers import ROOT, run
+from helpers import ROOT, command_env, execute, run
 
 
 def test_the_default_low_rank_starts_below_the_band_and_sum_above_it():
@@ -30,8 +29,8 @@ def test_diagnostics_command_writes_its_tables(tmp_path):
     assert [w["n"] for w in result["warp"]] == [64, 512, 2048, 14336]
     assert all(0 < w["reached"] <= 64 for w in result["warp"])
     assert "| mean | 64 |" in (out / "ski-diagnostics.md").read_text()
-    again = subprocess.run([sys.executable, ROOT / "benchmarks/ski_diagnostics.py", "--out", out], capture_output=True, text=True)
-    assert again.returncode == 2 and "refusing to overwrite" in again.stderr
+    code, _, err = execute([sys.executable, ROOT / "benchmarks/ski_diagnostics.py", "--out", out], command_env(), 300)
+    assert code == 2 and "refusing to overwrite" in err
 
 
 @pytest.mark.slow
@@ -54,8 +53,8 @@ def test_quality_quick_trains_every_model_through_fairseq(tmp_path):
     assert "| SKI-TNN's band alone (m 17) |" in md and "low rank / band" in md
     assert (out / "quality.png").stat().st_size > 10000
     # again into the same --out: refused without --force; with it, every finished run is reused, not retrained
-    proc = subprocess.run([sys.executable, ROOT / "benchmarks/quality.py", "--quick", "--out", out], capture_output=True, text=True)
-    assert proc.returncode == 2 and "refusing to overwrite" in proc.stderr
+    code, _, err = execute([sys.executable, ROOT / "benchmarks/quality.py", "--quick", "--out", out], command_env(), 300)
+    assert code == 2 and "refusing to overwrite" in err
     log = run([sys.executable, ROOT / "benchmarks/quality.py", "--quick", "--out", out, "--force"])
     assert log.count("(reused)") == 4
     again = json.loads((out / "quality.json").read_text())
@@ -70,6 +69,6 @@ def test_quality_quick_trains_every_model_through_fairseq(tmp_path):
 ])
 def test_quality_refuses_bad_options_before_any_work(tmp_path, argv, message):
     out = tmp_path / "q"
-    proc = subprocess.run([sys.executable, ROOT / "benchmarks/quality.py", *argv, "--out", out], capture_output=True, text=True)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    code, _, err = execute([sys.executable, ROOT / "benchmarks/quality.py", *argv, "--out", out], command_env(), 300)
+    assert code == 2 and message in err, err
     assert not out.exists()
