@@ -1,12 +1,11 @@
 """`bash scripts/test.sh --fast`: the ops, modules and models layers without the tests marked slow, other
 arguments passed on to pytest (here --collect-only, so that nothing runs)."""
 import re
-import subprocess
 import sys
 
 import pytest
 
-from helpers import ROOT, run
+from helpers import ROOT, command_env, execute, run
 
 LAYERS = ["tests/ops", "tests/modules", "tests/models"]
 
@@ -23,10 +22,10 @@ def collected(out):
 def test_fast_lane_selects_three_layers_without_slow_tests():
     fast, deselected = collected(run(["bash", ROOT / "scripts/test.sh", "--fast", "--collect-only", "-q"]))
     assert {i.split("/")[1] for i in fast} == {"ops", "modules", "models"}, fast[:5]
-    proc = subprocess.run([sys.executable, "-m", "pytest", *LAYERS, "-m", "slow", "--collect-only", "-q"], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-    assert proc.returncode in (0, 5), proc.stdout[-3000:]  # 5: no test collected, none of them slow
-    slow, _ = collected(proc.stdout)
+    code, out, _ = execute([sys.executable, "-m", "pytest", *LAYERS, "-m", "slow", "--collect-only", "-q"],
+                           command_env(), 600, merge=True)
+    assert code in (0, 5), out[-3000:]  # 5: no test collected, none of them slow
+    slow, _ = collected(out)
     # the slow tests of those layers, and only they, are left out
     assert not set(fast) & set(slow) and deselected == len(slow)
     assert len(fast) > 300
