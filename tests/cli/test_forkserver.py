@@ -8,6 +8,8 @@ import pytest
 
 from helpers import ROOT, ForkServer, cli, command_env, execute
 
+pytestmark = pytest.mark.skipif(not ForkServer.ENABLED, reason="TESTS_FORKSERVER=0: every command is a fresh process")
+
 PROBE = r'''
 import json, logging, os, sys
 print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "env": os.environ.get("FAIRSEQ_PREPROCESS"),
