@@ -53,8 +53,8 @@ def run(cmd, expect_ok=True, timeout=900, env=None, stdin=None):
 def execute(cmd, env, timeout, stdin=None, merge=False, cwd=ROOT):
     """subprocess.run of cmd from cwd: (exit status, stdout, stderr; with merge, stderr is in stdout and
     None). The fairseq CLIs (a fairseq-* script in BIN) and `sys.executable SCRIPT.py | -m MODULE` are forked
-    from this worker's fork server (tests/forkserver.py: the same command without Python's, torch's and
-    fairseq's ~5 s of start-up) unless their environment needs a fresh process; everything else (and every
+    from this worker's fork server (tests/forkserver.py: the same command without the ~3.3 s of importing
+    torch, scikit-learn, scipy and fairseq's other libraries) unless their environment needs a fresh process; everything else (and every
     command with TESTS_FORKSERVER=0) starts as a process of its own."""
     cmd = [str(c) for c in cmd]
     request = ForkServer.request(cmd, env)
@@ -104,7 +104,8 @@ class ForkServer:
         os.close(req_r)
         os.close(rep_w)
         self.buf = b""
-        self._reply(120)  # {"ready": pid}: torch and fairseq imported
+        if self._reply(120) is None:  # {"ready": pid}: the libraries are imported
+            raise RuntimeError(f"the fork server did not start in 120 s; its log: {self.dir}/server.log")
         atexit.register(self.stop)
 
     def stop(self):
