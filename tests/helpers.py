@@ -54,8 +54,8 @@ def execute(cmd, env, timeout, stdin=None, merge=False, cwd=ROOT):
     """subprocess.run of cmd from cwd: (exit status, stdout, stderr; with merge, stderr is in stdout and
     None). The fairseq CLIs (a fairseq-* script in BIN) and `sys.executable SCRIPT.py | -m MODULE` are forked
     from this worker's fork server (tests/forkserver.py: the same command without the ~3.3 s of importing
-    torch, scikit-learn, scipy and fairseq's other libraries) unless their environment needs a fresh process; everything else (and every
-    command with TESTS_FORKSERVER=0) starts as a process of its own."""
+    torch, scikit-learn, scipy and fairseq's other libraries) unless their environment needs a fresh
+    process; everything else (and every command with TESTS_FORKSERVER=0) starts as a process of its own."""
     cmd = [str(c) for c in cmd]
     request = ForkServer.request(cmd, env)
     if request is not None:
