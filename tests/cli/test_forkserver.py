@@ -8,7 +8,7 @@ import pytest
 
 from helpers import ROOT, ForkServer, cli, command_env, execute
 
-pytestmark = pytest.mark.skipif(not ForkServer.ENABLED, reason="TESTS_FORKSERVER=0: every command is a fresh process")
+pytestmark = pytest.mark.skipif(not ForkServer.ENABLED, reason="TESTS_FORKSERVER=0: every command runs fresh")
 
 PROBE = r'''
 import json, logging, os, sys
