@@ -27,9 +27,11 @@ TRAIN = lm_args(tokens_per_sample=64, batch_size=4, log_interval=1, no_epoch_che
 FIRST, RESUMED = 6, 8  # updates in the first 2-process run, and after resuming it
 
 # Installed as sitecustomize in the launched processes: records every write under TNN_WATCH_DIR
-# with the rank (from --distributed-rank) of the process that made it.
-WRITE_RECORDER = """
-import os, sys
+# with the rank (from --distributed-rank) of the process that made it; and a process about to write a
+# file whose path contains TNN_HOLD_WRITES waits there until it is killed (the SIGKILL test's checkpoint
+# that must not be written: without the hold, the run could reach it between the kill's cue and the kill).
+SITECUSTOMIZE = """
+import os, sys, time
 
 def _record(event, args):
     if event == "open":
@@ -46,8 +48,15 @@ def _record(event, args):
         with open(os.environ["TNN_WRITES_LOG"], "a") as log:
             log.write(f"{rank} {event} {path}\\n")
 
+def _hold(event, args):
+    if event == "open" and os.environ["TNN_HOLD_WRITES"] in str(args[0]) and args[1] and "w" in str(args[1]):
+        while True:
+            time.sleep(60)
+
 if "TNN_WATCH_DIR" in os.environ:
     sys.addaudithook(_record)
+if "TNN_HOLD_WRITES" in os.environ:
+    sys.addaudithook(_hold)
 """
 
 
@@ -74,7 +83,7 @@ def launch_2_procs(data_bin, save_dir, max_update, hook_dir):
 @pytest.fixture(scope="module")
 def hook_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("hook")
-    (path / "sitecustomize.py").write_text(WRITE_RECORDER)
+    (path / "sitecustomize.py").write_text(SITECUSTOMIZE)
     return path
 
 
@@ -162,7 +171,8 @@ def wait_gone(pids, timeout=30):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["causal", "masked"])
-def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data_bin, tmp_path, request, kind):
+def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data_bin, tmp_path, hook_dir, request,
+                                                                           kind):
     """Every process of a 2-rank run is SIGKILLed (as when a node dies or the job is cancelled) between the
     interval checkpoints at 3 and 6; the same command started again resumes from checkpoint_last, and its
     losses equal those of an uninterrupted one-process run with --update-freq 2 (for the causal recipe the
@@ -184,7 +194,9 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
                                      "--save-dir", tmp_path / "reference"]))
     assert sorted(reference) == list(range(1, RESUMED + 1))
     cmd = command(tmp_path / "checkpoints")
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    # rank 0 holds before it writes the checkpoint at 6 (a cue at 5 alone races an update of ~0.1 s)
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TNN_HOLD_WRITES="checkpoint_1_6.pt",
+               PYTHONPATH=os.pathsep.join(p for p in [str(hook_dir), os.environ.get("PYTHONPATH", "")] if p))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
 
