@@ -15,61 +15,179 @@ order, with their side effects (fairseq_cli's logging set-up to stdout, the plug
 fixes of fairseq, --user-dir's import). The server checks that the libraries it preloads left logging
 unconfigured, as a fresh interpreter has it (they add a few warning filters, which every fairseq command adds
 too when it imports them). Commands whose environment differs from the server's in a
-variable that Python, torch, OpenMP or BLAS read at start-up (anything outside ``LATE_ENV``) run as fresh
-processes instead, and so does everything when ``TESTS_FORKSERVER=0``. Commands that need a process of
-their own (torchrun, the SIGKILL tests, the shell scripts) do not come here: they run as processes.
+variable that Python, torch, OpenMP or BLAS read at start-up (``startup_env``) run as fresh processes
+instead, and so does everything when ``TESTS_FORKSERVER=0``. Commands that need a process of their own
+(torchrun and its ranks, the SIGKILL tests, the shell scripts themselves, ``python -c``) do not come here.
 
-Protocol, over two pipes (fds given on the command line): the client writes one JSON request per line
-(script or module, args, env, cwd, stdin, stdout, stderr: paths of files); the server answers
-``{"pid": ...}`` when the child is started and ``{"status": ...}`` when it has exited.
+Two kinds of clients. The pytest worker (tests/helpers.py) writes one JSON request per line on a pipe (fds
+given on the command line: script or module, args, env, cwd, and the paths of files for stdin, stdout and
+stderr); the server answers ``{"pid": ...}`` when the child is started and ``{"status": ...}`` when it has
+exited. The shell scripts the tests run reach the server through shims (tests/forkshim.py, FAIRSEQ_BIN and
+PYTHON in their environment): a shim connects to the server's unix socket (its path is the third argument)
+and sends the same request with its own fds 0-2 attached; the server answers ``{"exec": true}`` when the
+command must be a fresh process (the shim then execs the real program), or ``{"pid": ...}`` and then
+``{"status": ...}``. A shim that dies (SIGKILL) takes its command with it: the server kills a child whose
+shim's connection closes.
 """
 import json
 import os
+import selectors
+import signal
+import socket
 import sys
+import time
 
 # Variables read only after start-up (by the command itself, or by modules the server does not import),
 # so a command may set them and still be forked from the server.
 LATE_ENV = {"CXX", "TORCHINDUCTOR_CACHE_DIR", "PYTEST_CURRENT_TEST", "FAIRSEQ_BIN", "FAIRSEQ_PREPROCESS", "PYTHON"}
+# Variables that Python, its locale and temporary-directory set-up, torch, OpenMP, BLAS and the other
+# preloaded libraries read when they start or are imported: a command whose value of one of these (outside
+# LATE_ENV) differs from the server's is not forked. Any other variable (a script's settings, SLURM's, PATH,
+# PWD) is the command's own, read when it runs.
+STARTUP_PREFIXES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "BLIS_", "NUMEXPR_", "MALLOC_", "LD_",
+                    "LC_", "TORCH", "CUDA", "NCCL", "NVIDIA", "NPY_", "NUMPY_", "SCIPY_", "SKLEARN_", "JOBLIB_",
+                    "HYDRA_", "OC_", "TENSORBOARD", "TMP", "TEMP", "TMPDIR")
+STARTUP_NAMES = {"LANG", "LANGUAGE", "HOME", "USER"}
 # Imported before any command: the third-party libraries that cost fairseq's start-up its time (fairseq
 # imports all of these), none of which sets up logging.
 PRELOAD = ("torch", "numpy", "sklearn.metrics", "scipy.stats", "hydra", "omegaconf", "sacrebleu", "tensorboardX")
 
 
-def _serve(requests, replies):
-    """Fork a child per request; in the server, never return (until the client closes the pipe); in a
-    child, return its request."""
-    while True:
-        line = requests.readline()
-        if not line:
-            sys.exit(0)
-        req = json.loads(line)
+def startup_env(env):
+    """The part of an environment that the server's start-up has already read."""
+    return {k: v for k, v in env.items()
+            if k not in LATE_ENV and (k in STARTUP_NAMES or k.startswith(STARTUP_PREFIXES))}
+
+
+def forkable(env, server_env):
+    """Whether a command with environment ``env`` may be forked from a server started with ``server_env``."""
+    return startup_env(env) == startup_env(server_env)
+
+
+def _status(wait_status):
+    return -os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else os.WEXITSTATUS(wait_status)
+
+
+def _read_request(conn):
+    """A shim's request: one JSON line, its fds 0-2 with the first bytes."""
+    data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
+    while data and not data.endswith(b"\n"):
+        chunk = conn.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    return (json.loads(data) if data.endswith(b"\n") else None), fds
+
+
+def _serve(requests, replies, listener, server_env):
+    """Fork a child per request; in the server, never return (until the pytest worker closes its pipe); in a
+    child, return (its request, the shim's fds or None). server_env: the server's environment as it started
+    (torch's import adds KMP_ variables to it)."""
+    sel = selectors.DefaultSelector()
+    sel.register(requests, selectors.EVENT_READ, "pipe")
+    sel.register(listener, selectors.EVENT_READ, "listen")
+    owners = {}  # child pid -> None (the pytest worker) or the shim's connection
+    buf = b""
+
+    def start(req, fds, owner):
         pid = os.fork()
         if pid == 0:
-            requests.close()
-            replies.close()
-            return req
-        replies.write(json.dumps({"pid": pid}) + "\n")
-        replies.flush()
-        _, status = os.waitpid(pid, 0)
-        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        replies.write(json.dumps({"status": code}) + "\n")
-        replies.flush()
+            for key in list(sel.get_map().values()):
+                if key.fileobj is not requests:
+                    key.fileobj.close()
+            sel.close()
+            os.close(requests)
+            os.close(replies)
+            if owner is not None:
+                owner.close()
+            return req, fds
+        for fd in fds or ():
+            os.close(fd)
+        owners[pid] = owner
+        reply(owner, {"pid": pid})
+        return None
+
+    def reply(owner, msg):
+        line = (json.dumps(msg) + "\n").encode()
+        try:
+            if owner is None:
+                os.write(replies, line)
+            else:
+                owner.sendall(line)
+        except OSError:  # a shim that has gone: its command was killed
+            pass
+
+    while True:
+        for key, _ in sel.select(timeout=0.02):
+            if key.data == "pipe":
+                chunk = os.read(requests, 1 << 16)
+                if not chunk:
+                    for pid, owner in owners.items():
+                        os.kill(pid, signal.SIGKILL)
+                    sys.exit(0)
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    child = start(json.loads(line), None, None)
+                    if child:
+                        return child
+            elif key.data == "listen":
+                conn, _ = listener.accept()
+                try:
+                    req, fds = _read_request(conn)
+                except OSError:
+                    conn.close()
+                    continue
+                if req is None or len(fds) != 3 or not forkable(req["env"], server_env):
+                    for fd in fds:
+                        os.close(fd)
+                    reply(conn, {"exec": True})
+                    conn.close()
+                    continue
+                child = start(req, fds, conn)
+                if child:
+                    return child
+                sel.register(conn, selectors.EVENT_READ, "shim")
+            else:  # a shim's connection: readable only when the shim has gone
+                conn = key.fileobj
+                sel.unregister(conn)
+                conn.close()
+                for pid, owner in owners.items():
+                    if owner is conn:
+                        os.kill(pid, signal.SIGKILL)
+                        owners[pid] = "gone"
+        while owners:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            owner = owners.pop(pid)
+            if owner == "gone":
+                continue
+            reply(owner, {"status": _status(wait_status)})
+            if owner is not None:
+                sel.unregister(owner)
+                owner.close()
 
 
-def _become(req):
-    """Turn this child into the command: cwd, environment, fds 0-2, sys.argv and sys.path[0] as Python sets
-    them for `python SCRIPT ARGS` (a console script is such a script) or `python -m MODULE ARGS`; then run
-    it as __main__. Its exit is the interpreter's own: SystemExit, an uncaught exception's traceback and
-    status 1, atexit handlers, flushed streams."""
+def _become(req, fds):
+    """Turn this child into the command: cwd, environment, fds 0-2 (the shim's, or the request's files),
+    sys.argv and sys.path[0] as Python sets them for `python SCRIPT ARGS` (a console script is such a script)
+    or `python -m MODULE ARGS`; then run it as __main__. Its exit is the interpreter's own: SystemExit, an
+    uncaught exception's traceback and status 1, atexit handlers, flushed streams."""
     import runpy
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
-    for fd, path, flags in ((0, req["stdin"], os.O_RDONLY),
-                            (1, req["stdout"], os.O_WRONLY | os.O_APPEND),
-                            (2, req["stderr"], os.O_WRONLY | os.O_APPEND)):
-        opened = os.open(path, flags)
+    time.tzset()
+    if fds is None:
+        fds = [os.open(req["stdin"], os.O_RDONLY), os.open(req["stdout"], os.O_WRONLY | os.O_APPEND),
+               os.open(req["stderr"], os.O_WRONLY | os.O_APPEND)]
+    for fd, opened in enumerate(fds):
         os.dup2(opened, fd)
+    for opened in set(fds) - {0, 1, 2}:
         os.close(opened)
     if "module" in req:
         sys.argv = [req["module"], *req["args"]]  # run_module puts the module's file in argv[0]
@@ -82,8 +200,11 @@ def _become(req):
 
 
 if __name__ == "__main__":
-    requests = os.fdopen(int(sys.argv[1]), "r")
-    replies = os.fdopen(int(sys.argv[2]), "w")
+    requests, replies = int(sys.argv[1]), int(sys.argv[2])
+    server_env = dict(os.environ)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sys.argv[3])
+    listener.listen(16)
     import importlib
     import logging
     for name in PRELOAD:
@@ -91,6 +212,5 @@ if __name__ == "__main__":
     assert not logging.root.handlers and logging.root.level == logging.WARNING, \
         f"preloading {PRELOAD} set up logging: the commands' own set-up (fairseq_cli's, to stdout) would not apply"
     assert not any(m == "fairseq" or m.startswith(("fairseq.", "fairseq_cli", "fairseq_tnn")) for m in sys.modules)
-    replies.write(json.dumps({"ready": os.getpid()}) + "\n")
-    replies.flush()
-    _become(_serve(requests, replies))
+    os.write(replies, (json.dumps({"ready": os.getpid()}) + "\n").encode())
+    _become(*_serve(requests, replies, listener, server_env))

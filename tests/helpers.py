@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from forkserver import LATE_ENV
+from forkserver import forkable
+from forkshim import make_shims
 
 ROOT = Path(__file__).resolve().parents[1]
 # The fairseq CLIs: beside the Python that runs pytest (scripts/test.sh's venv), or where FAIRSEQ_BIN says
@@ -76,8 +77,7 @@ class ForkServer:
     @classmethod
     def request(cls, cmd, env):
         """What the server runs for cmd ({"script" or "module", "args"}), or None if cmd needs a process."""
-        base = command_env()
-        if not cls.ENABLED or any(env.get(k) != base.get(k) for k in set(env) | set(base) if k not in LATE_ENV):
+        if not cls.ENABLED or not forkable(env, command_env()):
             return None
         if Path(cmd[0]).parent == BIN and Path(cmd[0]).name.startswith("fairseq-"):
             return {"script": cmd[0], "args": cmd[1:]}
@@ -97,10 +97,15 @@ class ForkServer:
         self.dir = tempfile.mkdtemp(prefix="forkserver-")
         req_r, self.req_w = os.pipe()
         self.rep_r, rep_w = os.pipe()
+        server_socket = os.path.join(self.dir, "socket")
+        # the scripts' FAIRSEQ_BIN and PYTHON (script_env): shims that hand their commands to this server
+        self.shims = Path(self.dir) / "bin"
+        make_shims(self.shims, BIN, sys.executable, server_socket)
         with open(os.path.join(self.dir, "server.log"), "w") as log:
             self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")),
-                                          str(req_r), str(rep_w)], pass_fds=(req_r, rep_w), env=command_env(),
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
+                                          str(req_r), str(rep_w), server_socket], pass_fds=(req_r, rep_w),
+                                         env=command_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         cwd=ROOT)
         os.close(req_r)
         os.close(rep_w)
         self.buf = b""
@@ -307,9 +312,25 @@ SCRIPT_ENV.update(FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, PYTHONUNBUFFERED=
                   OMP_NUM_THREADS="1")  # tiny models: one thread is 10-30x faster than two on a busy 2-core machine
 
 
+def script_env(env=None):
+    """A script's environment: SCRIPT_ENV, then env. With the fork server, FAIRSEQ_BIN and PYTHON are its
+    shims (tests/forkshim.py), through which the script's fairseq commands and Python scripts are forked
+    from it (unless env sets them)."""
+    out = dict(SCRIPT_ENV)
+    if ForkServer.ENABLED:
+        shims = ForkServer.get().shims
+        out.update(FAIRSEQ_BIN=str(shims), PYTHON=str(shims / "python"))
+    return {**out, **(env or {})}
+
+
+def script_cli(name):
+    """The path of a fairseq CLI as a script run by sh() sees it ($FAIRSEQ_BIN/name)."""
+    return str(Path(script_env()["FAIRSEQ_BIN"]) / name)
+
+
 def sh(cmd, env=None, timeout=600):
     """Run a command from the repository root; return (exit status, stdout, stderr)."""
-    return execute(cmd, {**SCRIPT_ENV, **(env or {})}, timeout)
+    return execute(cmd, script_env(env), timeout)
 
 
 def ok(cmd, env=None, timeout=600):

@@ -1,12 +1,17 @@
 """The suite's fork server (tests/forkserver.py) runs a command as a fresh process would: the same output on
 stdout and stderr, exit status, argv, sys.path[0], working directory, environment, stdin and logging set-up,
-for scripts, modules and the fairseq CLIs; timeouts kill the command and leave the server serving."""
+for scripts, modules and the fairseq CLIs; timeouts kill the command and leave the server serving. The same
+through the shims that shell scripts run as $PYTHON and $FAIRSEQ_BIN/fairseq-* (tests/forkshim.py), with
+signals passed on and a killed shim's command killed."""
+import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
-from helpers import ROOT, ForkServer, cli, command_env, execute
+from helpers import BIN, ROOT, ForkServer, cli, command_env, execute, script_env
 
 pytestmark = pytest.mark.skipif(not ForkServer.ENABLED, reason="TESTS_FORKSERVER=0: every command runs fresh")
 
@@ -72,7 +77,72 @@ def test_a_timeout_kills_the_command_and_the_server_goes_on(tmp_path):
 def test_an_environment_read_at_start_up_gets_a_fresh_process():
     cmd = [cli("fairseq-train"), "--help"]
     assert ForkServer.request(cmd, command_env(TORCHINDUCTOR_CACHE_DIR="/tmp/x")) is not None
+    assert ForkServer.request(cmd, command_env(MAX_UPDATE="7", SLURM_JOB_ID="1")) is not None  # read when it runs
     assert ForkServer.request(cmd, command_env(OMP_NUM_THREADS="3")) is None
     assert ForkServer.request(cmd, command_env(PYTHONPATH="/tmp")) is None
     assert ForkServer.request(["bash", "-c", "true"], command_env()) is None
     assert ForkServer.request([sys.executable, "-c", "pass"], command_env()) is None  # -c: not a script or module
+
+
+# --- the shims: a shell script's $FAIRSEQ_BIN/fairseq-* and $PYTHON (helpers.script_env) ---
+
+SHIM_PROBE = r'''
+import json, os, signal, sys, time
+print(json.dumps({"argv": sys.argv[1:], "cwd": os.getcwd(), "env": os.environ.get("KNOB"), "stdin": sys.stdin.read(),
+                  "forked": "torch" in sys.modules}), flush=True)  # the server preloads torch; python does not
+print("to stderr", file=sys.stderr)
+how = sys.argv[1]
+if how == "pid":
+    open(sys.argv[2], "w").write(str(os.getpid()))
+    time.sleep(60)
+if how == "signal":
+    os.kill(os.getpid(), signal.SIGTERM)
+sys.exit(3 if how == "exit" else None)
+'''
+
+
+def through_script(line, tmp_path, shims=True, **env):
+    """(status, stdout, stderr) of a bash script `line` run from tmp_path with script_env()'s shims, or with the
+    real FAIRSEQ_BIN and PYTHON."""
+    (tmp_path / "probe.py").write_text(SHIM_PROBE)
+    real = {} if shims else {"FAIRSEQ_BIN": str(BIN), "PYTHON": sys.executable}
+    env.setdefault("OMP_NUM_THREADS", command_env()["OMP_NUM_THREADS"])  # the server's, whatever THREADS is
+    proc = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=script_env({**real, **env}), capture_output=True,
+                          text=True, timeout=120)
+    return proc.returncode, proc.stdout, re.sub(r"line 1: \d+ ", "line 1: PID ", proc.stderr)  # bash's "Terminated"
+
+
+@pytest.mark.parametrize("how", ["exit", "ok", "signal"])
+def test_a_scripts_python_runs_through_the_shim_as_the_real_one(tmp_path, how):
+    line = f'echo in | "$PYTHON" probe.py {how} "a b" > out.txt 2> err.txt; echo "status $?"; cat out.txt err.txt'
+    shim, real = through_script(line, tmp_path, KNOB="k"), through_script(line, tmp_path, shims=False, KNOB="k")
+    assert '"forked": true' in shim[1] and '"forked": false' in real[1]
+    assert shim == (real[0], real[1].replace('"forked": false', '"forked": true'), real[2])
+    assert f"status {dict(exit=3, ok=0, signal=143)[how]}" in shim[1] and '"stdin": "in\\n"' in shim[1]
+    assert f'"argv": ["{how}", "a b"]' in shim[1] and '"env": "k"' in shim[1] and "to stderr" in shim[1]
+
+
+def test_the_shim_runs_the_real_program_when_the_server_cannot(tmp_path):
+    """A start-up variable changed, `python -c`, a fairseq CLI's refusal of its arguments."""
+    code, out, _ = through_script('OMP_NUM_THREADS=3 "$PYTHON" probe.py ok; "$PYTHON" -c "import sys; '
+                                  'print(\\"torch\\" in sys.modules)"', tmp_path)
+    assert code == 0 and '"forked": false' in out and out.endswith("False\n"), out
+    cmd = '"$FAIRSEQ_BIN/fairseq-train" --user-dir fairseq_tnn --arch tnn_lm_tiny --tnn-compile eager .'
+    shim, real = (through_script(f"cd {ROOT} && {cmd}", tmp_path, shims=s) for s in (True, False))
+    assert shim == real and shim[0] == 2 and "invalid choice: 'eager'" in shim[2]
+
+
+def test_signals_reach_the_command_and_a_killed_shim_takes_it_along(tmp_path):
+    """timeout's SIGINT and SIGTERM (to the shim) stop the command; so does a SIGKILL of the shim alone, which
+    the command cannot see: the server kills it."""
+    code, out, err = through_script('timeout -s INT 5 "$PYTHON" probe.py pid p1; echo "status $?"; '
+                                    'timeout -s TERM 5 "$PYTHON" probe.py pid p2; echo "status $?"; '
+                                    '"$PYTHON" probe.py pid p3 & shim=$!; while [[ ! -s p3 ]]; do sleep 0.1; done; '
+                                    'kill -KILL $shim; wait $shim; echo "status $?"', tmp_path)
+    assert out.count('"forked": true') == 3 and out.count("status 124") == 2 and "status 137" in out, out + err
+    assert "KeyboardInterrupt" in err
+    pids = [int((tmp_path / f"p{i}").read_text()) for i in (1, 2, 3)]
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)

@@ -4,23 +4,21 @@ the exit status 1 and the report's failure section name it, the check going on p
 without --cpu, and with an existing --out, it refuses at once. The report's own checks (a compiled run fallen
 back to eager, compiled and eager runs that disagree) on hand-made part outputs."""
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from helpers import BIN, ROOT
+from helpers import ROOT, script_env
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 REPORTER = ROOT / "scripts" / "gpu_check_report.py"
 
 
 def gpu_check(*args, timeout=3000):
-    env = dict(os.environ, FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, TEST_WORKERS="0")
-    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=ROOT, env=script_env({"TEST_WORKERS": "0"}),
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the check would run")

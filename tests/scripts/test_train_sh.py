@@ -4,11 +4,11 @@ presets being fairseq's registered archs, and a real run on CPU (conftest's trai
 import json
 import os
 import shlex
-import sys
 
 import pytest
 
-from helpers import ROOT, SCRIPTS, USER_DIR, arch_presets, cli, dry_train, flags, ok, sh, wt103_presets
+from helpers import (ROOT, SCRIPTS, USER_DIR, arch_presets, dry_train, flags, ok, script_cli, script_env, sh,
+                     wt103_presets)
 
 CAUSAL = wt103_presets("tnn_lm")
 
@@ -31,11 +31,11 @@ def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, ba
     argv = dry_train(preset, data_bin, NPROC=str(nproc), BATCH_PER_GPU=str(batch), SAVE_ROOT=str(tmp_path / "ck"))
     causal = preset in CAUSAL
     if nproc == 1:
-        assert argv[0] == cli("fairseq-train")
+        assert argv[0] == script_cli("fairseq-train")
         args = argv[1:]
         assert flags(args)["--distributed-world-size"] == ["1"]
     else:
-        assert argv[:6] == [sys.executable, "-m", "fairseq_tnn.distributed.launch", "--nproc", str(nproc), "--"], argv
+        assert argv[:6] == [script_env()["PYTHON"], "-m", "fairseq_tnn.distributed.launch", "--nproc", str(nproc), "--"], argv
         args = argv[6:]
         assert "--distributed-world-size" not in args  # the launcher sets it
     assert args[0] == str(data_bin)
@@ -70,7 +70,7 @@ def test_train_dry_run_cpu_env_overrides_and_extra_args_last(data_bin, tmp_path)
            "BATCH_PER_GPU": "4", "LR": "0.003", "WARMUP_UPDATES": "3", "SAVE_ROOT": str(tmp_path), "RUN_NAME": "smoke"}
     out, _ = ok(["bash", SCRIPTS / "train.sh", "fd_tnn_lm_tiny", data_bin, "--max-epoch", "1"], {"DRY_RUN": "1", **env})
     argv = shlex.split(out)
-    assert argv[:7] == [sys.executable, "-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu", "--"], argv
+    assert argv[:7] == [script_env()["PYTHON"], "-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu", "--"], argv
     f = flags(argv[7:])
     assert f["--update-freq"] == ["2"] and f["--batch-size"] == ["4"] and f["--max-update"] == ["7"]
     assert f["--tokens-per-sample"] == ["64"] and f["--lr"] == ["0.003"] and f["--warmup-updates"] == ["3"]
@@ -114,7 +114,7 @@ def test_train_nproc_defaults_to_the_visible_gpus(data_bin, tmp_path):
     argv = dry_train("tnn_lm_wt103", data_bin, CUDA_VISIBLE_DEVICES="0,1", **env)
     assert argv[3:5] == ["--nproc", "2"] and flags(argv)["--update-freq"] == ["8"]
     argv = dry_train("tnn_lm_wt103", data_bin, CPU="1", **env)
-    assert argv[0] == cli("fairseq-train") and flags(argv)["--update-freq"] == ["16"]
+    assert argv[0] == script_cli("fairseq-train") and flags(argv)["--update-freq"] == ["16"]
 
 
 def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_path):
@@ -190,4 +190,5 @@ def test_train_sh_trains_on_cpu_with_json_log_and_tensorboard(train_sh_run):
     assert [r["valid_num_updates"] for r in valid] == ["2", "4"]
     assert [r["num_updates"] for r in inner] == ["1", "2", "3", "4"] and all("max_rss_mb" in r for r in inner)
     assert any((train_sh_run / "tensorboard").rglob("events.out.tfevents.*"))
-    assert (train_sh_run / "command.txt").read_text().startswith(cli("fairseq-train"))
+    # the worker that made the shared run had its own fork-server shims as FAIRSEQ_BIN
+    assert shlex.split((train_sh_run / "command.txt").read_text())[0].endswith("/fairseq-train")
