@@ -48,6 +48,7 @@ MASKED_FRACTION = 0.15
 # (section, n, batch) groups and their configurations: (key, arch, model overrides, bound)
 FULL_GROUPS = [("causal", 512, 8), ("masked", 512, 16), ("masked", 2048, 4)]
 QUICK_GROUPS = [("causal", 32, 2), ("masked", 32, 2)]
+SECTIONS = ("causal", "masked")
 QUICK_KEYS = {"tnn6", "fd3", "ski", "bound_identity"}
 CONFIGS = {
     "causal": [("tnn6", "tnn_lm_wt103", {}, None), ("tnn3", "tnn_lm_wt103_rpe3", {}, None),
@@ -171,11 +172,13 @@ def selected(key: str, compiled: bool, quick: bool, keys, modes) -> bool:
 
 
 def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: int, warmup: int, log,
-              keys=None, modes=("eager", "compiled")) -> List[Dict]:
+              keys=None, modes=("eager", "compiled"), sections=SECTIONS) -> List[Dict]:
     groups = []
     with tempfile.TemporaryDirectory() as tmp:
         data = _dictionary_dir(tmp, QUICK_VOCAB if quick else VOCAB)
         for section, n, batch in (QUICK_GROUPS if quick else FULL_GROUPS):
+            if section not in sections:
+                continue
             sample = synthetic_sample(section, n, batch, QUICK_VOCAB if quick else VOCAB)
             configs = []
             for key, arch, _, bound in CONFIGS[section]:
@@ -353,6 +356,8 @@ def main(argv=None):
                         f"with --quick {', '.join(sorted(QUICK_KEYS))})")
     p.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
                    help="eager, compiled (--tnn-compile strict) or both (default)")
+    p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
+                   help="the causal (tnn_language_modeling) or masked (tnn_masked_lm) groups, or both (default)")
     p.add_argument("--no-plots", action="store_true", help="no trainer.png (and no need for matplotlib)")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -367,9 +372,10 @@ def main(argv=None):
         if v < lo:
             p.error(f"--{name}={v} must be >= {lo}")
     if not any(selected(key, compiled, a.quick, a.configs, a.modes) for section, _, _ in (QUICK_GROUPS if a.quick else FULL_GROUPS)
-               for key, *_ in CONFIGS[section] for compiled in MODES.values()):
-        p.error(f"--configs {' '.join(a.configs or [])} with --modes {' '.join(a.modes)}: no configuration to run "
-                f"(transformer runs eager only)")
+               if section in a.sections for key, *_ in CONFIGS[section] for compiled in MODES.values()):
+        p.error(f"--configs {' '.join(a.configs or [])} with --modes {' '.join(a.modes)} and --sections "
+                f"{' '.join(a.sections)}: no configuration to run (transformer runs eager only and causal only; "
+                f"ski is masked only)")
     refuse_overwrite(p, a, "trainer.json")
     os.makedirs(a.out, exist_ok=True)
     import fairseq_tnn
@@ -377,7 +383,7 @@ def main(argv=None):
     from benchmarks.measure import _machine
     t0 = time.time()
     groups = run_suite(a.device, precision, a.quick, rounds, per_round, warmup, lambda m: print(m, flush=True),
-                       keys=a.configs, modes=a.modes)
+                       keys=a.configs, modes=a.modes, sections=a.sections)
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else None
     meta = {"device": a.device, "precision": precision, "vocab": QUICK_VOCAB if a.quick else VOCAB, "machine": gpu or _machine(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "rounds": rounds, "per_round": per_round, "warmup": warmup,

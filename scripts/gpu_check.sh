@@ -19,7 +19,9 @@
 # refused unless --force (which deletes it first).
 #   --cpu     the same parts on the CPU (fp32 instead of fp16); without it and without a CUDA GPU the
 #             command stops at once
-#   --quick   toy sizes: small models, few updates, a few test files, one training preset (ski_tnn_mlm_tiny).
+#   --quick   toy sizes: small models, few updates, a few test files, one training preset (ski_tnn_mlm_tiny),
+#             the first benchmark on the causal FD-TNN and the transformer only, the bf16 one on the masked
+#             FD-TNN only.
 #             `--cpu --quick` is what CI runs.
 #   --only    only these parts (environment always runs): e.g. --only tests,train
 #   --pytest  the tests part's pytest arguments instead of the default selection (e.g. "tests/gpu -x")
@@ -158,19 +160,22 @@ fi
 first_precision=fp16; [[ "$cpu" == 1 ]] && first_precision=fp32  # fairseq's --fp16 needs a GPU
 if [[ "$quick" == 1 ]]; then
   bench_common=(--quick --rounds 2 --per-round 1 --warmup 1)
-  configs_first=(fd3 transformer); configs_bf16=(ski)  # each compiled once in CI: FD-TNN in fp32, SKI-TNN in bf16
+  # one model compiled per part in CI: the causal FD-TNN in fp32 (beside fairseq's transformer), the masked
+  # one in bf16 (SKI-TNN's compiled training is the train part's)
+  configs_first=(fd3 transformer); sections_first=(--sections causal); configs_bf16=(fd3); sections_bf16=(--sections masked)
 else
   bench_common=(--rounds 3 --per-round 2 --warmup 3)
-  configs_first=(tnn6 fd3 ski bound_identity transformer); configs_bf16=(tnn6 fd3 ski bound_identity)
+  configs_first=(tnn6 fd3 ski bound_identity transformer); sections_first=(); configs_bf16=(tnn6 fd3 ski bound_identity)
+  sections_bf16=()
 fi
 if wanted bench-fp16; then
   run_part "benchmark $first_precision (eager and compiled)" bench-fp16 benchmark "bench-$first_precision" \
     "bench-$first_precision/run.log" "$PYTHON" benchmarks/run.py --device "$device" --precision "$first_precision" \
-    --configs "${configs_first[@]}" --modes eager compiled --no-plots --out "$out/bench-$first_precision" "${bench_common[@]}"
+    --configs "${configs_first[@]}" "${sections_first[@]}" --modes eager compiled --no-plots --out "$out/bench-$first_precision" "${bench_common[@]}"
 fi
 if wanted bench-bf16; then
   run_part "benchmark bf16 (compiled)" bench-bf16 benchmark bench-bf16 bench-bf16/run.log \
-    "$PYTHON" benchmarks/run.py --device "$device" --precision bf16 --configs "${configs_bf16[@]}" --modes compiled \
+    "$PYTHON" benchmarks/run.py --device "$device" --precision bf16 --configs "${configs_bf16[@]}" "${sections_bf16[@]}" --modes compiled \
     --no-plots --out "$out/bench-bf16" "${bench_common[@]}"
 fi
 

@@ -15,19 +15,18 @@ order, with their side effects (fairseq_cli's logging set-up to stdout, the plug
 fixes of fairseq, --user-dir's import). The server checks that the libraries it preloads left logging
 unconfigured, as a fresh interpreter has it (they add a few warning filters, which every fairseq command adds
 too when it imports them). Commands whose environment differs from the server's in a
-variable that Python, torch, OpenMP or BLAS read at start-up (``startup_env``) run as fresh processes
-instead, and so does everything when ``TESTS_FORKSERVER=0``. Commands that need a process of their own
+variable that Python, torch, OpenMP or BLAS read at start-up (``startup_env``, ``refusal``) run as fresh
+processes instead, and so does everything when ``TESTS_FORKSERVER=0``. Commands that need a process of their own
 (torchrun and its ranks, the SIGKILL tests, the shell scripts themselves, ``python -c``) do not come here.
 
 Two kinds of clients. The pytest worker (tests/helpers.py) writes one JSON request per line on a pipe (fds
 given on the command line: script or module, args, env, cwd, and the paths of files for stdin, stdout and
-stderr); the server answers ``{"pid": ...}`` when the child is started and ``{"status": ...}`` when it has
-exited. The shell scripts the tests run reach the server through shims (tests/forkshim.py, FAIRSEQ_BIN and
+stderr). The shell scripts the tests run reach the server through shims (tests/forkshim.py, FAIRSEQ_BIN and
 PYTHON in their environment): a shim connects to the server's unix socket (its path is the third argument)
-and sends the same request with its own fds 0-2 attached; the server answers ``{"exec": true}`` when the
-command must be a fresh process (the shim then execs the real program), or ``{"pid": ...}`` and then
-``{"status": ...}``. A shim that dies (SIGKILL) takes its command with it: the server kills a child whose
-shim's connection closes.
+and sends the same request with its own fds 0-2 attached. To both the server answers ``{"exec": true}`` when
+the command must be a fresh process (the client then starts it itself), or ``{"pid": ...}`` when the child
+is started and ``{"status": ...}`` when it has exited. A shim that dies (SIGKILL) takes its command with it:
+the server kills a child whose shim's connection closes.
 """
 import json
 import os
@@ -59,9 +58,14 @@ def startup_env(env):
             if k not in LATE_ENV and (k in STARTUP_NAMES or k.startswith(STARTUP_PREFIXES))}
 
 
-def forkable(env, server_env):
-    """Whether a command with environment ``env`` may be forked from a server started with ``server_env``."""
-    return startup_env(env) == startup_env(server_env)
+def refusal(env, server_env, preloaded):
+    """Why a command with environment ``env`` may not be forked from a server started with ``server_env``: the
+    start-up variables that differ (an empty list: it may). ``preloaded``: the variables the preloaded
+    libraries set for themselves when imported (scikit-learn's KMP_ ones): a command may have them so or not
+    at all, as a fresh process gets them when it imports those libraries."""
+    mine, theirs = startup_env(server_env), startup_env(env)
+    return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)
+                  and not (k in preloaded and theirs.get(k) in (None, preloaded[k])))
 
 
 def _status(wait_status):
@@ -69,20 +73,26 @@ def _status(wait_status):
 
 
 def _read_request(conn):
-    """A shim's request: one JSON line, its fds 0-2 with the first bytes."""
+    """A shim's request (one JSON line, its fds 0-2 with the first bytes), or (None, []) if it is not one."""
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 3)
     while data and not data.endswith(b"\n"):
         chunk = conn.recv(1 << 16)
         if not chunk:
             break
         data += chunk
-    return (json.loads(data) if data.endswith(b"\n") else None), fds
+    try:
+        return json.loads(data), fds
+    except ValueError:
+        for fd in fds:
+            os.close(fd)
+        return None, []
 
 
-def _serve(requests, replies, listener, server_env):
-    """Fork a child per request; in the server, never return (until the pytest worker closes its pipe); in a
-    child, return (its request, the shim's fds or None). server_env: the server's environment as it started
-    (torch's import adds KMP_ variables to it)."""
+def _serve(requests, replies, listener, server_env, preloaded):
+    """Fork a child per request that may be forked (``refusal``; the others get ``{"exec": true}``); in the
+    server, never return (until the pytest worker closes its pipe); in a child, return (its request, the
+    shim's fds or None). server_env: the server's environment as it started, before the preloads added
+    ``preloaded`` to it."""
     sel = selectors.DefaultSelector()
     sel.register(requests, selectors.EVENT_READ, "pipe")
     sel.register(listener, selectors.EVENT_READ, "listen")
@@ -90,6 +100,16 @@ def _serve(requests, replies, listener, server_env):
     buf = b""
 
     def start(req, fds, owner):
+        why = refusal(req["env"], server_env, preloaded)
+        if why:  # in server.log: why a command runs as a fresh process
+            print(f"fresh process for {req.get('script') or req.get('module')}: start-up variables {why}",
+                  file=sys.stderr, flush=True)
+            for fd in fds or ():
+                os.close(fd)
+            reply(owner, {"exec": True})
+            if owner is not None:
+                owner.close()
+            return None
         pid = os.fork()
         if pid == 0:
             for key in list(sel.get_map().values()):
@@ -100,7 +120,7 @@ def _serve(requests, replies, listener, server_env):
             os.close(replies)
             if owner is not None:
                 owner.close()
-            return req, fds
+            return req, fds, preloaded
         for fd in fds or ():
             os.close(fd)
         owners[pid] = owner
@@ -135,10 +155,10 @@ def _serve(requests, replies, listener, server_env):
                 conn, _ = listener.accept()
                 try:
                     req, fds = _read_request(conn)
-                except OSError:
+                except OSError:  # a shim that went away
                     conn.close()
                     continue
-                if req is None or len(fds) != 3 or not forkable(req["env"], server_env):
+                if req is None or len(fds) != 3:
                     for fd in fds:
                         os.close(fd)
                     reply(conn, {"exec": True})
@@ -147,7 +167,8 @@ def _serve(requests, replies, listener, server_env):
                 child = start(req, fds, conn)
                 if child:
                     return child
-                sel.register(conn, selectors.EVENT_READ, "shim")
+                if conn.fileno() != -1:  # forked, not refused
+                    sel.register(conn, selectors.EVENT_READ, "shim")
             else:  # a shim's connection: readable only when the shim has gone
                 conn = key.fileobj
                 sel.unregister(conn)
@@ -172,7 +193,7 @@ def _serve(requests, replies, listener, server_env):
                 owner.close()
 
 
-def _become(req, fds):
+def _become(req, fds, preloaded):
     """Turn this child into the command: cwd, environment, fds 0-2 (the shim's, or the request's files),
     sys.argv and sys.path[0] as Python sets them for `python SCRIPT ARGS` (a console script is such a script)
     or `python -m MODULE ARGS`; then run it as __main__. Its exit is the interpreter's own: SystemExit, an
@@ -181,6 +202,8 @@ def _become(req, fds):
     os.chdir(req["cwd"])
     os.environ.clear()
     os.environ.update(req["env"])
+    for k, v in preloaded.items():  # as the preloaded libraries set them on import, unless already set
+        os.environ.setdefault(k, v)
     time.tzset()
     if fds is None:
         fds = [os.open(req["stdin"], os.O_RDONLY), os.open(req["stdout"], os.O_WRONLY | os.O_APPEND),
@@ -212,5 +235,6 @@ if __name__ == "__main__":
     assert not logging.root.handlers and logging.root.level == logging.WARNING, \
         f"preloading {PRELOAD} set up logging: the commands' own set-up (fairseq_cli's, to stdout) would not apply"
     assert not any(m == "fairseq" or m.startswith(("fairseq.", "fairseq_cli", "fairseq_tnn")) for m in sys.modules)
+    preloaded = {k: v for k, v in os.environ.items() if server_env.get(k) != v}
     os.write(replies, (json.dumps({"ready": os.getpid()}) + "\n").encode())
-    _become(*_serve(requests, replies, listener, server_env))
+    _become(*_serve(requests, replies, listener, server_env, preloaded))

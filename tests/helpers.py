@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 
-from forkserver import forkable
 from forkshim import make_shims
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +40,11 @@ def command_env(**extra):
             **extra}
 
 
+# The fork server's environment: command_env() as this worker started, whenever the server starts (a test may
+# have changed os.environ by then: torchrun run in-process sets TORCHELASTIC_ variables).
+SERVER_ENV = command_env()
+
+
 def run(cmd, expect_ok=True, timeout=900, env=None, stdin=None):
     """Run a command line (stdin: text fed to it), return its combined output; check the exit status."""
     code, out, _ = execute(cmd, command_env(**(env or {})), timeout, stdin=stdin, merge=True)
@@ -58,9 +62,11 @@ def execute(cmd, env, timeout, stdin=None, merge=False, cwd=ROOT):
     torch, scikit-learn, scipy and fairseq's other libraries) unless their environment needs a fresh
     process; everything else (and every command with TESTS_FORKSERVER=0) starts as a process of its own."""
     cmd = [str(c) for c in cmd]
-    request = ForkServer.request(cmd, env)
+    request = ForkServer.request(cmd)
     if request is not None:
-        return ForkServer.get().execute(request, env, timeout, stdin, merge, cwd)
+        forked = ForkServer.get().execute(request, env, timeout, stdin, merge, cwd)
+        if forked is not None:
+            return forked
     proc = subprocess.run(cmd, input=stdin, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True, timeout=timeout,
                           env=env, cwd=cwd)
@@ -75,9 +81,10 @@ class ForkServer:
     ENABLED = os.environ.get("TESTS_FORKSERVER", "1") != "0"
 
     @classmethod
-    def request(cls, cmd, env):
-        """What the server runs for cmd ({"script" or "module", "args"}), or None if cmd needs a process."""
-        if not cls.ENABLED or not forkable(env, command_env()):
+    def request(cls, cmd):
+        """What the server would run for cmd ({"script" or "module", "args"}: it may still refuse, for an
+        environment that changes a start-up variable), or None if cmd needs a process of its own."""
+        if not cls.ENABLED:
             return None
         if Path(cmd[0]).parent == BIN and Path(cmd[0]).name.startswith("fairseq-"):
             return {"script": cmd[0], "args": cmd[1:]}
@@ -104,11 +111,12 @@ class ForkServer:
         with open(os.path.join(self.dir, "server.log"), "w") as log:
             self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")),
                                           str(req_r), str(rep_w), server_socket], pass_fds=(req_r, rep_w),
-                                         env=command_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         env=SERVER_ENV, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          cwd=ROOT)
         os.close(req_r)
         os.close(rep_w)
         self.buf = b""
+        self.forked = 0  # commands run as forks (the others were refused)
         if self._reply(120) is None:  # {"ready": pid}: the libraries are imported
             raise RuntimeError(f"the fork server did not start in 120 s; its log: {self.dir}/server.log")
         atexit.register(self.stop)
@@ -143,7 +151,12 @@ class ForkServer:
         started = self._reply(60)
         if started is None:
             raise RuntimeError(f"the fork server did not start {request}; its log: {self.dir}/server.log")
+        if started.get("exec"):  # refused: the caller runs it as a process
+            for path in set(files.values()):
+                os.remove(path)
+            return None
         pid = started["pid"]
+        self.forked += 1
         status = self._reply(timeout)
         if status is None:
             os.kill(pid, signal.SIGKILL)

@@ -36,9 +36,11 @@ sys.exit(3 if how == "exit" else None)
 
 def both(cmd, env, **kw):
     """(fork server's result, a fresh process's result) of the same command."""
-    assert ForkServer.request([str(c) for c in cmd], env) is not None, "the fork server would not take it"
+    assert ForkServer.request([str(c) for c in cmd]) is not None, "not a command for the fork server"
     kw.setdefault("cwd", ROOT)
+    before = ForkServer.get().forked
     forked = execute(cmd, env, 120, **kw)
+    assert ForkServer.get().forked == before + 1, "the fork server refused it (its server.log says why)"
     proc = subprocess.run([str(c) for c in cmd], input=kw.get("stdin"), capture_output=True, text=True, env=env,
                           cwd=kw["cwd"], timeout=120)
     return forked, (proc.returncode, proc.stdout, proc.stderr)
@@ -74,14 +76,22 @@ def test_a_timeout_kills_the_command_and_the_server_goes_on(tmp_path):
     assert execute([sys.executable, "-m", "json.tool", "--help"], command_env(), 60)[0] == 0
 
 
-def test_an_environment_read_at_start_up_gets_a_fresh_process():
+def test_an_environment_read_at_start_up_gets_a_fresh_process(tmp_path):
+    """The server refuses a command that changes a start-up variable (execute() then starts it itself); a
+    script's own settings, and scikit-learn's KMP_ variables as its import sets them, are no reason."""
+    script = tmp_path / "preloaded.py"
+    script.write_text("import os, sys\nprint('torch' in sys.modules, os.environ.get('KMP_INIT_AT_FORK'))\n")
+    for env, forked in (({}, True), ({"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "MAX_UPDATE": "7", "SLURM_JOB_ID": "1"}, True),
+                        ({"KMP_INIT_AT_FORK": "FALSE"}, True), ({"OMP_NUM_THREADS": "3"}, False),
+                        ({"PYTHONPATH": "/tmp"}, False), ({"KMP_INIT_AT_FORK": "TRUE"}, False)):
+        code, out, _ = execute([sys.executable, script], {**command_env(), **env}, 60)
+        assert code == 0 and out.split()[0] == str(forked), (env, out)
+        if forked:  # as scikit-learn's import sets it (a fresh process gets it there too)
+            assert out.split()[1] == env.get("KMP_INIT_AT_FORK", "FALSE")
     cmd = [cli("fairseq-train"), "--help"]
-    assert ForkServer.request(cmd, command_env(TORCHINDUCTOR_CACHE_DIR="/tmp/x")) is not None
-    assert ForkServer.request(cmd, command_env(MAX_UPDATE="7", SLURM_JOB_ID="1")) is not None  # read when it runs
-    assert ForkServer.request(cmd, command_env(OMP_NUM_THREADS="3")) is None
-    assert ForkServer.request(cmd, command_env(PYTHONPATH="/tmp")) is None
-    assert ForkServer.request(["bash", "-c", "true"], command_env()) is None
-    assert ForkServer.request([sys.executable, "-c", "pass"], command_env()) is None  # -c: not a script or module
+    assert ForkServer.request(cmd) == {"script": cli("fairseq-train"), "args": ["--help"]}
+    assert ForkServer.request(["bash", "-c", "true"]) is None
+    assert ForkServer.request([sys.executable, "-c", "pass"]) is None  # -c: not a script or module
 
 
 # --- the shims: a shell script's $FAIRSEQ_BIN/fairseq-* and $PYTHON (helpers.script_env) ---

@@ -361,6 +361,8 @@ def torchrun_env(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     for key, value in launch.RANK_PREFIX.items():
         monkeypatch.setenv(key, value)
+    monkeypatch.setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", "torchrun sets it")  # and monkeypatch removes it after
+    monkeypatch.delenv("TORCHELASTIC_SIGNALS_TO_HANDLE")
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
     yield
     for s, handler in handlers.items():

@@ -68,8 +68,8 @@ def test_trainer_benchmark_through_fairseqs_trainer(tmp_path):
     """``run.py --device cpu --quick --modes eager``: whole updates through fairseq's Trainer, every
     configuration, with kernel (here: operator) time and counts, ratios against TNN, JSON, Markdown and a plot.
     The compiled mode of the same benchmark is run by tests/scripts/test_gpu_check.py (``gpu_check.sh --cpu
-    --quick``: FD-TNN compiled in both sections, SKI-TNN compiled in bf16), so that CI compiles each of those
-    configurations once; compiling all seven here on CPU cost about 80 s of the suite."""
+    --quick``: the causal FD-TNN compiled in fp32, the masked one in bf16), so that CI compiles each of
+    those configurations once; compiling all seven here on CPU cost about 80 s of the suite."""
     out = tmp_path / "trainer"
     cmd = [sys.executable, str(ROOT / "benchmarks/run.py"), "--device", "cpu", "--quick", "--modes", "eager", "--out", str(out)]
     code, log, _ = execute(cmd, command_env(), 900, merge=True)
@@ -93,6 +93,10 @@ def test_trainer_benchmark_through_fairseqs_trainer(tmp_path):
     assert (out / "trainer.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, log, _ = execute(cmd, command_env(), 300, merge=True)
     assert code == 2 and "refusing to overwrite" in log
+    code, log, _ = execute([*cmd[:-1], str(tmp_path / "none"), "--configs", "ski", "--sections", "causal"],
+                           command_env(), 300, merge=True)
+    assert code == 2 and "--configs ski with --modes eager and --sections causal: no configuration to run" in log, log
+    assert not (tmp_path / "none").exists()
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is present: --device cuda would run")
