@@ -80,25 +80,26 @@ def train_sh_run(data_bin, tmp_path_factory):
     return made_once(tmp_path_factory, "train-sh", make) / "tnn_lm_tiny"
 
 
-# The files that take longest on 2 CPU cores (worker-seconds on a fresh clone, 2026-11: fairseq processes and
+# The files that take longest on 2 CPU cores (worker-seconds on a fresh clone, 2026-11-24: fairseq processes and
 # CPU compilation), run first. scripts/test.sh hands whole files to its pytest-xdist workers in collection
 # order (--dist loadfile --no-loadscope-reorder; xdist's own reordering puts the files with the fewest tests,
 # which here are the longest ones, last), so that the last files to start are short and the workers end
 # together instead of one waiting on the demo for two minutes.
 LONGEST_FIRST = [
     "tests/modules/test_compile.py",              # ~320 s
-    "tests/reliability/test_reliability.py",      # ~250 s
-    "tests/cli/test_cli.py",                      # ~200 s
-    "tests/scripts/test_gpu_check.py",            # ~170 s
-    "tests/reliability/test_distributed.py",      # ~130 s
-    "tests/scripts/test_demo.py",                 # ~120 s
-    "tests/cli/test_generation_cli.py",           # ~80 s
-    "tests/scripts/test_eval_extrapolation.py",   # ~80 s
-    "tests/scripts/test_benchmarks.py",           # ~70 s
-    "tests/scripts/test_docs_using_models.py",    # ~70 s
-    "tests/scripts/test_quality.py",              # ~70 s (and as much again in parallel fairseq runs)
-    "tests/models/test_tno_config.py",            # ~60 s
-    "tests/cli/test_oversized_blocks.py",         # ~55 s
+    "tests/reliability/test_reliability.py",      # ~190 s
+    "tests/scripts/test_gpu_check.py",            # ~150 s
+    "tests/reliability/test_distributed.py",      # ~115 s
+    "tests/cli/test_cli.py",                      # ~100 s
+    "tests/scripts/test_demo.py",                 # ~75 s
+    "tests/scripts/test_docs_using_models.py",    # ~60 s
+    "tests/scripts/test_benchmarks.py",           # ~60 s
+    "tests/scripts/test_eval_extrapolation.py",   # ~50 s
+    "tests/cli/test_forkserver.py",               # ~50 s
+    "tests/scripts/test_quality.py",              # ~50 s (and as much again in parallel fairseq runs)
+    "tests/cli/test_generation_cli.py",           # ~45 s
+    "tests/scripts/test_experiment_configs.py",   # ~30 s
+    "tests/modules/test_precision.py",            # ~30 s
 ]
 
 

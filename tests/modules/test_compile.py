@@ -66,8 +66,10 @@ def test_tnn_compile_trains_and_checkpoint_loads_in_either_mode(data_bin, tmp_pa
     torch.save(ckpt, save / "old.pt")
     ppls = []
     for path, overrides in (("old.pt", "{}"), ("checkpoint_last.pt", "{'tnn_compile': False}")):
+        # the validation's batches (valid, 8 x 64): the compiled run reuses the training's compiled graphs
         log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--path", save / path,
-                   "--tokens-per-sample", 64, "--batch-size", 4, "--num-workers", 0, "--model-overrides", overrides])
+                   "--gen-subset", "valid", "--tokens-per-sample", 64, "--batch-size", 8, "--num-workers", 0,
+                   "--model-overrides", overrides])
         m = re.search(r"Perplexity: ([0-9.]+)", log)
         assert m, log[-3000:]
         ppls.append(float(m.group(1)))
