@@ -70,10 +70,15 @@ def train_inner(log):
     return out
 
 
+def with_hooks(hook_dir):
+    """PYTHONPATH with hook_dir first: the launched processes import its sitecustomize (SITECUSTOMIZE)."""
+    return os.pathsep.join(p for p in [str(hook_dir), os.environ.get("PYTHONPATH", "")] if p)
+
+
 def launch_2_procs(data_bin, save_dir, max_update, hook_dir):
     writes = hook_dir / f"writes_{max_update}.txt"
     env = {"OMP_NUM_THREADS": "1", "TNN_WATCH_DIR": str(save_dir), "TNN_WRITES_LOG": str(writes),
-           "PYTHONPATH": os.pathsep.join(p for p in [str(hook_dir), os.environ.get("PYTHONPATH", "")] if p)}
+           "PYTHONPATH": with_hooks(hook_dir)}
     log = run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu",
                "--log-dir", hook_dir / f"ranks_{max_update}", "--",
                data_bin, *TRAIN, "--max-update", max_update, "--save-dir", save_dir], env=env)
@@ -196,7 +201,7 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
     cmd = command(tmp_path / "checkpoints")
     # rank 0 holds before it writes the checkpoint at 6 (a cue at 5 alone races an update of ~0.1 s)
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TNN_HOLD_WRITES="checkpoint_1_6.pt",
-               PYTHONPATH=os.pathsep.join(p for p in [str(hook_dir), os.environ.get("PYTHONPATH", "")] if p))
+               PYTHONPATH=with_hooks(hook_dir))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
 
