@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, command_env, execute
+from helpers import ROOT, ForkServer, command_env, execute
 
 DOC = ROOT / "docs" / "using-models.md"
 README = ROOT / "README.md"
@@ -29,9 +29,21 @@ def sandbox(tmp_path_factory, data_bin, tiny_checkpoints):
     (box / "demo-run" / "checkpoints").mkdir(parents=True)
     for arch in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
         (box / "demo-run" / "checkpoints" / arch).symlink_to(tiny_checkpoints[arch])
-    for name, target in ((".venv", VENV), ("fairseq_tnn", ROOT / "fairseq_tnn"), ("benchmarks", ROOT / "benchmarks")):
+    for name, target in (("fairseq_tnn", ROOT / "fairseq_tnn"), ("benchmarks", ROOT / "benchmarks")):
         (box / name).symlink_to(target)
+    venv_like(box / ".venv")
     return box
+
+
+def venv_like(path):
+    """The venv the docs' commands name (.venv/bin/fairseq-train ...): the suite's, its bin/ the fork server's
+    shims (tests/forkshim.py: its fairseq commands and `python SCRIPT.py` forked, the rest the real programs)."""
+    if not ForkServer.ENABLED:
+        path.symlink_to(VENV)
+        return
+    path.mkdir()
+    for entry in VENV.iterdir():
+        (path / entry.name).symlink_to(ForkServer.get().shims if entry.name == "bin" else entry)
 
 
 def run_block(kind, code, cwd, scripts):
