@@ -11,7 +11,8 @@ import subprocess
 import pytest
 import torch
 
-from helpers import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, rel, run, split_tokens, wt103_presets
+from helpers import (ROOT, USER_DIR, cli, command_env, lm_train_cmd, mlm_train_cmd, rel, run, script_cli, split_tokens,
+                     wt103_presets)
 
 TPS = 64
 
@@ -39,10 +40,12 @@ def losses_by_update(log):
 
 
 def kill_at(cmd, update):
-    """Start cmd, SIGKILL it as soon as it logs `update`; return what it printed."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env=env)
+    """Start fairseq-train cmd, SIGKILL it as soon as it logs `update`; return what it printed. It starts as
+    the fork server's shim (tests/forkshim.py), which the SIGKILL hits and whose command the server then
+    SIGKILLs, or as itself without the server."""
+    assert cmd[0] == cli("fairseq-train"), cmd[0]
+    proc = subprocess.Popen([script_cli("fairseq-train"), *map(str, cmd[1:])], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=command_env())
     seen = []
     for line in proc.stdout:
         seen.append(line)
