@@ -45,14 +45,19 @@ LATE_ENV = {"TORCHINDUCTOR_CACHE_DIR", "PYTEST_CURRENT_TEST", "FAIRSEQ_BIN", "FA
 # Variables that Python, its locale and temporary-directory set-up, torch, OpenMP, BLAS and the other
 # preloaded libraries read when they start or are imported: a command whose value of one of these (outside
 # LATE_ENV) differs from the server's is not forked. Any other variable (a script's settings, SLURM's, PATH,
-# PWD) is the command's own, read when it runs.
+# PWD) is the command's own, read when it runs. tests/cli/test_forkserver.py records what the preloads read.
 STARTUP_PREFIXES = ("PYTHON", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "BLIS_", "NUMEXPR_", "MALLOC_", "LD_",
                     "LC_", "TORCH", "CUDA", "NCCL", "NVIDIA", "NPY_", "NUMPY_", "SCIPY_", "SKLEARN_", "JOBLIB_",
-                    "HYDRA_", "OC_", "TENSORBOARD", "TMP", "TEMP", "TMPDIR",
-                    # torch._dynamo's configs (inductor's and functorch's among them) and sympy, at import
-                    "AOT", "INDUCTOR_", "CUTEDSL_", "CUTLASS_", "ENABLE_", "FAKE_", "PARTITIONER_", "PT2_", "LOG_",
-                    "DUMP_", "UNSAFE_", "SYMPY_", "MPMATH_")
-STARTUP_NAMES = {"LANG", "LANGUAGE", "HOME", "USER", "LOGNAME", "LNAME", "USERNAME", "CI", "CXX", "SAGE_ROOT"}
+                    "HYDRA_", "OC_", "TENSORBOARD", "TMP", "TEMP", "TMPDIR", "_PYTHON_", "PYTORCH_", "KINETO_", "FX_",
+                    "LOKY_", "COMPILE_STROBELIGHT_",
+                    # torch._dynamo's configs (inductor's and functorch's among them) and sympy's, at import
+                    "AOTINDUCTOR_", "AOT_INDUCTOR_", "AOT_PARTITIONER_", "INDUCTOR_", "CUTEDSL_", "CUTLASS_",
+                    "PARTITIONER_", "PT2_", "SYMPY_", "MPMATH_")
+STARTUP_NAMES = {"LANG", "LANGUAGE", "HOME", "USER", "LOGNAME", "LNAME", "USERNAME", "CI", "CXX", "SAGE_ROOT",
+                 "SACREBLEU", "SOURCE_DATE_EPOCH", "CRC32C_SW_MODE", "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION",
+                 "ENABLE_PERSISTENT_TMA_MATMUL", "ENABLE_TEMPLATE_TMA_STORE", "ENABLE_TMA_LOAD_FOR_TEMPLATE_EPILOGUE",
+                 "FAKE_ALLOW_META", "LOG_AUTOTUNE_RESULTS", "LOG_TLPARSE", "DUMP_AOTI_MINIFIER",
+                 "UNSAFE_SKIP_FSDP_MODULE_GUARDS"}
 # Imported before any command: the third-party libraries that cost fairseq's start-up its time (fairseq
 # imports all of these; torch._dynamo, 1.5 s, when fairseq-train builds its optimizer), none of which sets
 # up logging or starts a thread.

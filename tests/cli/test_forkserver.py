@@ -3,6 +3,7 @@ stdout and stderr, exit status, argv, sys.path[0], working directory, environmen
 for scripts, modules and the fairseq CLIs; timeouts kill the command and leave the server serving. The same
 through the shims that shell scripts run as $PYTHON and $FAIRSEQ_BIN/fairseq-* (tests/forkshim.py), with
 signals passed on and a killed shim's command killed."""
+import json
 import os
 import re
 import subprocess
@@ -81,9 +82,11 @@ def test_an_environment_read_at_start_up_gets_a_fresh_process(tmp_path):
     script's own settings, and scikit-learn's KMP_ variables as its import sets them, are no reason."""
     script = tmp_path / "preloaded.py"
     script.write_text("import os, sys\nprint('torch' in sys.modules, os.environ.get('KMP_INIT_AT_FORK'))\n")
-    for env, forked in (({}, True), ({"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "MAX_UPDATE": "7", "SLURM_JOB_ID": "1"}, True),
+    for env, forked in (({}, True), ({"TORCHINDUCTOR_CACHE_DIR": "/tmp/x", "MAX_UPDATE": "7", "SLURM_JOB_ID": "1",
+                                      "LOG_INTERVAL": "2", "ENABLE_X": "1"}, True),
                         ({"KMP_INIT_AT_FORK": "FALSE"}, True), ({"OMP_NUM_THREADS": "3"}, False),
-                        ({"PYTHONPATH": "/tmp"}, False), ({"KMP_INIT_AT_FORK": "TRUE"}, False)):
+                        ({"PYTHONPATH": "/tmp"}, False), ({"KMP_INIT_AT_FORK": "TRUE"}, False),
+                        ({"CXX": "/nonexistent/c++"}, False), ({"CI": "" if os.environ.get("CI") else "1"}, False)):
         code, out, _ = execute([sys.executable, script], {**command_env(), **env}, 60)
         assert code == 0 and out.split()[0] == str(forked), (env, out)
         if forked:  # as scikit-learn's import sets it (a fresh process gets it there too)
@@ -92,6 +95,44 @@ def test_an_environment_read_at_start_up_gets_a_fresh_process(tmp_path):
     assert ForkServer.request(cmd) == {"script": cli("fairseq-train"), "args": ["--help"]}
     assert ForkServer.request(["bash", "-c", "true"]) is None
     assert ForkServer.request([sys.executable, "-c", "pass"]) is None  # -c: not a script or module
+
+
+ENV_READS = r'''
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import forkserver
+read = set()
+environ = type(os.environ)
+get, getitem, contains = environ.get, environ.__getitem__, environ.__contains__
+
+def named(k):  # a variable read by name, not a copy of the whole environment (os.environ.copy(), items())
+    if sys._getframe(2).f_code.co_name not in ("copy", "__iter__"):
+        read.add(k)
+
+environ.get = lambda self, k, d=None: (named(k), get(self, k, d))[1]
+environ.__getitem__ = lambda self, k: (named(k), getitem(self, k))[1]
+environ.__contains__ = lambda self, k: (named(k), contains(self, k))[1]
+for name in forkserver.PRELOAD:
+    __import__(name)
+print(json.dumps(sorted(read)))
+'''
+
+
+def test_every_variable_the_preloads_read_is_a_start_up_one(tmp_path):
+    """The environment variables that importing the server's preloads (PRELOAD) reads, recorded in a fresh
+    interpreter, are all start-up variables (a command that changes one gets a fresh process) or LATE_ENV's
+    (read again when used): a torch that reads a new variable at import fails here, naming it. (What C code
+    reads with getenv, OpenMP's and BLAS's OMP_, MKL_ ... variables, is not recorded: those are listed by hand.)"""
+    import forkserver
+    script = tmp_path / "reads.py"
+    script.write_text(ENV_READS)
+    proc = subprocess.run([sys.executable, str(script), str(ROOT / "tests")], capture_output=True, text=True,
+                          env=command_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    read = json.loads(proc.stdout.splitlines()[-1])
+    assert "CXX" in read and "PYTORCH_JIT" in read, read  # the recorder works (inductor's and torch.jit's)
+    env = {k: "x" for k in read}
+    assert sorted(k for k in read if k not in forkserver.startup_env(env) and k not in forkserver.LATE_ENV) == []
 
 
 # --- the shims: a shell script's $FAIRSEQ_BIN/fairseq-* and $PYTHON (helpers.script_env) ---
