@@ -84,9 +84,7 @@ def train_sh_run(data_bin, tmp_path_factory):
 # CPU compilation), run first. scripts/test.sh hands whole files to its pytest-xdist workers in collection
 # order (--dist loadfile --no-loadscope-reorder; xdist's own reordering puts the files with the fewest tests,
 # which here are the longest ones, last), so that the last files to start are short and the workers end
-# together instead of one waiting on the demo for two minutes. The order is the one measured best, not strictly by
-# length: test_compile and test_gpu_check both compile, and starting them together was slower (13:38 and 13:45 of
-# tests on a fresh clone, against 11:26 and 11:53 in this order).
+# together instead of one waiting on the demo for two minutes.
 LONGEST_FIRST = [
     "tests/modules/test_compile.py",              # ~120 s with a warm inductor cache, ~300 s without (as in CI)
     "tests/reliability/test_reliability.py",      # ~115 s
