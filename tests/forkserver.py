@@ -6,8 +6,8 @@ itself, with all its tasks, models and criterions (1 s); then 1.5 s importing to
 optimizer, and 0.9 s in the interpreter's shutdown. The suite runs a few hundred such commands. So each
 pytest worker starts one server process (this file, run as a script) that imports the third-party libraries
 once, freezes them out of the garbage collector's sight (``gc.freeze``: the children's collections and their
-shutdown skip them), and for every command forks a child that *is* the command: it takes the command's working directory,
-environment, standard streams and ``sys.argv``, and runs the script (a console script such as
+shutdown skip them), and for every command forks a child that *is* the command: it takes the command's
+working directory, environment, standard streams and ``sys.argv``, and runs the script (a console script such as
 ``.venv/bin/fairseq-train`` is the wrapper file pip wrote) or module as ``__main__``, as Python would; the
 child exits through the interpreter's normal shutdown. What comes back is what ``subprocess.run`` gives:
 the exit status (negative: killed by that signal) and the output.

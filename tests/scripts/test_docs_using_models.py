@@ -41,9 +41,10 @@ def venv_like(path):
     if not ForkServer.ENABLED:
         path.symlink_to(VENV)
         return
+    shims = ForkServer.get().shims
     path.mkdir()
     for entry in VENV.iterdir():
-        (path / entry.name).symlink_to(ForkServer.get().shims if entry.name == "bin" else entry)
+        (path / entry.name).symlink_to(shims if entry.name == "bin" else entry)
 
 
 def run_block(kind, code, cwd, scripts):
