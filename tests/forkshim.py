@@ -19,15 +19,17 @@ import sys
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
-def make_shims(shim_dir, real_bin, python, server_socket):
-    """Fill shim_dir: a shim for each fairseq console script of real_bin and for `python`; the other programs
-    of real_bin (torchrun, pip, ...) as links to the real ones."""
+def make_shims(shim_dir, real_bin, python, server_sockets):
+    """Fill shim_dir: a shim for each fairseq console script of real_bin (served by the socket
+    server_sockets["fairseq"]) and for `python` (server_sockets["python"]); the other programs of real_bin
+    (torchrun, pip, ...) as links to the real ones."""
     os.makedirs(shim_dir)
     here = os.path.dirname(os.path.abspath(__file__))
     for name in sorted(os.listdir(real_bin)):
         path = os.path.join(shim_dir, name)
         if name.startswith("fairseq-") or name in ("python", "python3"):
             real = python if name.startswith("python") else os.path.join(real_bin, name)
+            server_socket = server_sockets["python" if name.startswith("python") else "fairseq"]
             with open(path, "w") as f:
                 f.write(f"#!{python} -SE\nimport sys\nsys.path.insert(0, {here!r})\nimport forkshim\n"
                         f"forkshim.main({real!r}, {server_socket!r})\n")

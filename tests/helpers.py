@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from forkserver import KINDS, kind_of
 from forkshim import make_shims
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,8 +59,9 @@ def run(cmd, expect_ok=True, timeout=900, env=None, stdin=None):
 def execute(cmd, env, timeout, stdin=None, merge=False, cwd=ROOT):
     """subprocess.run of cmd from cwd: (exit status, stdout, stderr; with merge, stderr is in stdout and
     None). The fairseq CLIs (a fairseq-* script in BIN) and `sys.executable SCRIPT.py | -m MODULE` are forked
-    from this worker's fork server (tests/forkserver.py: the same command without the ~3.3 s of importing
-    torch, scikit-learn, scipy and fairseq's other libraries) unless their environment needs a fresh
+    from this worker's fork servers (tests/forkserver.py: the same command without the ~3.3 s of importing
+    torch, scikit-learn, scipy and fairseq's other libraries, and for the fairseq CLIs the 1.1 s of importing
+    fairseq) unless their environment needs a fresh
     process; everything else (and every command with TESTS_FORKSERVER=0) starts as a process of its own."""
     cmd = [str(c) for c in cmd]
     request = ForkServer.request(cmd)
@@ -74,15 +76,17 @@ def execute(cmd, env, timeout, stdin=None, merge=False, cwd=ROOT):
 
 
 class ForkServer:
-    """The client of tests/forkserver.py: one server per pytest worker, started on first use with run()'s
-    environment, stopped when the worker exits. TESTS_FORKSERVER=0 runs every command as a fresh process."""
+    """The client of tests/forkserver.py: per pytest worker, a server of each kind (forkserver.KINDS: "python"
+    for Python scripts and modules, "fairseq" for fairseq's console scripts, fairseq preloaded), started on
+    first use with run()'s environment, stopped when the worker exits. TESTS_FORKSERVER=0 runs every command
+    as a fresh process."""
     _instance = None
     _count = itertools.count()
     ENABLED = os.environ.get("TESTS_FORKSERVER", "1") != "0"
 
     @classmethod
     def request(cls, cmd):
-        """What the server would run for cmd ({"script" or "module", "args"}: it may still refuse, for an
+        """What a server would run for cmd ({"script" or "module", "args"}: it may still refuse, for an
         environment that changes a start-up variable), or None if cmd needs a process of its own."""
         if not cls.ENABLED:
             return None
@@ -96,48 +100,26 @@ class ForkServer:
 
     @classmethod
     def get(cls):
-        if cls._instance is None or cls._instance.proc.poll() is not None:
+        if cls._instance is None or any(s.proc.poll() is not None for s in cls._instance.servers.values()):
             cls._instance = cls()
         return cls._instance
 
     def __init__(self):
         self.dir = tempfile.mkdtemp(prefix="forkserver-")
-        req_r, self.req_w = os.pipe()
-        self.rep_r, rep_w = os.pipe()
-        server_socket = os.path.join(self.dir, "socket")
-        # the scripts' FAIRSEQ_BIN and PYTHON (script_env): shims that hand their commands to this server
+        sockets = {kind: os.path.join(self.dir, f"{kind}.socket") for kind in KINDS}
+        # the scripts' FAIRSEQ_BIN and PYTHON (script_env): shims that hand their commands to these servers
         self.shims = Path(self.dir) / "bin"
-        make_shims(self.shims, BIN, sys.executable, server_socket)
-        with open(os.path.join(self.dir, "server.log"), "w") as log:
-            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")),
-                                          str(req_r), str(rep_w), server_socket], pass_fds=(req_r, rep_w),
-                                         env=SERVER_ENV, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         cwd=ROOT)
-        os.close(req_r)
-        os.close(rep_w)
-        self.buf = b""
+        make_shims(self.shims, BIN, sys.executable, sockets)
+        self.servers = {kind: _Server(self.dir, kind, sockets[kind]) for kind in KINDS}  # importing together
+        for server in self.servers.values():
+            server.wait_ready()
         self.forked = 0  # commands run as forks (the others were refused)
-        if self._reply(120) is None:  # {"ready": pid}: the libraries are imported
-            raise RuntimeError(f"the fork server did not start in 120 s; its log: {self.dir}/server.log")
         atexit.register(self.stop)
 
     def stop(self):
-        os.close(self.req_w)  # the server exits at the end of its requests
-        os.close(self.rep_r)
-        self.proc.wait(timeout=30)
+        for server in self.servers.values():
+            server.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
-
-    def _reply(self, timeout):
-        """The server's next reply (a dict), or None if none came within timeout seconds."""
-        while b"\n" not in self.buf:
-            if not select.select([self.rep_r], [], [], timeout)[0]:
-                return None
-            chunk = os.read(self.rep_r, 4096)
-            if not chunk:
-                raise RuntimeError(f"the fork server exited; its log: {self.dir}/server.log")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
 
     def execute(self, request, env, timeout, stdin, merge, cwd):
         n = next(self._count)
@@ -147,26 +129,64 @@ class ForkServer:
                 f.write((stdin or "") if k == "stdin" else "")
         if merge:
             files["stderr"] = files["stdout"]
-        os.write(self.req_w, (json.dumps({**request, "env": env, "cwd": str(cwd), **files}) + "\n").encode())
-        started = self._reply(60)
+        server = self.servers[kind_of(request)]
+        os.write(server.req_w, (json.dumps({**request, "env": env, "cwd": str(cwd), **files}) + "\n").encode())
+        started = server.reply(60)
         if started is None:
-            raise RuntimeError(f"the fork server did not start {request}; its log: {self.dir}/server.log")
+            raise RuntimeError(f"the fork server did not start {request}; its log: {server.log}")
         if started.get("exec"):  # refused: the caller runs it as a process
             for path in set(files.values()):
                 os.remove(path)
             return None
         pid = started["pid"]
         self.forked += 1
-        status = self._reply(timeout)
+        status = server.reply(timeout)
         if status is None:
             os.kill(pid, signal.SIGKILL)
-            self._reply(60)
+            server.reply(60)
         out, err = (open(files[k]).read() for k in ("stdout", "stderr"))
         for path in set(files.values()):
             os.remove(path)
         if status is None:
             raise subprocess.TimeoutExpired(request.get("script") or request["module"], timeout, output=out)
         return status["status"], out, None if merge else err
+
+
+class _Server:
+    """One server process of ForkServer: its pipes (JSON lines: requests in, replies out) and its log."""
+
+    def __init__(self, directory, kind, server_socket):
+        req_r, self.req_w = os.pipe()
+        self.rep_r, rep_w = os.pipe()
+        self.log = os.path.join(directory, f"{kind}.log")
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")), str(req_r),
+                                          str(rep_w), server_socket, kind], pass_fds=(req_r, rep_w), env=SERVER_ENV,
+                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
+        os.close(req_r)
+        os.close(rep_w)
+        self.buf = b""
+
+    def wait_ready(self):
+        if self.reply(120) is None:  # {"ready": pid}: the libraries are imported
+            raise RuntimeError(f"the fork server did not start in 120 s; its log: {self.log}")
+
+    def stop(self):
+        os.close(self.req_w)  # the server exits at the end of its requests
+        os.close(self.rep_r)
+        self.proc.wait(timeout=30)
+
+    def reply(self, timeout):
+        """The server's next reply (a dict), or None if none came within timeout seconds."""
+        while b"\n" not in self.buf:
+            if not select.select([self.rep_r], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self.rep_r, 4096)
+            if not chunk:
+                raise RuntimeError(f"the fork server exited; its log: {self.log}")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
 
 
 def cli(name):

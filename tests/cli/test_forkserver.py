@@ -59,14 +59,35 @@ def test_a_script_runs_as_in_a_fresh_process(tmp_path, how, status):
     assert forked[2] == fresh[2] if how != "raise" else forked[2].endswith(fresh[2].splitlines()[-1] + "\n")
 
 
-def test_a_module_and_a_fairseq_cli_run_as_in_fresh_processes(tmp_path):
+def test_a_module_runs_as_in_a_fresh_process():
     forked, fresh = both([sys.executable, "-m", "fairseq_tnn.options", "tnn_lm_tiny"], command_env())
     assert forked == fresh and forked[0] == 0 and "--rpe-layers" in forked[1]
-    # fairseq-train's own logging set-up (INFO to stdout) applies, and its refusal of a bad value is the same
-    cmd = [cli("fairseq-train"), tmp_path, "--user-dir", "fairseq_tnn", "--arch", "tnn_lm_tiny",
-           "--task", "tnn_language_modeling", "--cpu", "--tnn-compile", "eager"]
-    (fcode, fout, ferr), (code, out, err) = both(cmd, command_env())
-    assert fcode == code == 2 and ferr == err and "invalid choice: 'eager'" in err and fout == out
+
+
+# A --user-dir that every fairseq CLI imports while it reads its arguments, after it has imported fairseq and
+# set up logging: the root logger's handlers and level as the command has them, and one line logged at INFO.
+LOG_PROBE = r'''
+import json, logging, sys
+root = logging.getLogger()
+print(json.dumps([[type(h).__name__, h.stream.name, h.level, h.formatter and h.formatter._fmt] for h in root.handlers]
+                 + [root.level]), flush=True)
+logging.getLogger("probe").info("a line at INFO")
+sys.exit(0)
+'''
+
+
+@pytest.mark.parametrize("name", ["fairseq-train", "fairseq-eval-lm", "fairseq-generate"])
+def test_a_fairseq_cli_logs_where_a_fresh_one_does(name, tmp_path):
+    """The fairseq server preloads fairseq, whose import sets up logging (to stderr); fairseq-train sets up its
+    own first (to stdout), the others keep fairseq's: forked, each has the fresh process's handlers and level.
+    One CLI of each kind: fairseq-train; fairseq-eval-lm, which calls logging.basicConfig after importing
+    fairseq, as fairseq-preprocess, -interactive and -validate do; fairseq-generate, which calls it when it runs."""
+    (tmp_path / "logprobe").mkdir()
+    (tmp_path / "logprobe" / "__init__.py").write_text(LOG_PROBE)
+    forked, fresh = both([cli(name), "--user-dir", tmp_path / "logprobe"], command_env())
+    stamp = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")  # fairseq-train's lines begin with the time
+    assert [stamp.sub("T", str(x)) for x in forked] == [stamp.sub("T", str(x)) for x in fresh]
+    assert forked[0] == 0 and "a line at INFO" in (forked[1] if name == "fairseq-train" else forked[2]), forked
 
 
 def test_a_timeout_kills_the_command_and_the_server_goes_on(tmp_path):
@@ -101,25 +122,27 @@ ENV_READS = r'''
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 import forkserver
-read = set()
+read = {}  # the code that read, -> the variables it read
 environ = type(os.environ)
 get, getitem, contains = environ.get, environ.__getitem__, environ.__contains__
 
 def named(k):  # a variable read by name, not a copy of the whole environment (os.environ.copy(), items())
-    if sys._getframe(2).f_code.co_name not in ("copy", "__iter__"):
-        read.add(k)
+    code = sys._getframe(2).f_code
+    if code.co_name not in ("copy", "__iter__"):
+        read.setdefault(code, set()).add(k)
 
 environ.get = lambda self, k, d=None: (named(k), get(self, k, d))[1]
 environ.__getitem__ = lambda self, k: (named(k), getitem(self, k))[1]
 environ.__contains__ = lambda self, k: (named(k), contains(self, k))[1]
-for name in forkserver.PRELOAD:
+for name in forkserver.KINDS["fairseq"]:  # the fairseq server's, PRELOAD and fairseq
     __import__(name)
-print(json.dumps(sorted(read)))
+# code that read every variable copied the environment (dict(os.environ), as fsspec's config does)
+print(json.dumps(sorted(set().union(*(ks for ks in read.values() if not set(os.environ) <= ks)))))
 '''
 
 
 def test_every_variable_the_preloads_read_is_a_start_up_one(tmp_path):
-    """The environment variables that importing the server's preloads (PRELOAD) reads, recorded in a fresh
+    """The environment variables that importing the servers' preloads (PRELOAD, and fairseq) reads, recorded in a fresh
     interpreter, are all start-up variables (a command that changes one gets a fresh process) or LATE_ENV's
     (read again when used): a torch that reads a new variable at import fails here, naming it. (What C code
     reads with getenv, OpenMP's and BLAS's OMP_, MKL_ ... variables, is not recorded: those are listed by hand.)"""
