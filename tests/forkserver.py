@@ -272,6 +272,15 @@ def _become(req, fds, preloaded, fairseq_logging):
         runpy.run_path(req["script"], run_name="__main__")
 
 
+def _cuda_count_spares_forks():
+    """Whether torch.cuda.device_count(), which importing fairseq calls (the default of --distributed-world-size),
+    leaves CUDA usable in a fork of this process: it does where torch has no CUDA or counts the devices through
+    NVML (torch.cuda.device_count's note); else it initialises CUDA."""
+    import torch
+    count_nvml = getattr(torch.cuda, "_device_count_nvml", None)
+    return not torch.cuda._is_compiled() or (count_nvml is not None and count_nvml() >= 0)
+
+
 if __name__ == "__main__":
     requests, replies, kind = int(sys.argv[1]), int(sys.argv[2]), sys.argv[4]
     server_env = dict(os.environ)
@@ -285,7 +294,11 @@ if __name__ == "__main__":
         saved = os.dup(1), os.dup(2)
         os.dup2(printed.fileno(), 1)
         os.dup2(printed.fileno(), 2)
-        for name in KINDS[kind]:
+        preload = KINDS[kind]
+        for name in preload:
+            if name == "fairseq" and not _cuda_count_spares_forks():
+                preload = PRELOAD
+                break
             importlib.import_module(name)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -293,20 +306,23 @@ if __name__ == "__main__":
             os.dup2(kept, fd)
             os.close(kept)
         printed.seek(0)
-        assert not printed.read(), f"importing {KINDS[kind]} printed something: the forked commands would not show it"
+        assert not printed.read(), f"importing {preload} printed something: the forked commands would not show it"
+    if preload != KINDS[kind]:
+        print("fairseq not preloaded: its import counts the CUDA devices, which here (no NVML) initialises CUDA, and "
+              "the forks could not use it", file=sys.stderr, flush=True)
     fairseq_logging = None
-    if kind == "fairseq":
+    if "fairseq" in preload:
         fairseq_logging = logging.root.handlers[:], logging.root.level
         assert [type(h) for h in fairseq_logging[0]] == [logging.StreamHandler], fairseq_logging
         logging.root.handlers.clear()
         logging.root.setLevel(logging.WARNING)
     assert not logging.root.handlers and logging.root.level == logging.WARNING, \
-        f"preloading {KINDS[kind]} set up logging: the commands' own set-up (fairseq_cli's, to stdout) would not apply"
-    assert kind == "fairseq" or not any(m == "fairseq" or m.startswith("fairseq.") for m in sys.modules)
+        f"preloading {preload} set up logging: the commands' own set-up (fairseq_cli's, to stdout) would not apply"
+    assert "fairseq" in preload or not any(m == "fairseq" or m.startswith("fairseq.") for m in sys.modules)
     assert not any(m.startswith(("fairseq_cli", "fairseq_tnn")) for m in sys.modules)
-    assert threading.active_count() == 1, f"preloading {KINDS[kind]} started threads: forking would copy them half-done"
+    assert threading.active_count() == 1, f"preloading {preload} started threads: forking would copy them half-done"
     import torch
-    assert not torch.cuda.is_initialized(), f"preloading {KINDS[kind]} initialised CUDA, which a fork cannot use"
+    assert not torch.cuda.is_initialized(), f"preloading {preload} initialised CUDA, which a fork cannot use"
     preloaded = {k: v for k, v in os.environ.items() if server_env.get(k) != v}
     # The preloaded objects out of the garbage collector's sight: the children's collections, and their
     # final one at exit (0.65 s of a command's 0.9 s shutdown), no longer walk the libraries' objects.
