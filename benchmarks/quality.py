@@ -18,6 +18,11 @@ the paper's scale (``sum``) and the band alone (``off``), so that what the low-r
 For the SKI runs the checkpoints of each validation are kept, and ``benchmarks/ski_diagnostics.py`` reads
 from each the size of the band's and the low-rank part's outputs on a validation batch, layer by layer.
 
+Quality against length (masked models): each masked run's final checkpoint is scored by ``fairseq-validate``
+on the validation split at every ``--length-factors`` multiple of its training length (default 1 2 4 8), in
+blocks of exactly that many tokens (``--sample-break-mode none``) and with fairseq's masking seeded by 1, so
+every model and seed is scored on the same masked positions at a length.
+
 The data: ``--data`` names a directory of ``{train,valid,test}.bpe`` (default the bundled sample,
 data/sample), binarised into ``<out>/data-bin``; ``--data-bin`` uses an already binarised one.
 A finished run is kept in ``<out>/runs/<section>-<model>-s<seed>/`` (train.log, result.json) and reused
@@ -84,6 +89,9 @@ def parse_args(argv=None):
     p.add_argument("--tokens-per-sample", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", default="1e-3")
+    p.add_argument("--length-factors", nargs="*", type=int, default=[1, 2, 4, 8],
+                   help="score the masked models by fairseq-validate at these multiples of --tokens-per-sample "
+                        "(default 1 2 4 8; none given: no scoring against length)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--jobs", type=int, default=None,
                    help="runs at a time (default: one per core on CPU, each with one thread; 1 on CUDA); the cores are shared out")
@@ -95,6 +103,7 @@ def parse_args(argv=None):
         args.width, args.layers, args.tokens_per_sample, args.batch_size = 16, 1, 64, 2
         args.seeds = args.seeds[:1]
         args.models = args.models or QUICK_MODELS
+        args.length_factors = args.length_factors[:2]
     models = args.models or DEFAULT_MODELS
     known = [f"{s}/{k}" for s, k in MODELS]
     for m in models:
@@ -104,6 +113,8 @@ def parse_args(argv=None):
     for name in ("updates", "validate_every", "width", "layers", "tokens_per_sample", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: must be an integer >= 1")
+    if any(f < 1 for f in args.length_factors) or len(set(args.length_factors)) != len(args.length_factors):
+        p.error(f"--length-factors={args.length_factors} is invalid: give distinct integers >= 1")
     if args.warmup < 0:
         p.error(f"--warmup={args.warmup} is invalid: must be >= 0")
     if args.jobs is not None and args.jobs < 1:
@@ -147,8 +158,13 @@ def train_command(args, data_bin: str, section: str, key: str, seed: int, save_d
     task = (["--task", "tnn_masked_lm", "--criterion", "masked_lm", "--sample-break-mode", "complete"]
             if section == "masked" else
             ["--task", "tnn_language_modeling", "--criterion", "cross_entropy", "--sample-break-mode", "none"])
-    saving = (["--save-dir", save_dir, "--save-interval-updates", str(args.validate_every), "--keep-interval-updates", "-1",
-               "--no-epoch-checkpoints", "--no-last-checkpoints"] if save_dir else ["--no-save"])
+    # masked runs keep their final checkpoint (checkpoint_last.pt, scored against length), SKI ones also one per
+    # validation (their part sizes)
+    saving = ["--no-save"]
+    if save_dir:
+        saving = ["--save-dir", save_dir, "--no-epoch-checkpoints"]
+        if MODELS[(section, key)][0].startswith("ski") and "off" not in MODELS[(section, key)][1]:
+            saving += ["--save-interval-updates", str(args.validate_every), "--keep-interval-updates", "-1"]
     return [os.path.join(fairseq_bin(), "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_tnn"),
             "--arch", arch, *dim, *extra, *task,
             "--tokens-per-sample", str(args.tokens_per_sample), "--batch-size", str(args.batch_size),
@@ -161,6 +177,7 @@ def train_command(args, data_bin: str, section: str, key: str, seed: int, save_d
 
 
 VALID = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) \| ppl ([0-9.]+).*?num_updates (\d+)")
+VALIDATE = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) \| ppl ([0-9.]+)")
 UPDATE_MS = re.compile(r"update_ms[= ]([0-9.]+)")
 
 
@@ -177,9 +194,7 @@ def run_one(args, data_bin, section, key, seed, threads) -> Dict:
     interrupted benchmark resumes), then read its log, and for SKI its checkpoints."""
     name = f"{section}-{key}-s{seed}"
     run_dir = os.path.join(args.out, "runs", name)
-    arch, extra, _ = MODELS[(section, key)]
-    ski = arch.startswith("ski") and "off" not in extra
-    save_dir = os.path.join(run_dir, "checkpoints") if ski else None
+    save_dir = os.path.join(run_dir, "checkpoints") if section == "masked" else None
     cmd = train_command(args, data_bin, section, key, seed, save_dir)
     done = os.path.join(run_dir, "result.json")
     if os.path.exists(done):
@@ -187,7 +202,7 @@ def run_one(args, data_bin, section, key, seed, threads) -> Dict:
             previous = json.load(f)
         if previous["command"] == " ".join(cmd) and previous["returncode"] == 0:
             previous["reused"] = True
-            return previous
+            return score_lengths(args, data_bin, run_dir, previous, threads)
     if os.path.isdir(run_dir):
         shutil.rmtree(run_dir)  # an unfinished or different run: start it again
     os.makedirs(run_dir)
@@ -199,6 +214,47 @@ def run_one(args, data_bin, section, key, seed, threads) -> Dict:
     if proc.returncode == 0:
         with open(done, "w") as f:
             json.dump(out, f, indent=1)
+        out = score_lengths(args, data_bin, run_dir, out, threads)
+    return out
+
+
+def validate_command(args, data_bin: str, checkpoint: str, length: int) -> List[str]:
+    """fairseq-validate of a masked checkpoint in blocks of ``length`` tokens, masks seeded by 1 (the same
+    masked positions for every model and training seed at a length), every block scored (fairseq's batching
+    drops a last batch whose size is not a multiple of --required-batch-size-multiple, 8 by default)."""
+    overrides = {"data": data_bin, "tokens_per_sample": length, "sample_break_mode": "none", "seed": 1}
+    return [os.path.join(fairseq_bin(), "fairseq-validate"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_tnn"),
+            "--task", "tnn_masked_lm", "--path", checkpoint, "--valid-subset", "valid", "--model-overrides",
+            repr(overrides), "--batch-size", str(args.batch_size), "--required-batch-size-multiple", "1", "--seed", "1",
+            "--num-workers", "0",
+            *(["--cpu"] if args.device == "cpu" else [])]
+
+
+def score_lengths(args, data_bin: str, run_dir: str, out: Dict, threads: int) -> Dict:
+    """A finished masked run's validation perplexity at each --length-factors multiple of the training length
+    (``out["lengths"]``: {length: ppl}), scored by fairseq-validate and kept in result.json (a length already
+    scored by the same command is not scored again)."""
+    if out["section"] != "masked" or not args.length_factors:
+        return out
+    checkpoint = os.path.join(run_dir, "checkpoints", "checkpoint_last.pt")
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    scored = out.setdefault("lengths", {})
+    commands = out.setdefault("length_commands", {})
+    for factor in args.length_factors:
+        length = factor * args.tokens_per_sample
+        cmd = validate_command(args, data_bin, checkpoint, length)
+        if str(length) in scored and commands.get(str(length)) == " ".join(cmd):
+            continue
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+        found = VALIDATE.findall(proc.stdout + proc.stderr)
+        if proc.returncode != 0 or not found:
+            out["returncode"] = proc.returncode or 1
+            out["log_tail"] = f"{' '.join(cmd)}\n{(proc.stdout + proc.stderr)[-3000:]}"
+            return out
+        scored[str(length)] = float(found[-1][1])
+        commands[str(length)] = " ".join(cmd)
+    with open(os.path.join(run_dir, "result.json"), "w") as f:
+        json.dump(out, f, indent=1)
     return out
 
 
@@ -209,9 +265,10 @@ def collect(run_dir, section, key, seed, cmd, returncode, wall, data_bin, args) 
     out = {"section": section, "key": key, "label": MODELS[(section, key)][2], "seed": seed,
            "command": " ".join(cmd), "wall_s": round(wall, 1), "returncode": returncode, **parse_log(text)}
     save_dir = os.path.join(run_dir, "checkpoints")
+    arch, extra, _ = MODELS[(section, key)]
     if returncode != 0:
         out["log_tail"] = text[-3000:]
-    elif os.path.isdir(save_dir):
+    elif arch.startswith("ski") and "off" not in extra:
         from benchmarks.ski_diagnostics import checkpoint_scales
         out["ski_scales"] = checkpoint_scales(save_dir, data_bin, section, args.tokens_per_sample, args.device)
     return out
@@ -227,9 +284,14 @@ def summarise(runs: List[Dict], seeds: List[int]) -> Dict:
                                                               "label": r["label"], "final": {}, "curves": {}})
         row["final"][r["seed"]] = r["curve"][-1][1]
         row["curves"][r["seed"]] = r["curve"]
+        for length, ppl in r.get("lengths", {}).items():
+            row.setdefault("lengths", {}).setdefault(length, {})[r["seed"]] = ppl
     for row in table.values():
         row["mean"] = statistics.mean(row["final"].values())
         row["complete"] = sorted(row["final"]) == sorted(seeds)
+        if "lengths" in row:  # json keys: the lengths as strings, in increasing order
+            row["lengths"] = {str(n): row["lengths"][str(n)] for n in sorted(map(int, row["lengths"]))}
+            row["length_mean"] = {n: statistics.mean(v.values()) for n, v in row["lengths"].items()}
     return table
 
 
@@ -241,6 +303,11 @@ def targets(table: Dict) -> List[Dict]:
             continue
         ratio = a["mean"] / b["mean"]
         out.append({"target": what, "ratio": round(ratio, 4), "bound": factor, "met": ratio <= factor})
+        if (model, than) == ("ski", "ski_band") and a.get("length_mean") and b.get("length_mean"):
+            longest = max(set(a["length_mean"]) & set(b["length_mean"]), key=int)
+            ratio = a["length_mean"][longest] / b["length_mean"][longest]
+            out.append({"target": f"{what}, at {longest} tokens", "ratio": round(ratio, 4), "bound": factor,
+                        "met": ratio <= factor})
     return out
 
 
@@ -271,6 +338,7 @@ def markdown(result: Dict) -> str:
                 cells.append(f"{statistics.mean(vals):.1f}" if len(vals) == len(r["curves"]) else "")
             lines.append(f"| {r['key']} | " + " | ".join(cells) + " |")
         lines.append("")
+        lines += length_table(cfg, rows)
     if result["targets"]:
         lines += ["| target (mean over seeds, equal updates) | ratio | bound | met |", "|---|---:|---:|---|"]
         for t in result["targets"]:
@@ -293,12 +361,40 @@ def markdown(result: Dict) -> str:
     return "\n".join(lines)
 
 
+def length_table(cfg: Dict, rows: List[Dict]) -> List[str]:
+    """Markdown: validation perplexity against the scoring length, each seed and their mean, and the mean's
+    ratio to the section's first model."""
+    rows = [r for r in rows if r.get("length_mean")]
+    if not rows:
+        return []
+    lengths = sorted({int(n) for r in rows for n in r["length_mean"]})
+    base = rows[0]
+    lines = [f"Against length: validation perplexity by fairseq-validate in blocks of n tokens (trained at "
+             f"{cfg['tokens_per_sample']}; the same masked positions for every model at a length), each seed / their mean "
+             f"(vs {base['key']}):", "", "| model | " + " | ".join(f"n = {n}" for n in lengths) + " |",
+             "|---|" + "---:|" * len(lengths)]
+    for r in rows:
+        cells = []
+        for n in map(str, lengths):
+            if n not in r["length_mean"]:
+                cells.append("")
+                continue
+            seeds = " / ".join(f"{r['lengths'][n][s]:.1f}" for s in sorted(r["lengths"][n]))
+            mean = r["length_mean"][n]
+            vs = f" ({mean / base['length_mean'][n]:.3f})" if n in base.get("length_mean", {}) else ""
+            cells.append(f"{seeds} / **{mean:.1f}**{vs}")
+        lines.append(f"| {r['key']} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def plot(result: Dict, out: str) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     sections = [s for s in ("masked", "causal") if any(r["section"] == s for r in result["table"].values())]
-    fig, axes = plt.subplots(1, len(sections), figsize=(6.5 * len(sections), 4.5), squeeze=False)
+    by_length = [r for r in result["table"].values() if r.get("length_mean")]
+    panels = len(sections) + (1 if by_length else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), squeeze=False)
     styles = ["-", "--", ":", "-."]
     for ax, section in zip(axes[0], sections):
         rows = [r for r in result["table"].values() if r["section"] == section]
@@ -312,6 +408,21 @@ def plot(result: Dict, out: str) -> str:
         ax.set_ylabel("validation perplexity")
         ax.set_title(f"{section}: {result['config']['width']} x {result['config']['layers']}, "
                      f"{result['config']['batch_size']} x {result['config']['tokens_per_sample']} tokens")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    if by_length:
+        ax = axes[0][-1]
+        for i, r in enumerate(by_length):
+            lengths = [int(n) for n in r["length_mean"]]
+            ax.plot(lengths, list(r["length_mean"].values()), "o-", color=f"C{i}", label=f"{r['key']} (mean)")
+            for j, seed in enumerate(sorted({s for v in r["lengths"].values() for s in v})):
+                ax.plot(lengths, [r["lengths"][str(n)].get(seed, float("nan")) for n in lengths], styles[(j + 1) % 4],
+                        color=f"C{i}", alpha=0.4, linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens per block (fairseq-validate)")
+        ax.set_ylabel("validation perplexity")
+        ax.set_title(f"masked, against length (trained at {result['config']['tokens_per_sample']})")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -343,7 +454,7 @@ def main(argv=None):
     order = {(s, k): i for i, (s, k) in enumerate(MODELS)}
     runs.sort(key=lambda r: (order[(r["section"], r["key"])], r["seed"]))
     config = {k: getattr(args, k) for k in ("updates", "validate_every", "warmup", "width", "layers", "tokens_per_sample",
-                                            "batch_size", "lr", "device", "seeds")}
+                                            "batch_size", "lr", "device", "seeds", "length_factors")}
     config["data"] = args.data_bin or os.path.relpath(args.data, ROOT)
     table = summarise(runs, args.seeds)
     result = {"config": config, "machine": _machine(), "wall_s": round(time.time() - start, 1), "runs": runs,

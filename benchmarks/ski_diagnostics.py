@@ -24,6 +24,13 @@ channels, batch 4, length ``--n``):
 (batch 4, d1 = 1536, n = 2048, fp32), the modes timed in interleaved rounds in this process, each mode's
 median and its ratio to ``sum`` (the computation of the code before the option: f = knots, no scaling).
 
+**Whole models at initialisation** (``--archs``, default the Wikitext-103 presets, seeds ``--seeds``): a fresh
+model of each arch (fairseq's GPT-2 dictionary size, 50,264 symbols), in eval mode, and the rms of its first
+layer's TNO output and GTU output on unit-variance input of the first ``--n`` positions (the TNO's input has the
+GTU width d1 = 3 d), and the std of its logits on random tokens: where a masked model starts (the authors'
+RoBERTa initialisation, ``fairseq_tnn.models.tnn_mlm.init_like_roberta``) against a causal one (PyTorch's
+defaults, as the authors' causal models).
+
 ``checkpoint_scales`` (used by benchmarks/quality.py) measures the band's and the low-rank part's
 output rms layer by layer in trained checkpoints, on a validation batch.
 Writes ``ski-diagnostics.json`` and ``ski-diagnostics.md`` into ``--out``.
@@ -48,6 +55,8 @@ from fairseq_tnn.modules.tno import build_tno  # noqa: E402
 from fairseq_tnn.ops.ski import ski_tno, warped_lags  # noqa: E402
 
 PAPER = dict(ski_rank=32, ski_taps=17, ski_warp_decay=0.99)
+WT103_ARCHS = ["tnn_mlm_wt103", "fd_tnn_mlm_wt103", "ski_tnn_mlm_wt103", "tnn_lm_wt103", "fd_tnn_lm_wt103"]
+GPT2_VOCAB = 50264
 LR = 1e-3
 
 
@@ -88,6 +97,23 @@ def init_and_step(mode: str, n: int, dim: int, seed: int = 0) -> Dict:
             "band_neighbour_corr": neighbour_correlation(band), "lowrank_neighbour_corr": neighbour_correlation(low),
             "grad_taps_rms": rms(tno.conv_weight.grad), "grad_knots_rms": rms(tno.knots.grad),
             "step_band_rms": rms(step_band), "step_lowrank_rms": rms(step_low)}
+
+
+def model_init_scales(arch: str, n: int, seed: int, vocab: int = GPT2_VOCAB) -> Dict:
+    """A fresh ``arch`` model (seed ``seed``), eval mode: the rms of its first layer's TNO and GTU outputs on
+    unit-variance input of length n, and the std of its logits on random tokens."""
+    from fairseq_tnn.models.build import build_arch
+    torch.manual_seed(seed)
+    model = build_arch(arch, vocab).eval()
+    stack = model.encoder if hasattr(model, "encoder") else model.decoder
+    layer = stack.layers[0]
+    dim = stack.embed_tokens.weight.shape[1]
+    with torch.no_grad():
+        tno_out = layer.gtu.tno(torch.randn(2, n, layer.gtu.tno.dim))
+        gtu_out = layer.gtu(torch.randn(2, n, dim))
+        logits = model(torch.randint(4, vocab, (2, n)))[0]
+    return {"arch": arch, "seed": seed, "n": n, "tno_rms": rms(tno_out), "gtu_rms": rms(gtu_out),
+            "logits_std": logits.double().std().item()}
 
 
 def warp_coverage(n: int, r: int = 32, lam: float = 0.99) -> Dict:
@@ -182,6 +208,14 @@ def markdown(result: Dict) -> str:
     for w in result["warp"]:
         lines.append(f"| {w['n']} | {w['h']:.1f} | {w['reached']} of {w['of']} | {w['largest_x']:.3f} | "
                      f"{w['smallest_x']:.2e} | {w['lam_pow_n_minus_1']:.2e} |")
+    if result.get("models"):
+        lines += ["", f"Whole models at initialisation (fresh, eval mode, first layer, unit-variance input of "
+                      f"{result['models'][0]['n']} positions; mean over seeds {result['seeds']}):", "",
+                  "| arch | TNO output rms | GTU output rms | logits std |", "|---|---:|---:|---:|"]
+        for arch in dict.fromkeys(m["arch"] for m in result["models"]):
+            rows = [m for m in result["models"] if m["arch"] == arch]
+            cells = [statistics.mean(m[k] for m in rows) for k in ("tno_rms", "gtu_rms", "logits_std")]
+            lines.append(f"| {arch} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
     if "time" in result:
         t = result["time"]
         lines += ["", f"SKI-TNO layer forward + backward ({t['shape']}; median of {t['rounds']} interleaved rounds):", "",
@@ -197,8 +231,16 @@ def main(argv=None):
     p.add_argument("--dim", type=int, default=384, help="channels (the GTU width d1)")
     p.add_argument("--time", type=int, default=0, metavar="ROUNDS",
                    help="also time a SKI-TNO layer in each mode, this many interleaved rounds (0: don't)")
+    p.add_argument("--archs", nargs="*", default=WT103_ARCHS,
+                   help="whole models to measure at initialisation (default: the Wikitext-103 presets; none: skip)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of the --archs models")
     add_out_options(p, os.path.join("results", "ski-diagnostics"))
     args = p.parse_args(argv)
+    from fairseq_tnn.models.build import build_arch  # noqa: F401  (registers the archs)
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    for arch in args.archs:
+        if arch not in ARCH_MODEL_REGISTRY or not arch.startswith(("tnn_", "fd_tnn_", "ski_tnn_")):
+            p.error(f"--archs: {arch!r} is not an architecture of this plugin")
     for n in args.n:
         if n < 2:
             p.error(f"--n={n} is invalid: must be >= 2")
@@ -208,7 +250,8 @@ def main(argv=None):
         p.error(f"--time={args.time} is invalid: must be >= 0")
     refuse_overwrite(p, args, "ski-diagnostics.json")
     os.makedirs(args.out, exist_ok=True)
-    result = {"dim": args.dim,
+    result = {"dim": args.dim, "seeds": args.seeds,
+              "models": [model_init_scales(a, args.n[0], seed) for a in args.archs for seed in args.seeds],
               "scales": [init_and_step(mode, n, args.dim) for n in args.n for mode in ("sum", "mean")],
               "warp": [warp_coverage(n) for n in sorted(set(args.n) | {512, 2048, 14336})]}
     if args.time:

@@ -61,7 +61,25 @@ class MeanPoolClassificationHead(nn.Module):
         return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
 
 
+def init_like_roberta(module: nn.Module) -> None:
+    """RoBERTa's initialisation (fairseq's ``init_bert_params``), which the TNN authors' and the SKI authors'
+    masked models apply to every module of their encoder: each ``nn.Linear`` weight N(0, 0.02) with a zero
+    bias, each ``nn.Embedding`` N(0, 0.02) with its padding row zero. For ``model.apply``. The same draws as
+    fairseq's function on the CPU; drawn on the tensor's own device (fairseq's copies through the CPU, which a
+    model built on the meta device cannot do)."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        with torch.no_grad():
+            module.weight.normal_(mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.zero_()
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                module.weight[module.padding_idx].zero_()
+
+
 class TnnEncoder(FairseqEncoder):
+    """The bidirectional stack. A new encoder starts from RoBERTa's initialisation (``init_like_roberta``), as
+    the authors' masked models do; its TNOs' own parameters (SKI's taps and knots) keep theirs."""
+
     def __init__(self, cfg: TnnMlmConfig, dictionary, tno_settings: TnoSettings):
         super().__init__(dictionary)
         dim = cfg.encoder_embed_dim
@@ -76,6 +94,7 @@ class TnnEncoder(FairseqEncoder):
         # Compiled layers compile once per length: batches (whose length is their longest sample's in
         # --sample-break-mode complete) are padded to a few bucket lengths, the padding masked as usual.
         self.bucket_lengths = compile_mode(cfg) is not None
+        self.apply(init_like_roberta)
 
     def extract_features(self, src_tokens: torch.Tensor, return_all_hiddens: bool = False):
         n = src_tokens.shape[1]
