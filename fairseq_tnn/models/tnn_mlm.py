@@ -80,7 +80,8 @@ class TnnEncoder(FairseqEncoder):
     """The bidirectional stack. A new encoder starts from RoBERTa's initialisation (``init_like_roberta``), as
     the authors' masked models do; its TNOs' own parameters (SKI's taps and knots) keep theirs."""
 
-    def __init__(self, cfg: TnnMlmConfig, dictionary, tno_settings: TnoSettings):
+    def __init__(self, cfg: TnnMlmConfig, dictionary, tno_settings: TnoSettings,
+                 training_length: Optional[int] = None):
         super().__init__(dictionary)
         dim = cfg.encoder_embed_dim
         self.padding_idx = dictionary.pad()
@@ -88,7 +89,8 @@ class TnnEncoder(FairseqEncoder):
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
         self.layernorm_embedding = nn.LayerNorm(dim) if cfg.layernorm_embedding else None
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = build_layers(cfg, dim, cfg.encoder_layers, False, tno_settings, name="encoder.layers")
+        self.layers = build_layers(cfg, dim, cfg.encoder_layers, False, tno_settings, name="encoder.layers",
+                                   training_length=training_length)
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
         self.lm_head = TnnLMHead(dim, self.embed_tokens.weight)
         # Compiled layers compile once per length: batches (whose length is their longest sample's in
@@ -172,7 +174,10 @@ class TnnMaskedLMModel(FairseqEncoderModel):
     @classmethod
     def build_model(cls, cfg: TnnMlmConfig, task):
         tno_settings = validate_block_config(cfg, "encoder_embed_dim", "encoder_layers", causal=False)
-        return cls(cfg, TnnEncoder(cfg, task.source_dictionary, tno_settings))
+        # the task's block length: SKI's low rank keeps the scale it has there at every length (a checkpoint
+        # keeps the one it was trained with)
+        training_length = getattr(getattr(task, "cfg", None), "tokens_per_sample", None)
+        return cls(cfg, TnnEncoder(cfg, task.source_dictionary, tno_settings, training_length))
 
     def forward(self, src_tokens, src_lengths=None, features_only: bool = False, return_all_hiddens: bool = False,
                 classification_head_name: Optional[str] = None, masked_tokens=None, **kwargs):

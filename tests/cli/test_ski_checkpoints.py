@@ -1,6 +1,6 @@
 """SKI-TNN checkpoints across --ski-lowrank: a checkpoint saved before the option existed (no ``version`` entries,
 no ``ski_lowrank`` in its config) loads through fairseq as 'sum' and computes what it computed; a new one keeps
-the mode it was trained with."""
+the mode it was trained with, and the training length that scales its low rank."""
 import torch
 
 from helpers import mlm_train_cmd, run
@@ -8,11 +8,12 @@ from helpers import mlm_train_cmd, run
 COMMON = dict(arch="ski_tnn_mlm_tiny", max_update=2, batch_size=4, no_last_checkpoints=False)
 
 
-def load(path, data_bin):
+def load(path, data_bin, **overrides):
     from fairseq import checkpoint_utils
     import fairseq_tnn
     fairseq_tnn.register()
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(path)], arg_overrides={"data": str(data_bin)})
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(path)], arg_overrides={"data": str(data_bin), **overrides})
     return models[0].eval(), cfg
 
 
@@ -46,3 +47,12 @@ def test_old_and_new_ski_checkpoints_through_fairseq(data_bin, tmp_path):
     mean, cfg = load(tmp_path / "mean" / "checkpoint_last.pt", data_bin)
     assert cfg.model.ski_lowrank == "mean"
     assert all(m.lowrank == "mean" for m in mean.modules() if type(m).__name__ == "SkiTno")
+    # the low rank's scale is the training length's (the task's --tokens-per-sample), kept when the checkpoint is
+    # scored at another length (fairseq-validate --model-overrides "{'tokens_per_sample': ...}")
+    trained = cfg.task.tokens_per_sample
+    longer, longer_cfg = load(tmp_path / "mean" / "checkpoint_last.pt", data_bin, tokens_per_sample=4 * trained)
+    assert longer_cfg.task.tokens_per_sample == 4 * trained
+    for model in (mean, longer):
+        tnos = [m for m in model.modules() if type(m).__name__ == "SkiTno"]
+        assert tnos and all(int(t.lowrank_length) == trained for t in tnos)
+    torch.testing.assert_close(features(longer, tokens), features(mean, tokens), rtol=0, atol=0)

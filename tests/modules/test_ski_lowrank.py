@@ -105,9 +105,53 @@ def test_a_new_checkpoint_keeps_its_mode():
     a = random_knots(build_tno("ski", 4, False, **SETTINGS))
     b = build_tno("ski", 4, False, **SETTINGS)
     b.load_state_dict(a.state_dict())
-    assert b.lowrank == "mean" and int(b.version) == 2
+    assert b.lowrank == "mean" and int(b.version) == 3
     x = torch.randn(2, 30, 4)
     torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n", [9, 33, 64, 200])
+def test_mean_keeps_the_scale_of_the_training_length_at_every_length(n):
+    """With a training length n_0 (what a model passes), 'mean' is f = knots (r - 1) / (n_0 - 1) at any n: the
+    dense operator with that f, forward and gradients."""
+    torch.manual_seed(0)
+    tno = random_knots(build_tno("ski", 6, False, **SETTINGS, training_length=33)).double()
+    assert int(tno.lowrank_length) == 33 and tno.lowrank_scale(n) == 7 / 32
+    x = torch.randn(2, n, 6, dtype=torch.float64, requires_grad=True)
+    y, y_ref = tno(x), reference(tno, x, tno.knots * 7 / 32)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(y)
+    params = [x, *tno.parameters()]
+    for a, b in zip(torch.autograd.grad(y, params, g), torch.autograd.grad(y_ref, params, g)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_a_checkpoint_keeps_its_training_length():
+    """Loaded into a TNO built for another length (fairseq-validate with --model-overrides tokens_per_sample),
+    a checkpoint computes with the training length it was saved with."""
+    torch.manual_seed(0)
+    trained = random_knots(build_tno("ski", 4, False, **SETTINGS, training_length=33))
+    loaded = build_tno("ski", 4, False, **SETTINGS, training_length=256)
+    loaded.load_state_dict(trained.state_dict())
+    assert int(loaded.lowrank_length) == 33
+    x = torch.randn(2, 132, 4)
+    torch.testing.assert_close(loaded(x), trained(x), rtol=0, atol=0)
+
+
+def test_a_version_2_checkpoint_keeps_the_scale_of_each_length():
+    """Saved before the training length was kept (version 2, no lowrank_length): 'mean' at each input's own
+    length, as it computed then, whatever training length the loading model passes."""
+    torch.manual_seed(0)
+    v2 = random_knots(build_tno("ski", 4, False, **SETTINGS))  # no training length: each input's length
+    state = {k: v for k, v in v2.state_dict().items() if k != "lowrank_length"}
+    state["version"] = torch.tensor(2)
+    loaded = build_tno("ski", 4, False, **SETTINGS, training_length=33)
+    loaded.load_state_dict(state)
+    assert int(loaded.version) == 2 and int(loaded.lowrank_length) == 0
+    for n in (33, 100):
+        x = torch.randn(2, n, 4)
+        torch.testing.assert_close(loaded(x), v2(x), rtol=0, atol=0)
+        assert loaded.lowrank_scale(n) == 7 / (n - 1)
 
 
 def test_off_refuses_an_old_checkpoint_with_a_low_rank_part():

@@ -12,7 +12,9 @@ is a ``Tno`` subclass in a module of its own, with
 - ``supports_incremental``: True where ``decoding_kernel(n)`` gives the causal time kernel that
   incremental decoding applies one position at a time (every ``SpectralTno``); a causal model whose
   TNO lacks it decodes by the full forward of the whole prefix at each step (correct, slower);
-  ``kernel_depends_on_length``: whether that kernel changes with the sequence length (FD).
+  ``kernel_depends_on_length``: whether that kernel changes with the sequence length (FD);
+- ``uses_training_length``: True where the constructor takes ``training_length`` (the length the model
+  trains at, which a model passes when it knows it: SKI's low-rank scale).
 
 ``@register_tno`` adds a class to ``TNO_TYPES``; fairseq_tnn/modules/tno/__init__.py imports the
 modules that hold them. A constructor takes a checked ``Settings`` instance (``tno_settings``, what a
@@ -152,6 +154,8 @@ class Tno(nn.Module):
     # Whether every lag's coefficient depends on the sequence length (FD: the frequency grid does).
     # Incremental decoding recomputes its cache when such a kernel outgrows it.
     kernel_depends_on_length: bool = False
+    # Whether the constructor takes training_length=n (the model's --tokens-per-sample; build_layers passes it).
+    uses_training_length: bool = False
 
     def __init__(self, dim: int, causal: bool, settings: Optional[TnoSettings] = None, **values):
         """``settings``: a ``Settings`` instance as ``checked_settings`` (``tno_settings``) returns it, which a

@@ -25,9 +25,11 @@ class SkiSettings(TnoSettings):
         "alias": "decay"})
     ski_lowrank: str = field(default="mean", metadata={
         "help": "the low-rank part W A W^T x: 'mean' scales A by 1/h, h = (n-1)/(r-1) the spacing of the inducing "
-                "points, so that each one sees the mean of its segment of x (the plugin's choice, where the paper is "
-                "silent: docs/design.md#ski-tnn-the-scale-of-the-low-rank-part); 'sum' uses A as the knots give it "
-                "(the scale of checkpoints made before this option); 'off' drops it (the band alone, an ablation)",
+                "points at the training length n (the task's --tokens-per-sample, kept in the checkpoint), so that at "
+                "that length each one sees the mean of its segment of x, and at every length the model applies the "
+                "same kernel (the plugin's choice, where the paper is silent: "
+                "docs/design.md#ski-tnn-the-scale-of-the-low-rank-part); 'sum' uses A as the knots give it (the "
+                "scale of checkpoints made before this option); 'off' drops it (the band alone, an ablation)",
         "choices": LOWRANK_MODES})
 
     def check(self) -> None:
@@ -49,13 +51,19 @@ class SkiTno(Tno):
     shorter than r the rank drops to n (W becomes the identity). W A W^T is only approximately
     Toeplitz, so this TNO has no ``kernel``: the dense matrices are ``ops.ski.ski_tno_ref``'s.
 
-    ``--ski-lowrank mean`` (the default) applies A with f = knots / h, h = (n - 1) / (r_eff - 1) the
-    spacing of the inducing points: W^T x sums about h positions per inducing point, so this makes
-    each one see the mean of its segment, keeps the low-rank output an average at any length, and
-    gives the knots Adam steps 1/h the size in output terms (``lowrank_knots``); its knots start at
-    zero, so a new model starts as its band alone. The operator is
-    still W A W^T with A Toeplitz in the warped lags and f(0) = 0. A checkpoint saved before the
-    option existed has no ``version`` entry and loads as ``sum``, computing what it computed.
+    ``--ski-lowrank mean`` (the default) applies A with f = knots / h_0, h_0 = (n_0 - 1) / (r_0 - 1) the
+    spacing of the inducing points at the training length n_0 (``training_length``, which the model
+    passes; kept in the ``lowrank_length`` buffer, so a checkpoint keeps it at any evaluation length):
+    W^T x sums about h_0 positions per inducing point at n_0, so this makes each one see the mean of
+    its segment there, and gives the knots Adam steps 1/h_0 the size in output terms
+    (``lowrank_knots``). Since A holds the kernel's values at the inducing points' lags, a fixed 1/h_0
+    makes W A W^T the SKI approximation of one kernel f(x(t)) / h_0 at every length; the scale 1/h of
+    the input's own length (``lowrank_length`` 0: a TNO built without a training length, and
+    checkpoints of version 2) shrinks the low-rank part as the input grows (1/8 of it at 8 n_0), which
+    measurably hurt beyond the training length (docs/design.md). Its knots start at zero, so a new
+    model starts as its band alone. The operator is still W A W^T with A Toeplitz in the warped lags
+    and f(0) = 0. A checkpoint saved before --ski-lowrank existed has no ``version`` entry and loads
+    as ``sum``, computing what it computed.
     """
 
     name = "ski"
@@ -63,10 +71,13 @@ class SkiTno(Tno):
     Settings = SkiSettings
     supports_causal = False
     why_not_causal = "SKI-TNO is bidirectional only (causal masking negates its benefit, the paper's appendix)"
-    # 1: checkpoints before --ski-lowrank (the low rank as 'sum'); 2: the mode is the model config's
-    VERSION = 2
+    uses_training_length = True
+    # 1: checkpoints before --ski-lowrank (the low rank as 'sum'); 2: the mode is the model config's, 'mean'
+    # scaled at each input's length; 3: 'mean' scaled at the training length (lowrank_length)
+    VERSION = 3
 
-    def __init__(self, dim: int, causal: bool, settings: Optional[SkiSettings] = None, **values):
+    def __init__(self, dim: int, causal: bool, settings: Optional[SkiSettings] = None,
+                 training_length: Optional[int] = None, **values):
         super().__init__(dim, causal, settings, **values)
         s = self.settings
         self.decay = s.ski_warp_decay
@@ -80,11 +91,20 @@ class SkiTno(Tno):
             std = s.ski_rank ** -0.5 if self.lowrank == "sum" else 0.0
             self.knots = nn.Parameter(torch.randn(2 * s.ski_rank, dim) * std)
         self.register_buffer("version", torch.tensor(self.VERSION))
+        if training_length is not None and not is_int(training_length, 1):
+            raise ValueError(f"training_length={training_length!r} is invalid: must be an integer >= 1 (or None)")
+        # n_0 of 'mean' (0: each input's own length); a Python copy beside the buffer, read without a host sync
+        self.register_buffer("lowrank_length", torch.tensor(training_length or 0))
+        self._lowrank_length = training_length or 0
 
     def lowrank_scale(self, n: int) -> float:
-        """The factor between the knots and f at length n: 1 / h for 'mean', 1 for 'sum'."""
-        r_eff = min(self.settings.ski_rank, n)
-        return (r_eff - 1) / (n - 1) if self.lowrank == "mean" and r_eff > 1 else 1.0
+        """The factor between the knots and f at length n: 1 / h_0 for 'mean' (h_0 the inducing points' spacing at
+        the training length, or at n where it is not known), 1 for 'sum'."""
+        if self.lowrank != "mean":
+            return 1.0
+        n0 = self._lowrank_length or n
+        r_eff = min(self.settings.ski_rank, n0)
+        return (r_eff - 1) / (n0 - 1) if r_eff > 1 else 1.0
 
     def lowrank_knots(self, n: int) -> Optional[torch.Tensor]:
         """The values of f (2r, d) that the low-rank part applies at length n (None: no low-rank part)."""
@@ -101,7 +121,10 @@ class SkiTno(Tno):
         key = prefix + "version"
         if key not in state_dict:  # saved before --ski-lowrank: its knots are f itself
             state_dict[key] = torch.tensor(1)
+        if prefix + "lowrank_length" not in state_dict:  # version 1 or 2: 'mean' at each input's length
+            state_dict[prefix + "lowrank_length"] = torch.tensor(0)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._lowrank_length = int(state_dict[prefix + "lowrank_length"])
         if int(state_dict[key]) < 2 and self.lowrank != "sum":
             if self.knots is None:
                 raise ValueError(f"--ski-lowrank=off cannot load {prefix or 'the'} SKI-TNO of a checkpoint saved before "
