@@ -77,6 +77,16 @@ def test_a_loaded_masked_model_computes_what_it_saved():
 def test_the_published_masked_tnn_starts_where_the_authors_did():
     """tnn_mlm_wt103 at init (n = 512, unit input): TNO output rms within 15% of the authors' 1.04, logits std
     their 0.554 (docs/design.md#initialisation); the causal tnn_lm_wt103 as before (theirs 2.76)."""
+    torch.manual_seed(1)
+    model = build_arch("tnn_mlm_wt103", 50264)
+    small = []
+    for name, linear in linears(model):
+        assert linear.bias is None or not linear.bias.any(), name
+        if linear.weight.numel() >= 4096:
+            assert abs(linear.weight.std().item() - 0.02) < 0.1 * 0.02, name
+        else:  # the RPEs' input layers (64 weights each): a 64-draw sample's std scatters by ~9%, so pooled
+            small.append(linear.weight.detach().flatten())
+    assert len(small) == 12 and abs(torch.cat(small).std().item() - 0.02) < 0.1 * 0.02
     masked = model_init_scales("tnn_mlm_wt103", 512, seed=1)
     assert abs(masked["tno_rms"] - 1.04) < 0.15 * 1.04
     assert abs(masked["logits_std"] - 0.554) < 0.01
