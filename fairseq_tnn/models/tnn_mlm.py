@@ -53,11 +53,13 @@ class MeanPoolClassificationHead(nn.Module):
         self.out_proj = nn.Linear(inner_dim, num_classes)
 
     def forward(self, features: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> torch.Tensor:
-        if pad_mask is None:
-            pooled = features.mean(dim=1)
-        else:
+        pooled = features.mean(dim=1)
+        if pad_mask is not None:
             keep = (~pad_mask).unsqueeze(-1).to(features.dtype)  # (b, n, 1)
-            pooled = (features * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+            masked = (features * keep).sum(dim=1) / keep.sum(dim=1).clamp(min=1.0)
+            # a training batch's mask may have no padding (TnnEncoder keeps it): the plain mean then, as for
+            # None, chosen on the device (no host sync)
+            pooled = torch.where(pad_mask.any(), masked, pooled)
         return self.out_proj(self.dropout(torch.tanh(self.dense(self.dropout(pooled)))))
 
 
@@ -102,8 +104,13 @@ class TnnEncoder(FairseqEncoder):
         n = src_tokens.shape[1]
         if self.bucket_lengths and length_bucket(n) > n:
             src_tokens = F.pad(src_tokens, (0, length_bucket(n) - n), value=self.padding_idx)
+        # Padding must never mix into real positions: the layers zero the TNO inputs at pad_mask. In training the
+        # mask is kept even where no position is padding (applying an all-False mask changes no value): dropping
+        # it would need pad_mask.any() on the host, a sync that stalls every update on a GPU. In evaluation a
+        # batch without padding gets None (the layers skip the masking). Either way extra["padding_mask"] is True
+        # at the padding positions, and None or all False where there are none.
         pad_mask = src_tokens.eq(self.padding_idx)
-        if not pad_mask.any():
+        if not self.training and not pad_mask.any():
             pad_mask = None
         x = self.embed_scale * self.embed_tokens(src_tokens)  # (b, n, d)
         if self.layernorm_embedding is not None:
@@ -120,7 +127,7 @@ class TnnEncoder(FairseqEncoder):
             x = x[:, :n]
             pad_mask = None if pad_mask is None else pad_mask[:, :n]
             inner_states = None if inner_states is None else [h[:, :n] for h in inner_states]
-            if pad_mask is not None and not pad_mask.any():
+            if pad_mask is not None and not self.training and not pad_mask.any():
                 pad_mask = None
         return x, pad_mask, inner_states
 
