@@ -190,6 +190,21 @@ def older_checkpoints(path: str):
     return sorted(others, key=os.path.getmtime, reverse=True)
 
 
+# torch.load's own code: a frame running it on an error's traceback means the error came from reading the file
+_TORCH_LOAD_CODE = inspect.unwrap(torch.serialization.load).__code__
+
+
+def raised_reading(err: BaseException) -> bool:
+    """Whether ``err`` was raised while ``torch.load`` ran (torch.load's frame is on its traceback), i.e. by
+    reading the file, rather than by what fairseq's loader does with the state afterwards."""
+    tb = err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is _TORCH_LOAD_CODE:
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _checkpoint_loader(load):
     """``load_checkpoint_to_cpu`` wrapped for two things, during its own call only:
 
@@ -199,19 +214,25 @@ def _checkpoint_loader(load):
        ([argparse.Namespace])``. A Namespace is a plain attribute bag (nothing runs when it is rebuilt), so
        the file is still loaded with ``weights_only=True`` and everything else still refused; no other
        ``torch.load`` of the process accepts it.
-    2. A truncated or corrupted file makes torch raise a low-level error ("failed finding central
-       directory", EOFError, ...): it is re-raised as :class:`CheckpointReadError` naming the file and,
-       when it is in a checkpoint directory, the older checkpoints that can be passed to
-       ``--restore-file``. Nothing is written or deleted.
+    2. A truncated or corrupted file makes ``torch.load`` raise a low-level error (with torch 2.13: a
+       RuntimeError "PytorchStreamReader failed reading zip archive: failed finding central directory" or
+       "not a ZIP archive" for a cut zip file, EOFError for an empty one, pickle.UnpicklingError "Weights
+       only load failed ... Unsupported operand" for garbage bytes, a RuntimeError "unexpected EOF" for a
+       cut legacy file): it is re-raised as :class:`CheckpointReadError` naming the file and, when it is in
+       a checkpoint directory, the older checkpoints that can be passed to ``--restore-file``. Only errors
+       raised while torch.load runs (:func:`raised_reading`) are reported so; fairseq's loader then applies
+       ``arg_overrides`` (``--model-overrides``), builds the OmegaConf config and upgrades the state, and
+       the errors of those steps, like a missing file (raised by ``open`` before torch.load) or a
+       MemoryError, go through unchanged. Nothing is written or deleted.
     """
     @functools.wraps(load)
     def load_checkpoint_to_cpu(path, *args, **kwargs):
         try:
             with torch.serialization.safe_globals([argparse.Namespace]):
                 return load(path, *args, **kwargs)
-        except (FileNotFoundError, KeyboardInterrupt, MemoryError):
-            raise
-        except Exception as err:  # torch raises RuntimeError, EOFError, UnpicklingError, ... for a bad file
+        except Exception as err:
+            if isinstance(err, MemoryError) or not raised_reading(err):
+                raise
             message = (f"cannot read checkpoint {path} ({type(err).__name__}: {err}); the file is truncated or "
                        "corrupted (e.g. the run or the disk failed while it was written).")
             candidates = older_checkpoints(path)

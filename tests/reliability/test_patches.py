@@ -71,15 +71,17 @@ def test_a_changed_loader_warns_and_the_wrapper_still_applies(monkeypatch, caplo
     assert patch.on_mismatch == "apply"
 
     def changed_loader(path, arg_overrides=None, load_on_all_ranks=False):
-        raise EOFError("Ran out of input")
+        return {"model": torch.load(path)}
 
     monkeypatch.setattr(checkpoint_utils, "load_checkpoint_to_cpu", changed_loader)
     with caplog.at_level(logging.WARNING, logger=patches.__name__):
         assert patch.install() == "installed despite a mismatch"
     assert patch.name in caplog.text and "installed anyway" in caplog.text
     assert checkpoint_utils.load_checkpoint_to_cpu.fairseq_tnn_original is changed_loader
-    with pytest.raises(patches.CheckpointReadError, match="cannot read checkpoint .*EOFError: Ran out of input"):
-        checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "checkpoint_last.pt"))
+    empty = tmp_path / "checkpoint_last.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(patches.CheckpointReadError, match=f"cannot read checkpoint {empty} .*EOFError"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(empty))
 
 
 def test_missing_fairseq_code_warns_and_is_skipped(monkeypatch, caplog):
@@ -114,6 +116,39 @@ def test_an_unreadable_checkpoint_names_the_older_ones(tmp_path):
     (tmp_path / "checkpoint_last.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(patches.CheckpointReadError, match=r"--restore-file \S*checkpoint_1_10\.pt"):
         patches._checkpoint_loader(torch.load)(str(tmp_path / "checkpoint_last.pt"))
+
+
+def damaged(kind: str, good: bytes) -> bytes:
+    """A checkpoint file's bytes after the damage ``kind``."""
+    return {"empty": b"", "garbage": b"not a checkpoint", "cut-in-half": good[: len(good) // 2],
+            "cut-at-the-end": good[:-10], "first-bytes-overwritten": bytes(64) + good[64:]}[kind]
+
+
+@pytest.mark.parametrize("kind", ["empty", "garbage", "cut-in-half", "cut-at-the-end", "first-bytes-overwritten"])
+def test_a_damaged_file_is_a_checkpoint_read_error_through_fairseqs_loader(tmp_path, kind):
+    """Whatever torch.load raises for the damage (EOFError, UnpicklingError, RuntimeError from the zip
+    reader), fairseq's installed loader reports the file, as damaged."""
+    patches.install()
+    good = tmp_path / "good.pt"
+    torch.save({"model": {"w": torch.ones(64, 64)}, "cfg": {"model": {"_name": "tnn_lm"}}}, good)
+    path = tmp_path / "checkpoint_last.pt"
+    path.write_bytes(damaged(kind, good.read_bytes()))
+    with pytest.raises(patches.CheckpointReadError, match=f"(?s)cannot read checkpoint {path} .*truncated or corrupted"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+
+
+def test_errors_after_the_file_was_read_are_fairseqs_own(tmp_path):
+    """fairseq's loader applies the overrides (--model-overrides) after torch.load has read the file: an
+    override it rejects is omegaconf's error, not a damaged checkpoint; a missing file is FileNotFoundError."""
+    from omegaconf.errors import ConfigKeyError
+    patches.install()
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save({"model": {}, "cfg": {"model": {"_name": "tnn_lm", "decoder_layers": 2}}}, path)
+    with pytest.raises(ConfigKeyError, match="Missing key no_such_option") as info:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path), arg_overrides={"model": {"no_such_option": {"x": 1}}})
+    assert not patches.raised_reading(info.value) and "cannot read checkpoint" not in str(info.value)
+    with pytest.raises(FileNotFoundError, match="gone.pt"):
+        checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "gone.pt"))
 
 
 def design_table():

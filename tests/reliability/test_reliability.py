@@ -129,6 +129,23 @@ def test_unreadable_checkpoint_is_named_and_nothing_is_lost(data_bin, finished_r
         assert re.search(r"num_updates=14", log)
 
 
+def test_a_bad_model_override_is_fairseqs_error_not_a_damaged_checkpoint(data_bin, finished_run):
+    """fairseq's loader applies --model-overrides after reading the file: an override it rejects stops with
+    omegaconf's own error, and the intact checkpoint is not reported as truncated or corrupted."""
+    from fairseq import checkpoint_utils
+    from omegaconf.errors import ConfigKeyError
+
+    import fairseq_tnn
+    fairseq_tnn.register()
+    path = str(finished_run / "checkpoint_last.pt")
+    bad = {"data": str(data_bin), "model": {"no_such_option": {"x": 1}}}  # --model-overrides "{'model': ...}"
+    with pytest.raises(ConfigKeyError, match="Missing key no_such_option") as info:
+        checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides=bad)
+    assert "cannot read checkpoint" not in str(info.value)
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": str(data_bin)})
+    assert [type(m).__name__ for m in models] == ["TnnLanguageModel"]
+
+
 def test_checkpoint_from_before_an_option_existed_still_loads(data_bin, finished_run, tmp_path):
     """Config fields added later must default to the old behaviour: drop some from a saved cfg."""
     state = torch.load(finished_run / "checkpoint_last.pt", weights_only=False)
