@@ -4,12 +4,15 @@ Layers, each importing only the ones before it: ``ops`` (tensor functions, torch
 (nn.Modules, torch only), ``models`` and ``tasks`` (the fairseq glue), ``distributed`` (the
 multi-process launcher and its check), ``hub`` (trained models from Python).
 
-Use with ``--user-dir /abs/path/to/fairseq_tnn``: fairseq imports this package after itself, and
-the models, architectures and tasks are then registered (``fairseq_tnn.plugin``). From Python,
-importing ``fairseq_tnn.models`` or ``fairseq_tnn.tasks``, or calling ``fairseq_tnn.register()``,
-does the same; ``import fairseq_tnn.ops.toeplitz`` (or ``.modules``) does not import fairseq.
+Use with ``--user-dir /abs/path/to/fairseq_tnn``: fairseq imports this package, then every module of
+its ``tasks/`` and ``models/`` folders, whose import registers the models, architectures and tasks and
+installs the plugin's fairseq patches (``fairseq_tnn.plugin``). From Python, importing
+``fairseq_tnn.models`` or ``fairseq_tnn.tasks``, or calling ``fairseq_tnn.register()``, does the same.
+Importing this package, ``fairseq_tnn.ops`` or ``fairseq_tnn.modules`` changes nothing, whether fairseq
+was imported before or not (the ops and modules import torch alone). fairseq imports a ``--user-dir``
+package only if it is not imported yet: a process that imported any part of this package before fairseq
+reads ``--user-dir`` (e.g. ``fairseq_tnn.ops``) calls ``fairseq_tnn.register()`` itself.
 """
-import sys
 
 __version__ = "0.1.0"
 
@@ -19,7 +22,3 @@ def register() -> None:
     patches (idempotent)."""
     from .plugin import register as _register
     _register()
-
-
-if "fairseq" in sys.modules:  # loaded by fairseq (--user-dir), or after the caller imported fairseq
-    register()

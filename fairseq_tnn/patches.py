@@ -1,9 +1,11 @@
 """The plugin's patches to fairseq 0.12, listed in one table, :data:`PATCHES`, that :func:`install` walks.
 
 :func:`install` runs when the plugin registers its models and tasks with fairseq
-(``fairseq_tnn.plugin.register``: ``--user-dir``, or importing ``fairseq_tnn.models`` / ``.tasks``);
-importing this module changes nothing. Each :class:`Patch` names the fairseq code it was written against
-and that code's fingerprint (:func:`fingerprint`: a sha256 of its source). Before a patch rebinds
+(``fairseq_tnn.plugin.register``: ``--user-dir``, importing ``fairseq_tnn.models`` / ``.tasks``, or
+``fairseq_tnn.register()``); importing this module, the package or its ops and modules changes nothing.
+The fp16-*-sync patches are speed fixes that act on the plugin's models only (:data:`PLUGIN_PARAMETER`);
+every other patch fixes fairseq for any model. Each :class:`Patch` names the fairseq code it was written
+against and that code's fingerprint (:func:`fingerprint`: a sha256 of its source). Before a patch rebinds
 anything it checks the fingerprint of the code installed; when that differs (another fairseq release, a
 fairseq that fixed the bug itself) it logs a warning naming the patch, the code and both fingerprints,
 and then skips or still applies, as its ``on_mismatch`` says. Installing again changes nothing.
@@ -321,7 +323,32 @@ def _stop_background_consumers_at_exit() -> None:
 # flat-params case is one ``torch._foreach_copy_`` per direction and device over cached views of the flat
 # tensors: the same copies, in the same order and dtypes. Measured on the meta device (host time only,
 # tnn_lm_wt103's 171 parameters): 1.9 + 1.7 ms per update before, 0.12 + 0.12 ms after. The other case
-# (--fp16-no-flatten-grads) runs fairseq's own code.
+# (--fp16-no-flatten-grads) runs fairseq's own code, and so does every optimizer of a model that is not the
+# plugin's: these are speed fixes for the plugin's models, and fairseq's own models (transformer_lm, the
+# benchmarks' baseline) train exactly as without the plugin. A model is the plugin's when one of the
+# optimizer's parameters carries PLUGIN_PARAMETER, which build_layers (fairseq_tnn/models/blocks.py) sets on
+# every parameter of the TNN layers it builds.
+PLUGIN_PARAMETER = "fairseq_tnn_model"
+
+
+def mark_plugin_parameters(module: torch.nn.Module) -> None:
+    """Mark ``module``'s parameters as the plugin's: an FP16Optimizer holding one of them takes the fp16-*-sync
+    fast path (a plain attribute of each Parameter: ``.half()``, ``.to()`` and loading a state dict keep it; a
+    deep copy drops it, and fairseq's own code then runs, which computes the same values)."""
+    for p in module.parameters():
+        setattr(p, PLUGIN_PARAMETER, True)
+
+
+def _fast_path(optimizer) -> bool:
+    """Whether the fp16-*-sync fixes handle ``optimizer``'s syncs: flat master weights (fairseq's default) of a
+    model of the plugin's (decided at the first sync, then cached on the optimizer)."""
+    plugin = optimizer.__dict__.get("_tnn_plugin_model")
+    if plugin is None:
+        plugin = optimizer.__dict__["_tnn_plugin_model"] = any(
+            getattr(p, PLUGIN_PARAMETER, False) for p in optimizer.fp16_params)
+    return plugin and isinstance(optimizer.fp32_params, dict) and optimizer.has_flat_params
+
+
 def _flat_views(optimizer, key: str, flat: torch.Tensor, params) -> list:
     """Views of ``flat`` shaped like ``params``, laid end to end (FP16Optimizer's flat layout), cached on
     the optimizer for as long as ``flat`` keeps its storage."""
@@ -336,13 +363,9 @@ def _flat_views(optimizer, key: str, flat: torch.Tensor, params) -> list:
     return hit[1]
 
 
-def _flat(optimizer) -> bool:
-    return isinstance(optimizer.fp32_params, dict) and optimizer.has_flat_params
-
-
 def _flat_grad_sync(original):
     def _sync_fp16_grads_to_fp32(self):
-        if not (self._needs_sync and _flat(self)):
+        if not (self._needs_sync and _fast_path(self)):
             return original(self)
         with torch.no_grad():
             for device, flat in self.fp32_params.items():
@@ -356,7 +379,7 @@ def _flat_grad_sync(original):
 
 def _flat_param_sync(original):
     def _sync_fp32_params_to_fp16(self):
-        if not _flat(self):
+        if not _fast_path(self):
             return original(self)
         with torch.no_grad():
             for device, flat in self.fp32_params.items():
@@ -428,8 +451,9 @@ PATCHES = (
     ),
     Patch(
         name="fp16-grads-sync",
-        why="--fp16: the gradients' copy into the flat fp32 master copy as one torch._foreach_copy_ per device "
-            "instead of one copy per parameter (the same values; host-bound GPU training)",
+        why="--fp16, the plugin's models: the gradients' copy into the flat fp32 master copy as one "
+            "torch._foreach_copy_ per device instead of one copy per parameter (the same values; host-bound GPU "
+            "training); fairseq's own models keep fairseq's loop",
         versions=f"{FAIRSEQ}; torch >= 2.1 (_foreach_copy_); any numpy",
         checks="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp16_grads_to_fp32",
         fingerprint="d36b84abf6260889",
@@ -439,8 +463,9 @@ PATCHES = (
     ),
     Patch(
         name="fp16-params-sync",
-        why="--fp16: the master weights' copy back into the fp16 model as one torch._foreach_copy_ per device "
-            "instead of one copy per parameter (the same values)",
+        why="--fp16, the plugin's models: the master weights' copy back into the fp16 model as one "
+            "torch._foreach_copy_ per device instead of one copy per parameter (the same values); fairseq's own "
+            "models keep fairseq's loop",
         versions=f"{FAIRSEQ}; torch >= 2.1 (_foreach_copy_); any numpy",
         checks="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp32_params_to_fp16",
         fingerprint="015196491a1f430a",

@@ -3,9 +3,10 @@
 ``register()`` installs the patches (the table ``PATCHES`` in fairseq_tnn/patches.py, each checked against the
 installed fairseq's code) and imports the fairseq glue, whose
 ``@register_model`` / ``@register_model_architecture`` / ``@register_task`` decorators fill fairseq's
-registries. It runs when fairseq loads the plugin (``--user-dir``: fairseq_tnn/__init__.py), when
-anything imports the glue (fairseq_tnn.models or fairseq_tnn.tasks), and from ``fairseq_tnn.register()``.
-Idempotent. The ops and modules layers import torch alone and never trigger it.
+registries. It runs when anything imports the glue, fairseq_tnn.models or fairseq_tnn.tasks (``--user-dir``:
+fairseq imports every module of the plugin's ``tasks/`` and ``models/`` folders), and from
+``fairseq_tnn.register()``. Idempotent. Importing the package itself, or its ops and modules layers
+(torch alone), never triggers it.
 """
 _registered = False
 

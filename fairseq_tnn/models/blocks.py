@@ -9,6 +9,7 @@ from torch import nn
 from ..modules import Glu, Gtu, TnnLayer
 from ..modules.tno import TnoSettings, tno_class
 from ..modules.tno.base import require
+from ..patches import mark_plugin_parameters
 from .config import COMPILE_MODES, compile_mode
 
 logger = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ def build_layers(cfg, dim: int, num_layers: int, causal: bool, tno_settings: Tno
     """The model's stack of TNN layers, each with a ``cfg.tno_type`` TNO of the checked ``tno_settings``
     (``validate_block_config``'s), compiled per ``--tnn-compile`` (``name``: the stack's attribute path in the
     model, which names a layer in the compile warnings). ``training_length``: the length the model trains at,
-    for a TNO type that ``uses_training_length`` (None: not known)."""
+    for a TNO type that ``uses_training_length`` (None: not known). The layers' parameters are marked as the
+    plugin's (``patches.mark_plugin_parameters``: --fp16's fast master-weight syncs)."""
     d1 = cfg.expand_ratio * dim
     glu_dim = cfg.glu_dim or dim
     tno_cls = tno_class(str(cfg.tno_type))
@@ -41,6 +43,7 @@ def build_layers(cfg, dim: int, num_layers: int, causal: bool, tno_settings: Tno
         layers.append(TnnLayer(dim, gtu, glu, norm_type=str(cfg.norm_type),
                                normalize_before=str(cfg.norm_position) == "pre", dropout=cfg.dropout))
     layers = nn.ModuleList(layers)
+    mark_plugin_parameters(layers)  # the plugin's model: its fp16 syncs take the fast path (patches.py)
     mode = compile_mode(cfg)
     if mode is not None:
         compile_layers(layers, mode, name)

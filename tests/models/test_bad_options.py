@@ -13,7 +13,12 @@ from fairseq.data import data_utils
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq_cli import train
 
+import fairseq_tnn
 from helpers import USER_DIR
+
+# fairseq's --user-dir imports the plugin only if no module of it was imported before in this process (another
+# test module's fairseq_tnn.ops, say): the plugin registered explicitly, as that case needs
+fairseq_tnn.register()
 
 LM = ["--task", "tnn_language_modeling", "--criterion", "cross_entropy", "--tokens-per-sample", "64"]
 MLM = ["--task", "tnn_masked_lm", "--criterion", "masked_lm", "--tokens-per-sample", "128",

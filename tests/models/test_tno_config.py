@@ -116,9 +116,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import fairseq_tnn  # noqa: F401
+import fairseq_tnn
 from fairseq_tnn.modules.tno import Tno, TnoSettings, register_tno
 from fairseq_tnn.modules.tno.base import is_int, require
+
+fairseq_tnn.register()  # the plugin's models and tasks, which this package extends with a TNO type
 
 
 @dataclass

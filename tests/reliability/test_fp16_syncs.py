@@ -1,11 +1,14 @@
 """The fp16-grads-sync and fp16-params-sync patches (fairseq_tnn/patches.py): FP16Optimizer's syncs between
 the fp16 model and its flat fp32 master copy, one multi-tensor copy per direction, do exactly what fairseq's
-per-parameter loops do (the same flat layout and values)."""
+per-parameter loops do (the same flat layout and values), for the plugin's models only: fairseq's own models
+(transformer_lm) run fairseq's loops."""
 import pytest
 import torch
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-from fairseq_tnn import patches
+from fairseq_tnn import patches, register
+
+register()  # the plugin as fairseq loads it: the patches installed
 
 MIXIN = FP16Optimizer.__mro__[1]
 # the installed syncs (ours) and the fairseq methods they replaced
@@ -27,10 +30,11 @@ def fp16_optimizer(monkeypatch, params):
 def model_params(seed: int):
     g = torch.Generator().manual_seed(seed)
     shapes = [(7, 3), (3,), (5, 2, 2), (1,), (4, 4)]
-    params = [torch.nn.Parameter(torch.randn(s, generator=g).half()) for s in shapes]
+    params = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(s, generator=g).half()) for s in shapes)
+    patches.mark_plugin_parameters(params)  # a model of the plugin's
     for i, p in enumerate(params):
         p.grad = None if i == 3 else torch.randn(p.shape, generator=g).half()  # one parameter got no gradient
-    return params
+    return list(params)
 
 
 def test_patched_syncs_are_installed():
@@ -72,3 +76,39 @@ def test_unflattened_master_weights_keep_fairseqs_code():
     FAIRSEQ_SYNC_GRADS(ref)
     for a, b in zip(opt.fp32_params, ref.fp32_params):
         assert torch.equal(a.grad, b.grad)
+
+
+def half_model_params(model):
+    model = model.half()
+    g = torch.Generator().manual_seed(2)
+    params = list(model.parameters())
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=g).half()
+    return params
+
+
+@pytest.mark.parametrize("arch", ["transformer_lm", "tnn_lm_tiny"])
+def test_only_the_plugins_models_take_the_fast_path(monkeypatch, arch):
+    """fairseq's own transformer_lm (the benchmarks' baseline) syncs through fairseq's loops, untouched by the
+    speed patches (no multi-tensor copy at all); a model of the plugin's through one copy per direction; both
+    give fairseq's values."""
+    import fairseq.models.transformer_lm  # noqa: F401  (registers fairseq's transformer_lm)
+    from fairseq_tnn.models.build import build_arch
+    sizes = dict(decoder_layers=1, decoder_embed_dim=8, decoder_ffn_embed_dim=16, decoder_attention_heads=2,
+                 max_target_positions=32) if arch == "transformer_lm" else {}
+    torch.manual_seed(0)
+    ours = fp16_optimizer(monkeypatch, half_model_params(build_arch(arch, 64, **sizes)))
+    torch.manual_seed(0)
+    theirs = fp16_optimizer(monkeypatch, half_model_params(build_arch(arch, 64, **sizes)))
+    copies = []
+    foreach_copy = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda *a, **k: copies.append(1) or foreach_copy(*a, **k))
+    ours._needs_sync = theirs._needs_sync = True
+    SYNC_GRADS(ours)
+    SYNC_PARAMS(ours)
+    assert len(copies) == (2 if arch == "tnn_lm_tiny" else 0)
+    assert ("_tnn_flat_views" in ours.__dict__) == (arch == "tnn_lm_tiny")
+    FAIRSEQ_SYNC_GRADS(theirs)
+    FAIRSEQ_SYNC_PARAMS(theirs)
+    assert torch.equal(ours.fp32_params[None].grad, theirs.fp32_params[None].grad)
+    assert all(torch.equal(a, b) for a, b in zip(ours.fp16_params, theirs.fp16_params))

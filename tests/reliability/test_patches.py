@@ -1,12 +1,16 @@
 """The plugin's patches to fairseq (fairseq_tnn/patches.py): each one's fingerprint is that of the installed
 fairseq's code (a fairseq whose patched code changed fails here, naming the patch to review), a changed or
-missing fairseq function is reported by a warning naming the patch, installing twice changes nothing, the
-checkpoint loader's Namespace allowance holds during its own loads only, and docs/design.md's table lists
-exactly the patches in the code."""
+missing fairseq function is reported by a warning naming the patch, installing twice changes nothing, importing
+the plugin's ops and modules after fairseq installs nothing (registering does), the checkpoint loader's
+Namespace allowance holds during its own loads only, it reports damaged files (and only errors of reading them)
+as CheckpointReadError, and docs/design.md's table lists exactly the patches in the code."""
 import argparse
 import atexit
+import json
 import logging
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -14,9 +18,10 @@ from fairseq import checkpoint_utils
 from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar as progress_bar_module
 
-from fairseq_tnn import patches
+from fairseq_tnn import patches, register
 from helpers import ROOT
 
+register()  # the plugin as fairseq loads it (--user-dir): models, tasks and patches
 BY_NAME = {p.name: p for p in patches.PATCHES}
 
 
@@ -47,6 +52,48 @@ def test_the_plugin_installed_every_patch_and_installing_again_changes_nothing(m
         assert {p.name: bound(p) for p in replaced} == before
         assert exit_handlers == [patches.stop_background_consumers]  # registered once however often installed
     assert set(statuses.values()) <= {"already installed", "installed", "not needed"}
+
+
+# Run in a fresh interpreter: fairseq first, then the plugin's torch-only layers; what the patches rebind and
+# fairseq's registries are the same objects afterwards, and none of the glue was imported. Then the plugin
+# registers, and they change (the check sees the patches).
+IMPORT_CHANGES_NOTHING = """
+import importlib, json, sys
+import fairseq, fairseq.models, fairseq.tasks
+targets = json.loads(sys.argv[1])
+def bound():
+    out = {}
+    for path in targets:
+        module, _, qualname = path.partition(":")
+        owner = importlib.import_module(module)
+        *parents, name = qualname.split(".")
+        for part in parents:
+            owner = getattr(owner, part)
+        out[path] = id(getattr(owner, name))
+    return out
+def registries():
+    return sorted(fairseq.models.ARCH_MODEL_REGISTRY), sorted(fairseq.tasks.TASK_REGISTRY)
+before, registered = bound(), registries()
+import fairseq_tnn, fairseq_tnn.ops.toeplitz, fairseq_tnn.ops.fd, fairseq_tnn.ops.ski, fairseq_tnn.modules
+assert bound() == before, "importing fairseq_tnn.ops / .modules rebound fairseq code"
+assert registries() == registered, "importing fairseq_tnn.ops / .modules registered something with fairseq"
+glue = sorted(m for m in sys.modules
+        if m.startswith(("fairseq_tnn.models", "fairseq_tnn.tasks", "fairseq_tnn.plugin", "fairseq_tnn.patches")))
+assert not glue, glue
+fairseq_tnn.register()
+changed = sorted(p for p, i in bound().items() if i != before[p])
+assert "tnn_lm" in fairseq.models.ARCH_MODEL_REGISTRY
+print(json.dumps(changed))
+"""
+
+
+def test_importing_ops_and_modules_after_fairseq_changes_nothing():
+    targets = [p.replaces for p in patches.PATCHES if p.replaces]
+    proc = subprocess.run([sys.executable, "-c", IMPORT_CHANGES_NOTHING, json.dumps(targets)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    changed = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert changed == sorted(p.replaces for p in patches.PATCHES if p.replaces and p.needed())  # register() does
 
 
 def fake_progress_bar(iterator, *args, **kwargs):
@@ -133,7 +180,8 @@ def test_a_damaged_file_is_a_checkpoint_read_error_through_fairseqs_loader(tmp_p
     torch.save({"model": {"w": torch.ones(64, 64)}, "cfg": {"model": {"_name": "tnn_lm"}}}, good)
     path = tmp_path / "checkpoint_last.pt"
     path.write_bytes(damaged(kind, good.read_bytes()))
-    with pytest.raises(patches.CheckpointReadError, match=f"(?s)cannot read checkpoint {path} .*truncated or corrupted"):
+    damage = f"(?s)cannot read checkpoint {path} .*truncated or corrupted"
+    with pytest.raises(patches.CheckpointReadError, match=damage):
         checkpoint_utils.load_checkpoint_to_cpu(str(path))
 
 
