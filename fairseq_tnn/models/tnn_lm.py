@@ -30,6 +30,11 @@ UNLIMITED_POSITIONS = 10 ** 9
 MIN_DECODING_LENGTH = 64
 
 
+def check_decoding_length(length: Optional[int]) -> None:
+    if length is not None and (not isinstance(length, int) or length < 1):
+        raise ValueError(f"decoding length must be an integer >= 1 or None, got {length!r}")
+
+
 @dataclass
 class TnnLmConfig(TnnBlockConfig):
     decoder_embed_dim: int = field(default=512, metadata={"help": "embedding (model) dimension"})
@@ -61,25 +66,33 @@ class TnnDecoder(FairseqIncrementalDecoder):
 
     def set_decoding_length(self, length: Optional[int]):
         """Plan a generation of up to ``length`` tokens (None: no plan). The task does this around
-        every ``inference_step`` from the generator's --max-len-a/--max-len-b.
+        every ``inference_step`` from the generator's --max-len-a/--max-len-b (fairseq's generator calls
+        the decoder with the tokens and the incremental state only); the decoder's calls then default their
+        ``kernel_length`` to it.
 
         The incremental cache then computes each layer's time kernel once, for ``length`` positions.
         A TNO whose kernel depends on the sequence length (FD) also uses the kernel of ``length``
-        positions in the full forward, so that a generation's log-probabilities are those of one
-        causal model whether cached or not (the full forward of the sequence right-padded to
-        ``length`` gives the same). Without a plan, the cache starts at max(T, 64) positions and
-        doubles when outgrown; for FD, outgrowing it recomputes the cache with the longer kernel."""
-        if length is not None and (not isinstance(length, int) or length < 1):
-            raise ValueError(f"decoding length must be an integer >= 1 or None, got {length!r}")
+        positions in the full forward (the layers pass ``kernel_length`` down to it), so that a
+        generation's log-probabilities are those of one causal model whether cached or not (the full
+        forward of the sequence right-padded to ``length`` gives the same). Without a plan, the cache
+        starts at max(T, 64) positions and doubles when outgrown; for FD, outgrowing it recomputes the
+        cache with the longer kernel."""
+        check_decoding_length(length)
         self.decoding_length = length
-        for layer in self.layers:
-            layer.set_decoding_length(length)
 
     def extract_features(self, prev_output_tokens: torch.Tensor, return_all_hiddens: bool = False,
-                         incremental_state: Optional[Dict[str, Dict[str, Optional[torch.Tensor]]]] = None):
+                         incremental_state: Optional[Dict[str, Dict[str, Optional[torch.Tensor]]]] = None,
+                         kernel_length: Optional[int] = None):
+        """``kernel_length``: the planned length of a generation (None: ``decoding_length``, the plan
+        ``set_decoding_length`` made, if any), the capacity of a new incremental cache and, for a TNO
+        whose kernel depends on the length, the length of the kernel it applies."""
+        if kernel_length is None:
+            kernel_length = self.decoding_length
+        else:
+            check_decoding_length(kernel_length)
         if incremental_state is not None:
-            return self._extract_features_cached(prev_output_tokens, incremental_state), {"attn": [None],
-                                                                                            "inner_states": None}
+            x = self._extract_features_cached(prev_output_tokens, incremental_state, kernel_length)
+            return x, {"attn": [None], "inner_states": None}
         # Padding (e.g. on the left of a short prompt) must never mix into real positions. Training
         # batches are padded on the right only, which a causal model never sees from a real position,
         # so training skips the mask and the host sync of pad_mask.any() (a stall per update on a GPU).
@@ -91,14 +104,15 @@ class TnnDecoder(FairseqIncrementalDecoder):
         x = self.dropout(self.embed_scale * self.embed_tokens(prev_output_tokens))  # (b, n, d)
         inner_states = [x] if return_all_hiddens else None
         for layer in self.layers:
-            x = layer(x, pad_mask)
+            x = layer(x, pad_mask, kernel_length)
             if return_all_hiddens:
                 inner_states.append(x)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, {"attn": [None], "inner_states": inner_states}
 
-    def _extract_features_cached(self, tokens: torch.Tensor, incremental_state) -> torch.Tensor:
+    def _extract_features_cached(self, tokens: torch.Tensor, incremental_state,
+                                 kernel_length: Optional[int]) -> torch.Tensor:
         """Features of the positions of ``tokens`` (b, T) not yet decoded (one per step under fairseq's
         generator; all T on the first call or after a reset). Where a layer's TNO cannot decode incrementally
         (``TnnLayer.supports_incremental``), they are those of the full forward of all T tokens."""
@@ -107,7 +121,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
         if state is not None and state["layers"] is not None and total > state["capacity"]:
             state = self._grow(state, total)
         if state is None:
-            capacity = max(total, self.decoding_length or max(total, MIN_DECODING_LENGTH))
+            capacity = max(total, kernel_length or max(total, MIN_DECODING_LENGTH))
             caches = None
             if self.incremental:
                 caches = [layer.init_cache(b, capacity, tokens.device) for layer in self.layers]
@@ -117,7 +131,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
             raise ValueError(f"incremental decoding got {total} tokens but has already decoded {start}: "
                              "pass the whole prefix, one or more tokens longer than at the previous call")
         if state["layers"] is None:
-            x = self.extract_features(tokens)[0][:, start:]
+            x = self.extract_features(tokens, kernel_length=kernel_length)[0][:, start:]
         else:
             new = tokens[:, start:]
             pad_mask = new.eq(self.padding_idx)
@@ -158,8 +172,9 @@ class TnnDecoder(FairseqIncrementalDecoder):
         return F.linear(features, weight)
 
     def forward(self, prev_output_tokens, src_lengths=None, features_only: bool = False,
-                return_all_hiddens: bool = False, incremental_state=None, **kwargs):
-        x, extra = self.extract_features(prev_output_tokens, return_all_hiddens, incremental_state)
+                return_all_hiddens: bool = False, incremental_state=None, kernel_length: Optional[int] = None,
+                **kwargs):
+        x, extra = self.extract_features(prev_output_tokens, return_all_hiddens, incremental_state, kernel_length)
         if not features_only:
             x = self.output_layer(x)
         return x, extra

@@ -71,9 +71,14 @@ class Gtu(nn.Module):
         out = torch.addmm(self.out_proj.bias, z.reshape(d1, b * n).t(), self.out_proj.weight.t())  # (b n, d)
         return out.view(b, n, -1)
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
+                kernel_length: Optional[int] = None) -> torch.Tensor:
+        """``kernel_length``: a causal model's planned generation length, handed to a TNO whose kernel depends on
+        the length (``kernel_depends_on_length``), which then applies the kernel of max(n, kernel_length)
+        positions; the other TNOs are called without it."""
         u, v = self._gate_inputs(x, pad_mask)
-        return self._output(u * self.tno(v, layout="dbn"))
+        planned = {"kernel_length": kernel_length} if kernel_length and self.tno.kernel_depends_on_length else {}
+        return self._output(u * self.tno(v, layout="dbn", **planned))
 
     def init_cache(self, batch: int, capacity: int, device=None) -> GtuCache:
         """An empty cache for decoding up to ``capacity`` positions of ``batch`` sequences (causal TNO)."""
@@ -122,8 +127,9 @@ class TnnLayer(nn.Module):
     x = norm(x + GTU(x)); x = norm(x + GLU(x)). Dropout on each residual branch.
 
     The layer is the interface of incremental decoding (a causal model's decoder talks to its layers
-    only): ``supports_incremental``, ``set_decoding_length``, ``init_cache`` / ``grow_cache`` and ``step``;
-    the TNO says what decoding needs (``Tno.decoding_kernel``, ``kernel_depends_on_length``)."""
+    only): ``supports_incremental``, ``init_cache`` / ``grow_cache`` and ``step``, and the ``kernel_length`` of
+    ``forward`` (a planned generation's length, see ``Gtu.forward``); the TNO says what decoding needs
+    (``Tno.decoding_kernel``, ``kernel_depends_on_length``)."""
 
     def __init__(self, dim: int, gtu: Gtu, glu: Glu, norm_type: str = "simplermsnorm",
                  normalize_before: bool = True, dropout: float = 0.0):
@@ -142,18 +148,14 @@ class TnnLayer(nn.Module):
         x = self.token_norm(x + self.dropout(token_mixer(x)))
         return self.channel_norm(x + self.dropout(self.glu(x)))
 
-    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self._residual(x, lambda h: self.gtu(h, pad_mask))
+    def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
+                kernel_length: Optional[int] = None) -> torch.Tensor:
+        return self._residual(x, lambda h: self.gtu(h, pad_mask, kernel_length))
 
     @property
     def supports_incremental(self) -> bool:
         """Whether ``step`` works: the TNO gives a causal time kernel (``Tno.supports_incremental``)."""
         return self.gtu.tno.supports_incremental
-
-    def set_decoding_length(self, length: Optional[int]) -> None:
-        """Plan a generation of up to ``length`` positions (None: none planned): a TNO whose kernel depends on
-        the length then uses the kernel of max(n, length) positions in the forward too."""
-        self.gtu.tno.kernel_length = length
 
     def init_cache(self, batch: int, capacity: int, device=None) -> GtuCache:
         return self.gtu.init_cache(batch, capacity, device)

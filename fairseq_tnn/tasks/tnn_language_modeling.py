@@ -4,7 +4,7 @@
   ``fairseq-eval-lm --tokens-per-sample L`` scores every block whatever L is.
   Where a model does have a limit, a block longer than it is an error naming
   the option, never a silently skipped block (fairseq's default).
-- Wall time and peak memory of every update are logged (see step_metrics).
+- The time and peak memory of every update are logged (see step_metrics).
 - Only causal language models are accepted; bad data stops with a clear message
   (see data_checks).
 - Generation (fairseq-interactive, fairseq-generate, the hub interface): every prompt is checked

@@ -15,7 +15,7 @@ from fairseq.sequence_generator import SequenceGenerator
 from helpers import ROOT
 from fairseq_tnn import patches
 from fairseq_tnn.models.build import build_arch, dictionary_of_size
-from fairseq_tnn.models.tnn_lm import TnnLanguageModel
+from fairseq_tnn.models.tnn_lm import TnnLanguageModel, decoding_length
 from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel
 from fairseq_tnn.modules.tno import TNO_TYPES, Tno, TnoSettings, register_tno
 
@@ -139,6 +139,37 @@ def test_left_padding_chunks_and_reordering(arch):
         with torch.no_grad():  # left-padded row equals the same tokens without padding (row 1 is the old row 0)
             alone = dec(tokens[1:2, 7:])[0].log_softmax(-1)
         assert_rel_close(cached[1, 7:], alone[0], "left padding")
+
+
+@pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_lm_tiny"])
+def test_the_planned_length_is_passed_down_not_planted(arch):
+    """The planned length reaches the TNOs as the ``kernel_length`` argument of the decoder's forward (by default
+    the plan of ``decoding_length``/``set_decoding_length``): FD's full forward applies the kernel of that length,
+    the full forward of the tokens right-padded to it; TNN's kernel does not depend on the length. Nothing is
+    written on a TNO."""
+    torch.manual_seed(0)
+    model = build_arch(arch, 60).eval()
+    dec, pad = model.decoder, model.decoder.padding_idx
+    tokens = torch.randint(4, 60, (2, 20))
+    tno_state = [dict(vars(layer.gtu.tno)) for layer in dec.layers]
+    with torch.no_grad():
+        plain = dec(tokens)[0]
+        padded = dec(F.pad(tokens, (0, 20), value=pad))[0][:, :20]
+        passed = dec(tokens, kernel_length=40)[0]
+        with decoding_length([model], 40):
+            planned = dec(tokens)[0]
+            assert [dict(vars(layer.gtu.tno)) for layer in dec.layers] == tno_state
+            overridden = dec(tokens, kernel_length=20)[0]  # an argument wins over the plan
+        after = dec(tokens)[0]
+    assert dec.decoding_length is None and torch.equal(after, plain) and torch.equal(overridden, plain)
+    assert torch.equal(passed, planned)
+    assert_rel_close(passed, padded, arch)
+    if arch.startswith("fd"):
+        assert (passed - plain).abs().max() > 1e-4
+    else:
+        assert torch.equal(passed, plain)
+    with pytest.raises(ValueError, match="decoding length must be an integer >= 1"):
+        dec(tokens, kernel_length=0)
 
 
 @dataclass

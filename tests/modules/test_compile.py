@@ -51,6 +51,26 @@ def test_compiled_layer_equals_eager(kind):
 
 
 @pytest.mark.slow
+def test_compiled_layer_takes_a_planned_kernel_length():
+    """A planned generation's ``kernel_length`` goes through a compiled causal FD layer as an argument: the
+    compiled layer equals the eager one with and without it, at two input lengths, with no graph break."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = layers_of(build_arch("fd_tnn_lm_tiny", 50).eval())[0]
+    compiled = copy.deepcopy(eager)
+    compile_layers(torch.nn.ModuleList([compiled]))
+    x = torch.randn(2, 21, 64)
+    explain = torch._dynamo.explain(copy.deepcopy(eager))(x, None, 40)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    with torch.no_grad():
+        for n, length in ((20, 40), (21, 40), (20, None), (20, 48)):
+            ye, yc = eager(x[:, :n], None, length), compiled(x[:, :n], None, length)
+            assert rel(yc, ye) < 1e-5, (n, length)
+        assert rel(eager(x[:, :20], None, 40), eager(x[:, :20])) > 1e-4  # the argument matters
+    assert compiled.tnn_compile_error is None
+
+
+@pytest.mark.slow
 def test_tnn_compile_trains_and_checkpoint_loads_in_either_mode(data_bin, tmp_path):
     """fairseq-train --tnn-compile learns; its checkpoint scores the same with and without compilation."""
     save = tmp_path / "ck"

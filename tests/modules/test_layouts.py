@@ -78,15 +78,13 @@ def test_forward_is_the_dense_toeplitz_product_of_its_kernel(tno_type, causal, n
 
 
 def test_fd_planned_kernel_length_is_the_kernel_of_that_length(device):
-    """With ``kernel_length`` set (a planned generation), FD applies the kernel of that many positions."""
+    """Called with ``kernel_length`` (a planned generation), FD applies the kernel of that many positions."""
     torch.manual_seed(0)
     tno = small_tno("fd", 4, True, device)
     x = torch.randn(4, 2, 10, dtype=torch.float64, device=device)
-    tno.kernel_length = 40
     pos, _ = tno.kernel(40, device)
-    assert_on(device, pos, tno(x, layout="dbn"))
-    torch.testing.assert_close(tno(x, layout="dbn"), toeplitz_ref(x, pos[:, :10], None, layout="dbn"))
-    tno.kernel_length = None
+    assert_on(device, pos, tno(x, layout="dbn", kernel_length=40))
+    torch.testing.assert_close(tno(x, layout="dbn", kernel_length=40), toeplitz_ref(x, pos[:, :10], None, layout="dbn"))
     assert (tno(x, layout="dbn") - toeplitz_ref(x, pos[:, :10], None, layout="dbn")).abs().max() > 1e-6
 
 

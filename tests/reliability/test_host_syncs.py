@@ -93,7 +93,8 @@ def sample(causal: bool, pad: int):
             "net_input": {"src_tokens": tokens, "src_lengths": lengths}, "target": target}
 
 
-@pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_lm_tiny", "tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"])
+@pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_lm_tiny", "tnn_mlm_tiny", "fd_tnn_mlm_tiny",
+                                  "ski_tnn_mlm_tiny"])
 def test_a_training_update_makes_no_host_sync_in_the_plugin(arch, tmp_path, monkeypatch):
     causal = "_mlm_" not in arch
     trainer = build_trainer(tmp_path, arch, causal)
@@ -124,7 +125,8 @@ def test_the_masked_models_training_mask_changes_no_output():
         assert torch.equal(head(trained[0], trained[1]["padding_mask"]), head(evaluated[0], None))
         # with padding: the padded positions masked in both modes, the same outputs
         padded = torch.cat([tokens, torch.full((2, 5), model.encoder.padding_idx)], dim=1)
-        a, b = model.train()(padded, classification_head_name="cls"), model.eval()(padded, classification_head_name="cls")
+        a = model.train()(padded, classification_head_name="cls")
+        b = model.eval()(padded, classification_head_name="cls")
         assert torch.equal(a[1]["padding_mask"], b[1]["padding_mask"]) and a[1]["padding_mask"][:, 20:].all()
         assert torch.equal(a[0], b[0])
 

@@ -12,7 +12,10 @@ is a ``Tno`` subclass in a module of its own, with
 - ``supports_incremental``: True where ``decoding_kernel(n)`` gives the causal time kernel that
   incremental decoding applies one position at a time (every ``SpectralTno``); a causal model whose
   TNO lacks it decodes by the full forward of the whole prefix at each step (correct, slower);
-  ``kernel_depends_on_length``: whether that kernel changes with the sequence length (FD);
+  ``kernel_depends_on_length``: whether that kernel changes with the sequence length (FD); such a
+  TNO's ``forward`` takes ``kernel_length``, the length whose kernel it applies (at least the input's: a
+  causal model passes its planned generation length, so that every step of a generation, cached or not,
+  applies one kernel); the others are called without it;
 - ``uses_training_length``: True where the constructor takes ``training_length`` (the length the model
   trains at, which a model passes when it knows it: SKI's low-rank scale).
 
@@ -168,10 +171,6 @@ class Tno(nn.Module):
                             f"not {type(settings).__name__} {'and values' if values else ''}".strip())
         self.settings = settings
         self.dim, self.causal = dim, causal
-        # Set (TnnLayer.set_decoding_length) while a causal model generates. A kernel that depends on the
-        # length then uses that of max(n, kernel_length) positions, the same at every step of a generation,
-        # cached or not. None: the input's own length.
-        self.kernel_length: Optional[int] = None
 
     @classmethod
     def checked_settings(cls, causal: bool, **values) -> TnoSettings:
@@ -218,9 +217,11 @@ class SpectralTno(Tno):
     def decoding_kernel(self, n: int, device=None) -> torch.Tensor:
         return self.kernel(n, device)[0]
 
-    def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: str = "bnd", kernel_length: Optional[int] = None) -> torch.Tensor:
+        """``kernel_length``: where the kernel depends on the length (``kernel_depends_on_length``), apply that
+        of max(n, kernel_length) positions (a planned generation's; None: the input's n); ignored otherwise."""
         n = seq_shape(x, layout)[0]
-        if self.kernel_depends_on_length and self.kernel_length:
-            n = max(n, self.kernel_length)
+        if self.kernel_depends_on_length and kernel_length:
+            n = max(n, kernel_length)
         spec, size = self.spectrum(n, x.device)
         return fft_conv(x, swap_kernel_layout(spec, layout), size, layout)

@@ -48,7 +48,7 @@ class FdTno(SpectralTno):
     def kernel(self, n: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Causal: the inverse DFT of the causal spectrum on n's grid (``fd_causal_kernel``), which
         incremental decoding applies one position at a time; for the first m < n positions it is the
-        kernel the full forward uses when ``kernel_length`` = n. Bidirectional: the inverse FFT of
+        kernel the full forward uses when called with ``kernel_length=n``. Bidirectional: the inverse FFT of
         the complex response."""
         if self.causal:
             _, omegas = fd_grid(n, device)
