@@ -2,31 +2,37 @@
 
 Every TNN hyperparameter is a declared field with help text, so fairseq copies it into
 ``cfg.model``, shows it in ``--help`` and lets the command line and ``--model-overrides`` win over
-the arch presets. The TNO fields are not written here: they are derived from the registered TNO
-types' ``Settings`` dataclasses (fairseq_tnn/modules/tno/), which hold each default, help text and
-check once. In a config they are ``None`` unless given, meaning the chosen type's default; setting
-one that the chosen ``--tno-type`` does not use is an error. A type registered after this module is
-imported (a user's own, from a ``--user-dir`` package) gets its fields and its ``--tno-type`` choice
-when it registers (``follow_tno_types``). A model resolves its TNO's settings once
-(``validate_block_config``) and gives the checked ``Settings`` to every layer.
+the arch presets. ``TnnBlockConfig`` writes out ``--tno-type`` and the settings of every TNO type
+of fairseq_tnn/modules/tno/, each ``None`` unless given, meaning the chosen type's default. Each
+default, help text and check is written once, in the type's ``Settings`` dataclass: the fields here
+take their help from it at import (``tno_help``), and tests/models/test_tno_config.py checks that
+they match the ``Settings`` fields one for one. Setting one that the chosen ``--tno-type`` does not
+use is an error. A model resolves its TNO's settings once (``validate_block_config``) and gives the
+checked ``Settings`` to every layer.
 """
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.activations import ACTIVATIONS
 from ..modules.norm import NORM_CHOICES
 from ..modules.tno import TNO_TYPES, tno_class, tno_settings
-from ..modules.tno.base import InvalidSetting, TnoSettings, on_register_tno, option, require
+from ..modules.tno.base import InvalidSetting, TnoSettings, option, require
+from ..modules.tno.ski import LOWRANK_MODES
 
 logger = logging.getLogger(__name__)
 
 ACTIVATION_CHOICES = ChoiceEnum(sorted(ACTIVATIONS))
 NORM_TYPE_CHOICES = ChoiceEnum(list(NORM_CHOICES))
 NORM_POSITION_CHOICES = ChoiceEnum(["pre", "post"])
+# The TNO types of fairseq_tnn/modules/tno/, the --tno-type choices: a new type adds its name here and its
+# settings to TnnBlockConfig (docs/design.md#adding-a-tno-type)
+TNO_TYPE_NAMES = ["tnn", "fd", "ski"]
+TNO_TYPE_CHOICES = ChoiceEnum(TNO_TYPE_NAMES)
+SKI_LOWRANK_CHOICES = ChoiceEnum(LOWRANK_MODES)
 
 
 def _settings_fields(tno_type: str) -> Dict[str, dataclasses.Field]:
@@ -47,39 +53,24 @@ def tno_field_users() -> Dict[str, List[str]]:
     return users
 
 
-def _tno_type_field() -> Tuple[str, Any, dataclasses.Field]:
-    """The --tno-type field, its choices the registered types."""
-    help_text = "Toeplitz neural operator: " + ", ".join(TNO_TYPES[t].summary for t in sorted(TNO_TYPES))
-    return "tno_type", ChoiceEnum(sorted(TNO_TYPES)), field(default="tnn", metadata={"help": help_text})
-
-
-def _tno_config_fields(existing=()) -> List[Tuple[str, Any, dataclasses.Field]]:
-    """The TNO part of the model config that ``existing`` (field names) lacks: one Optional field per settings
-    field of any registered type, default None, with the help text of its settings field, the types that use
-    it and their defaults."""
-    out = []
-    for name, users in tno_field_users().items():
-        owners = [t for t in users if name in _settings_fields(t)]
-        alias_of = {t: _aliases(t)[name] for t in users if name in _aliases(t)}
-        # the declarations behind the name (an alias-only name: the fields it stands for); one type, one help
-        declared = [_settings_fields(t)[name] for t in owners] or [_settings_fields(t)[f] for t, f in alias_of.items()]
-        first = declared[0]
-        if any(f.type is not first.type for f in declared):
-            raise TypeError(f"TNO setting {name!r} is declared with different types by the TNO types {users}")
-        if name in existing:
-            continue
-        defaults = {t: _settings_fields(t)[name].default for t in owners}
+def tno_help(name: str) -> str:
+    """The help of the config field ``name`` from the TNO types' ``Settings``: the types that use it, its help
+    and their defaults, e.g. "[tnn, fd] hidden [norm, act, linear] blocks of the RPE MLP (default 6 tnn, 3 fd)",
+    and the types whose deprecated name for another field it is."""
+    owners = {t: _settings_fields(t)[name] for t in TNO_TYPE_NAMES if name in _settings_fields(t)}
+    parts = []
+    if owners:
+        defaults = {t: f.default for t, f in owners.items()}
         if len(set(map(repr, defaults.values()))) == 1:
             default_text = f"default {next(iter(defaults.values()))}"
         else:
             default_text = "default " + ", ".join(f"{v} {t}" for t, v in defaults.items())
-        help_text = f"[{', '.join(owners)}] {first.metadata['help']} ({default_text})" if owners else ""
-        for t, target in alias_of.items():
-            help_text += f"{'; ' if help_text else ''}[{t}] deprecated name of {option(target)}"
-        choices = first.metadata.get("choices")
-        typ = Optional[ChoiceEnum(list(choices))] if choices else Optional[first.type]
-        out.append((name, typ, field(default=None, metadata={"help": help_text})))
-    return out
+        help_text = next(iter(owners.values())).metadata["help"]
+        parts.append(f"[{', '.join(owners)}] {help_text} ({default_text})")
+    for t in TNO_TYPE_NAMES:
+        if name in _aliases(t):
+            parts.append(f"[{t}] deprecated name of {option(_aliases(t)[name])}")
+    return "; ".join(parts)
 
 
 @dataclass
@@ -112,42 +103,25 @@ class TnnLayerConfig(FairseqDataclass):
             "argparse_const": "fallback"})
 
 
-TnnBlockConfig = dataclasses.make_dataclass("TnnBlockConfig", [_tno_type_field(), *_tno_config_fields()],
-                                            bases=(TnnLayerConfig,))
-TnnBlockConfig.__doc__ = ("TnnLayerConfig plus --tno-type and the settings of every registered TNO type (None: the "
-                          "type's default).")
+@dataclass
+class TnnBlockConfig(TnnLayerConfig):
+    """TnnLayerConfig plus --tno-type and the settings of every TNO type (None: the chosen type's default; their
+    help, defaults and checks are the types' Settings)."""
 
-
-def with_new_tno_types(config_cls: type) -> type:
-    """``config_cls`` (a TnnBlockConfig) as it stands, or where TNO types were registered after it was made, a
-    subclass of the same name with their settings fields and the --tno-type choices of all the types."""
-    existing = {f.name for f in dataclasses.fields(config_cls)}
-    new_fields = _tno_config_fields(existing)
-    if not new_fields and set(config_cls.__dataclass_fields__["tno_type"].type.choices) == set(TNO_TYPES):
-        return config_cls
-    extended = dataclasses.make_dataclass(config_cls.__name__, [_tno_type_field(), *new_fields], bases=(config_cls,))
-    extended.__module__, extended.__doc__ = config_cls.__module__, config_cls.__doc__
-    return extended
-
-
-def follow_tno_types(model_name: str, model_cls: type) -> None:
-    """Keep the fairseq config of the registered model ``model_name`` in step with the TNO registry: when a type
-    registers after the model (a user's own TNO type, from a --user-dir package importing fairseq_tnn), the
-    model's config gains its option fields and --tno-type choice, in the three places fairseq reads it from (the
-    model's dataclass for its command-line options, the dataclass registry that checkpoint configs are merged
-    into, and hydra's config store that composes cfg.model)."""
-    from fairseq.models import MODEL_DATACLASS_REGISTRY
-    from hydra.core.config_store import ConfigStore
-
-    def update(_new_type) -> None:
-        config_cls = MODEL_DATACLASS_REGISTRY[model_name]
-        extended = with_new_tno_types(config_cls)
-        if extended is not config_cls:
-            MODEL_DATACLASS_REGISTRY[model_name] = extended
-            setattr(model_cls, "__dataclass", extended)  # fairseq's register_model keeps it there, by this name
-            ConfigStore.instance().store(name=model_name, group="model", node=extended(), provider="fairseq")
-
-    on_register_tno(update)
+    tno_type: TNO_TYPE_CHOICES = field(default="tnn", metadata={
+        "help": "Toeplitz neural operator: " + ", ".join(TNO_TYPES[t].summary for t in TNO_TYPE_NAMES)})
+    # tnn, fd: the RPE MLP
+    rpe_dim: Optional[int] = field(default=None, metadata={"help": tno_help("rpe_dim")})
+    rpe_layers: Optional[int] = field(default=None, metadata={"help": tno_help("rpe_layers")})
+    rpe_activation: Optional[ACTIVATION_CHOICES] = field(default=None, metadata={"help": tno_help("rpe_activation")})
+    rpe_norm_type: Optional[NORM_TYPE_CHOICES] = field(default=None, metadata={"help": tno_help("rpe_norm_type")})
+    # tnn; for ski, the deprecated name of ski_warp_decay (older commands and checkpoints)
+    decay: Optional[float] = field(default=None, metadata={"help": tno_help("decay")})
+    # ski
+    ski_rank: Optional[int] = field(default=None, metadata={"help": tno_help("ski_rank")})
+    ski_taps: Optional[int] = field(default=None, metadata={"help": tno_help("ski_taps")})
+    ski_warp_decay: Optional[float] = field(default=None, metadata={"help": tno_help("ski_warp_decay")})
+    ski_lowrank: Optional[SKI_LOWRANK_CHOICES] = field(default=None, metadata={"help": tno_help("ski_lowrank")})
 
 
 COMPILE_MODES = ("fallback", "strict")
@@ -238,7 +212,8 @@ def set_defaults(args, **preset):
     A preset names its ``tno_type`` and may override some of its settings; the rest of its TNO part
     is that type's ``Settings`` defaults. Only the settings of the final ``--tno-type`` are filled
     (from the preset where it has the field, else that type's defaults), so e.g. ``--arch
-    tnn_lm_wt103 --tno-type fd`` works and keeps the preset's RPE size."""
+    tnn_lm_wt103 --tno-type fd`` works and keeps the preset's RPE size. A type registered from outside the
+    package is built with its ``Settings`` defaults (the model config has no fields for its settings)."""
     own = preset.get("tno_type", "tnn")
     final = str(getattr(args, "tno_type", None) or own)
     users = tno_field_users()
@@ -246,8 +221,15 @@ def set_defaults(args, **preset):
     for key, value in preset.items():
         if key not in users and getattr(args, key, None) is None:
             setattr(args, key, value)
-    if final not in TNO_TYPES:
-        return  # refused by name when the model is built
+    if final not in TNO_TYPE_NAMES:
+        # unknown: refused by name when the model is built; a type registered from outside fairseq_tnn/modules/tno/
+        # (build_arch(..., tno_type=NAME)) has no config fields for its settings, so it runs with their defaults
+        for name in _settings_fields(final) if final in TNO_TYPES else ():
+            value = getattr(args, name, None)
+            require(value is None or name in TnnBlockConfig.__dataclass_fields__, name, value,
+                    f"--tno-type {final} is not one of the model config's types ({', '.join(TNO_TYPE_NAMES)}), so "
+                    f"its settings are not options: it takes their defaults")
+        return
     aliased = {target for old, target in _aliases(final).items() if getattr(args, old, None) is not None}
     for name, f in _settings_fields(final).items():
         if getattr(args, name, None) is None and name not in aliased:

@@ -21,7 +21,7 @@ from torch import nn
 
 from .blocks import build_layers
 from ..modules.tno import TnoSettings
-from .config import TnnBlockConfig, add_compile_choices, follow_tno_types, set_defaults, validate_block_config
+from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
 
 # A TNN has no positional limit: report a bound no dataset reaches, so fairseq
 # never drops a long evaluation block because of the model.
@@ -216,9 +216,6 @@ class TnnLanguageModel(FairseqLanguageModel):
     def build_model(cls, cfg: TnnLmConfig, task):
         tno_settings = validate_block_config(cfg, "decoder_embed_dim", "decoder_layers", causal=True)
         return cls(TnnDecoder(cfg, task.target_dictionary, tno_settings))
-
-
-follow_tno_types("tnn_lm", TnnLanguageModel)
 
 
 # The TNO part of a preset is its tno_type's Settings defaults (fairseq_tnn/modules/tno/), which hold

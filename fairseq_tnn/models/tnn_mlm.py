@@ -15,8 +15,7 @@ from torch import nn
 
 from .blocks import build_layers, length_bucket
 from ..modules.tno import TnoSettings
-from .config import (TnnBlockConfig, add_compile_choices, compile_mode, follow_tno_types, set_defaults,
-                     validate_block_config)
+from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
 
 
@@ -212,9 +211,6 @@ class TnnMaskedLMModel(FairseqEncoderModel):
                     out = state_dict[prefix + f"classification_heads.{head}.out_proj.weight"]
                     inner = state_dict[prefix + f"classification_heads.{head}.dense.weight"]
                     self.register_classification_head(head, out.size(0), inner.size(0))
-
-
-follow_tno_types("tnn_mlm", TnnMaskedLMModel)
 
 
 # The TNO part of a preset: its tno_type's Settings defaults plus the overrides it names (see tnn_lm.py).

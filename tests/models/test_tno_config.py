@@ -1,30 +1,77 @@
-"""The models' TNO options are derived from the TNO types' settings: fields, help, defaults, presets,
-the deprecated ``--decay`` of SKI (now ``--ski-warp-decay``) on the command line and in old configs, and a
-type registered from outside the package (a user's --user-dir package) on fairseq-train's command line."""
+"""The models' TNO options: TnnBlockConfig's hand-written fields in step with the TNO types' settings, their
+help, defaults and presets, the deprecated ``--decay`` of SKI (now ``--ski-warp-decay``) on the command line and
+in old configs, and a type registered from outside the package (built with its defaults, not a command-line
+choice)."""
 import dataclasses
 import logging
-import re
 import sys
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
 
 import pytest
+import torch
 from fairseq import options
+from fairseq.dataclass.utils import merge_with_parent
+from fairseq.models import MODEL_DATACLASS_REGISTRY
+from omegaconf import OmegaConf, ValidationError
 
-from helpers import USER_DIR, cli, command_env, execute, lm_train_cmd, run
+from helpers import USER_DIR, command_env, execute
 from fairseq_tnn.models.build import VocabTask, build_arch, dictionary_of_size
-from fairseq_tnn.models.config import TnnBlockConfig
+from fairseq_tnn.models.config import TNO_TYPE_NAMES, TnnBlockConfig, TnnLayerConfig
+from fairseq_tnn.models.tnn_lm import TnnLmConfig
 from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel, TnnMlmConfig
-from fairseq_tnn.modules.tno import TNO_TYPES
+from fairseq_tnn.modules.tno import TNO_TYPES, Tno, TnoSettings, register_tno
+from fairseq_tnn.modules.tno.base import is_int, require
 
 
-def test_every_setting_of_every_type_is_a_config_field_with_its_help():
-    fields = {f.name: f for f in dataclasses.fields(TnnBlockConfig)}
-    for tno_type, cls in TNO_TYPES.items():
+def builtin_types():
+    """The TNO types the package's own modules register (tests may register more for a while)."""
+    return {t: cls for t, cls in TNO_TYPES.items() if cls.__module__.startswith("fairseq_tnn.modules.tno.")}
+
+
+def tno_config_fields():
+    """TnnBlockConfig's TNO settings fields: its own fields but --tno-type."""
+    layer = {f.name for f in dataclasses.fields(TnnLayerConfig)}
+    return {f.name: f for f in dataclasses.fields(TnnBlockConfig) if f.name not in layer and f.name != "tno_type"}
+
+
+def test_the_hand_written_tno_fields_match_the_settings_of_every_type():
+    """Every Settings field (and deprecated alias) of every built-in type is a config field, default None, of a
+    compatible type (the field's type, or an enum of exactly its choices), with the type's help; nothing else is;
+    --tno-type offers exactly the built-in types. A type added to fairseq_tnn/modules/tno/ fails here until its
+    settings are written into TnnBlockConfig and its name into TNO_TYPE_NAMES."""
+    types = builtin_types()
+    assert TNO_TYPE_NAMES == list(types), f"config.TNO_TYPE_NAMES {TNO_TYPE_NAMES} != the TNO types {list(types)}"
+    tno_type = TnnBlockConfig.__dataclass_fields__["tno_type"]
+    assert [c.value for c in tno_type.type] == TNO_TYPE_NAMES and tno_type.default == "tnn"
+    fields = tno_config_fields()
+    expected = {}  # config field -> [(TNO type, its settings field)] for each type declaring it or an alias of it
+    for name, cls in types.items():
         for f in dataclasses.fields(cls.Settings):
-            assert f.name in fields and fields[f.name].default is None, f.name
-            help_text = fields[f.name].metadata["help"]
-            assert f.metadata["help"] in help_text and tno_type in help_text.split("]")[0], help_text
+            expected.setdefault(f.name, []).append((name, f))
+            if "alias" in f.metadata:
+                expected.setdefault(f.metadata["alias"], []).append((name, f))
+    assert sorted(fields) == sorted(expected), (f"TnnBlockConfig lacks {sorted(set(expected) - set(fields))}, has "
+                                                f"{sorted(set(fields) - set(expected))} that no TNO type declares")
+    for name, declared in expected.items():
+        config_field = fields[name]
+        assert config_field.default is None, name
+        args = typing.get_args(config_field.type)
+        assert typing.get_origin(config_field.type) is typing.Union and len(args) == 2 and args[1] is type(None), name
+        for tno_type_name, f in declared:
+            choices = f.metadata.get("choices")
+            if choices is not None:
+                assert issubclass(args[0], Enum) and {c.value for c in args[0]} == set(choices), (name, tno_type_name)
+            else:
+                assert args[0] is f.type, (name, tno_type_name, args[0], f.type)
+            help_text = config_field.metadata["help"]
+            if f.name == name:
+                assert f.metadata["help"] in help_text and tno_type_name in help_text.split("]")[0], help_text
+            else:
+                assert f"[{tno_type_name}] deprecated name of --{f.name.replace('_', '-')}" in help_text, help_text
     assert "(default 6 tnn, 3 fd)" in fields["rpe_layers"].metadata["help"]
-    assert "[ski] deprecated name of --ski-warp-decay" in fields["decay"].metadata["help"]
+    assert fields["decay"].metadata["help"].endswith("(default 0.99); [ski] deprecated name of --ski-warp-decay")
 
 
 def test_help_lists_the_tno_options():
@@ -107,22 +154,6 @@ def test_presets_take_the_tno_part_from_the_settings():
     assert settings("tnn_lm_wt103", decoder_layers=1, tno_type="fd").rpe_layers == 6
 
 
-# A user's own package, given to fairseq-train as --user-dir: it imports fairseq_tnn (which registers the
-# plugin's models and tasks with fairseq) and registers a fourth TNO type with an option of its own.
-BOX_PLUGIN = """
-from dataclasses import dataclass, field
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-import fairseq_tnn
-from fairseq_tnn.modules.tno import Tno, TnoSettings, register_tno
-from fairseq_tnn.modules.tno.base import is_int, require
-
-fairseq_tnn.register()  # the plugin's models and tasks, which this package extends with a TNO type
-
-
 @dataclass
 class BoxSettings(TnoSettings):
     box_width: int = field(default=2, metadata={"help": "positions in the window, >= 1"})
@@ -131,49 +162,53 @@ class BoxSettings(TnoSettings):
         require(is_int(self.box_width, 1), "box_width", self.box_width, "must be an integer >= 1")
 
 
-@register_tno
 class BoxTno(Tno):
+    """A type registered from outside the package, as a user's own: a causal window of box_width positions."""
+
     name = "box"
     summary = "box (a causal window of --box-width positions, its weights per channel learnt)"
     Settings = BoxSettings
 
     def __init__(self, dim, causal, settings=None, **values):
         super().__init__(dim, causal, settings, **values)
-        w = self.settings.box_width
-        self.weight = nn.Parameter(torch.full((dim, w), 1.0 / w))  # its shape says the width a checkpoint has
-
-    def extra_repr(self):
-        return f"box_width={self.settings.box_width}"
+        self.weight = torch.nn.Parameter(torch.full((dim, self.settings.box_width), 1.0 / self.settings.box_width))
 
     def forward(self, x, layout="bnd"):
         xc = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n)
         w = self.settings.box_width
-        windows = F.pad(xc, (w - 1, 0)).unfold(-1, w, 1)  # (d, *batch, n, w): x_{t-w+1} .. x_t
+        windows = torch.nn.functional.pad(xc, (w - 1, 0)).unfold(-1, w, 1)  # (d, *batch, n, w)
         y = (windows * self.weight.view(xc.shape[0], *[1] * (xc.dim() - 1), w)).sum(-1)
         return y.permute(1, 2, 0) if layout == "bnd" else y
-"""
 
 
-@pytest.mark.slow  # fairseq-train and fairseq-eval-lm processes
-def test_a_type_from_a_user_dir_gets_its_options_on_the_command_line(data_bin, tmp_path):
-    """fairseq-train --user-dir <a package registering --tno-type box> --tno-type box --box-width 3 parses,
-    validates, builds the layers with box_width 3, trains and saves a checkpoint that fairseq-eval-lm loads; a bad
-    --box-width is refused by name, and so is --box-width with another --tno-type."""
-    plugin = tmp_path / "box_plugin"
-    plugin.mkdir()
-    (plugin / "__init__.py").write_text(BOX_PLUGIN)
-    common = dict(user_dir=plugin, max_update=1, disable_validation=True, log_interval=1)
-    log = run(lm_train_cmd(data_bin, "--tno-type", "box", "--box-width", 3, save_dir=tmp_path / "ck", **common))
-    assert "'tno_type': box," in log and "'box_width': 3}" in log, log[-3000:]  # in cfg.model
-    assert "(tno): BoxTno(box_width=3)" in log and "done training" in log, log[-3000:]  # in the model's layers
-    # its checkpoint loads with its settings (fairseq merges the stored cfg.model into the model's dataclass, where
-    # a field it lacked would be dropped and the default width would not fit the checkpoint's weights)
-    log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", plugin, "--cpu", "--task", "tnn_language_modeling",
-               "--path", tmp_path / "ck" / "checkpoint_last.pt", "--tokens-per-sample", 64, "--batch-size", 4,
-               "--num-workers", 0, "--gen-subset", "valid"])
-    assert re.search(r"Perplexity: [0-9.]+", log), log[-3000:]
-    common["no_save"] = True
-    log = run(lm_train_cmd(data_bin, "--tno-type", "box", "--box-width", 0, **common), expect_ok=False)
-    assert "InvalidSetting: --box-width=0 is invalid: must be an integer >= 1" in log, log[-3000:]
-    log = run(lm_train_cmd(data_bin, "--box-width", 3, **common), expect_ok=False)  # the preset's tno_type: tnn
-    assert "--box-width=3 is invalid: it applies to --tno-type box only, not tnn" in log, log[-3000:]
+@pytest.fixture
+def box_registered():
+    register_tno(BoxTno)
+    yield
+    del TNO_TYPES["box"]
+
+
+def test_a_type_from_outside_the_package_runs_with_its_defaults_and_is_no_command_line_choice(box_registered, capsys):
+    """Registering a type changes no model config (nothing is re-registered with fairseq or hydra). In Python
+    (build_arch) it builds with its Settings defaults, and a value for one of its settings is refused by name
+    instead of dropped; fairseq's command line and configs offer only the package's types, and say so."""
+    assert MODEL_DATACLASS_REGISTRY["tnn_lm"] is TnnLmConfig and MODEL_DATACLASS_REGISTRY["tnn_mlm"] is TnnMlmConfig
+    assert "box_width" not in TnnLmConfig.__dataclass_fields__
+    model = build_arch("tnn_lm_tiny", 40, tno_type="box")
+    assert model.decoder.layers[0].gtu.tno.settings == BoxSettings()
+    assert model(torch.randint(4, 40, (2, 9)))[0].shape == (2, 9, 40)
+    with pytest.raises(ValueError, match=r"--box-width=3 is invalid: --tno-type box is not one of the model config's "
+                                         r"types \(tnn, fd, ski\), so its settings are not options"):
+        build_arch("tnn_lm_tiny", 40, tno_type="box", box_width=3)
+    with pytest.raises(ValueError, match=r"--rpe-dim=8 is invalid: it applies to --tno-type tnn or fd only, not box"):
+        build_arch("tnn_lm_tiny", 40, tno_type="box", rpe_dim=8)
+    for extra, error in [(["--tno-type", "box"], "argument --tno-type: invalid choice: 'box' (choose from 'tnn', "
+                                                 "'fd', 'ski')"),
+                         (["--box-width", "3"], "unrecognized arguments: --box-width 3")]:
+        with pytest.raises(SystemExit):
+            options.parse_args_and_arch(options.get_training_parser(), input_args=[
+                "data", "--user-dir", USER_DIR, "--arch", "tnn_lm_tiny", "--task", "tnn_language_modeling", *extra])
+        assert error in capsys.readouterr().err
+    with pytest.raises(ValidationError, match=r"Invalid value 'box', expected one of \[tnn, fd, ski\]\n\s+full_key: "
+                                              r"tno_type"):  # a config, --model-overrides or a checkpoint's cfg.model
+        merge_with_parent(TnnLmConfig(), OmegaConf.create({"tno_type": "box"}))

@@ -25,7 +25,7 @@ model resolves once for all its layers) or plain values (``build_tno``). Nothing
 """
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple, Type
+from typing import Dict, Optional, Tuple, Type
 
 import torch
 from torch import nn
@@ -101,9 +101,6 @@ class RpeSettings(TnoSettings):
 
 
 TNO_TYPES: Dict[str, Type["Tno"]] = {}
-# Called with each newly registered class: the fairseq model configs follow the registry this way
-# (fairseq_tnn/models/config.py: follow_tno_types), so a type registered after them gets its options.
-_ON_REGISTER: List[Callable[[Type["Tno"]], None]] = []
 
 
 def register_tno(cls: Type["Tno"]) -> Type["Tno"]:
@@ -111,16 +108,8 @@ def register_tno(cls: Type["Tno"]) -> Type["Tno"]:
     if cls.name in TNO_TYPES and TNO_TYPES[cls.name] is not cls:
         raise ValueError(f"TNO type {cls.name!r} is registered twice ({TNO_TYPES[cls.name].__qualname__}, "
                          f"{cls.__qualname__})")
-    if TNO_TYPES.get(cls.name) is not cls:
-        TNO_TYPES[cls.name] = cls
-        for hook in _ON_REGISTER:
-            hook(cls)
+    TNO_TYPES[cls.name] = cls
     return cls
-
-
-def on_register_tno(hook: Callable[[Type["Tno"]], None]) -> None:
-    """Call ``hook(cls)`` whenever a TNO type is registered from now on."""
-    _ON_REGISTER.append(hook)
 
 
 def tno_class(tno_type: str) -> Type["Tno"]:
