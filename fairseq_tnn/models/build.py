@@ -30,6 +30,6 @@ def build_arch(arch: str, vocab: int, **overrides):
     args = argparse.Namespace(**overrides)
     ARCH_CONFIG_REGISTRY[arch](args)
     model_cls = ARCH_MODEL_REGISTRY[arch]
-    cfg_cls = MODEL_DATACLASS_REGISTRY[ARCH_MODEL_NAME_REGISTRY[arch]]  # with the fields of TNO types registered since
+    cfg_cls = MODEL_DATACLASS_REGISTRY[ARCH_MODEL_NAME_REGISTRY[arch]]
     cfg = cfg_cls(**{k: v for k, v in vars(args).items() if k in cfg_cls.__dataclass_fields__})
     return model_cls.build_model(cfg, VocabTask(dictionary_of_size(vocab)))

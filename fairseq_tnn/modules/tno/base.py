@@ -5,8 +5,9 @@ is a ``Tno`` subclass in a module of its own, with
 
 - ``name``: its ``--tno-type`` value, and ``summary``: one line for that option's help;
 - ``Settings``: a dataclass of its hyperparameters, each field with its default and ``help`` (and
-  ``choices`` where the values are names). The fairseq model config derives its option fields from
-  these (fairseq_tnn/models/config.py), so a default or a help text is written once, here;
+  ``choices`` where the values are names). The fairseq model config declares one field per setting
+  and takes its help from here (fairseq_tnn/models/config.py, checked against these by a test), so a
+  default or a help text is written once, here;
 - ``Settings.check``: the validation, errors naming the option (``require``);
 - ``supports_causal``: False for a bidirectional-only operator (refused for a causal model);
 - ``supports_incremental``: True where ``decoding_kernel(n)`` gives the causal time kernel that
