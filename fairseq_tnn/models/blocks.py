@@ -20,8 +20,10 @@ compile_logger = logging.getLogger("fairseq_cli.train." + __name__)
 
 # torch.compile keeps one graph per sequence length the layers see (more precisely, per FFT size:
 # the lengths that share one reuse a graph). Training sees one length (--sample-break-mode none)
-# or the few the batches are padded to; evaluation one per block length. Past this many graphs per
-# layer torch runs the layer eagerly (still correct), instead of the default 8.
+# or the few the batches are padded to; evaluation one per block length. Past this many graphs
+# torch runs the layers eagerly (still correct), instead of its default 8. Passed to torch.compile
+# for the layers' compiled forward only (its recompile_limit argument); the process-wide default
+# (torch._dynamo.config.recompile_limit) is left as it is.
 COMPILE_RECOMPILE_LIMIT = 64
 
 
@@ -85,24 +87,32 @@ def error_summary(err: BaseException) -> str:
 
 
 class CompiledOrEager:
-    """A compiled layer's call (``nn.Module._compiled_call_impl``): the ``torch.compile``d call. If compiling
-    it fails, under ``strict`` a TnnCompileError naming the layer; under ``fallback`` the eager call, this
-    time and from then on, for this layer and the rest of its stack: the layers of a stack share their code
-    and shapes, so each would fail the same way, and trying costs a compilation per layer (up to minutes on a
-    GPU). One warning names the layer, the error and the layers that now run eagerly;
-    ``layer.tnn_compile_error`` says why a layer runs eagerly (None while it runs compiled)."""
+    """A compiled layer's ``forward``: an ordinary attribute of the layer (``compile_layers`` sets
+    ``layer.forward`` to it), which shadows the class's ``forward`` that ``nn.Module.__call__`` calls. It calls
+    the ``torch.compile``d class ``forward`` with the layer as its first argument. If compiling it fails,
+    under ``strict`` a TnnCompileError naming the layer; under ``fallback`` the eager ``forward``, this time and
+    from then on, for this layer and the rest of its stack (their attribute is deleted, so the class's
+    ``forward`` shows through again): the layers of a stack share their code and shapes, so each would fail the
+    same way, and trying costs a compilation per layer (up to minutes on a GPU). One warning names the layer,
+    the error and the layers that now run eagerly; ``layer.tnn_compile_error`` says why a layer runs eagerly
+    (None while it runs compiled)."""
 
     def __init__(self, layer: nn.Module, name: str, mode: str, stack: nn.ModuleList, stack_name: str):
-        self.compiled = layer._compiled_call_impl
+        # The class's function, not a method bound to this layer: a deep copy of the layer (fairseq's --ema,
+        # copy.deepcopy in tests) copies this object with ``layer`` and ``stack`` mapped to the copies, and the
+        # shared compiled function then runs the copy's parameters. Its graphs are cached on the function's code
+        # object, so all layers of the class share them (one compilation serves a stack).
+        self.compiled = torch.compile(type(layer).forward, recompile_limit=COMPILE_RECOMPILE_LIMIT)
         self.layer, self.name, self.mode, self.stack, self.stack_name = layer, name, mode, stack, stack_name
 
     def __call__(self, *args, **kwargs):
         try:
             # Compile each graph's backward with its forward (not lazily at the first backward), so that a
-            # failure to compile the backward also arises here, where it is handled; scoped to this call, so
-            # the user's other compiled models keep torch's default.
+            # failure to compile the backward also arises here, where it is handled. A private functorch
+            # setting, with no public equivalent: patched for this call only, so the user's other compiled
+            # models keep torch's default.
             with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
-                return self.compiled(*args, **kwargs)
+                return self.compiled(self.layer, *args, **kwargs)
         except Exception as err:
             if not is_compile_error(err):
                 raise
@@ -112,8 +122,8 @@ class CompiledOrEager:
                     f"--tnn-compile strict: compiling {self.name} failed: {summary} (--tnn-compile without a "
                     f"value runs the layers eagerly instead)") from err
             for layer in self.stack:
-                if isinstance(getattr(layer, "_compiled_call_impl", None), CompiledOrEager):
-                    layer._compiled_call_impl = None  # nn.Module.__call__ now runs the eager forward
+                if is_compiled(layer):
+                    del layer.forward  # the class's forward: nn.Module.__call__ now runs the layer eagerly
                     layer.tnn_compile_error = f"compiling {self.name} failed: {summary}"
             eager = eager_layers(self.stack, self.stack_name)
             compile_logger.warning(
@@ -121,7 +131,12 @@ class CompiledOrEager:
                 f"slower; --tnn-compile strict stops instead): {', '.join(eager)} ({len(eager)} of "
                 f"{len(self.stack)} layers of {self.stack_name}, which share the failing code)")
             logger.debug(f"--tnn-compile: the error compiling {self.name}", exc_info=err)
-            return self.layer._call_impl(*args, **kwargs)
+            return self.layer.forward(*args, **kwargs)
+
+
+def is_compiled(layer: nn.Module) -> bool:
+    """Whether ``layer`` runs compiled (``compile_layers``, and its compilation has not failed)."""
+    return isinstance(vars(layer).get("forward"), CompiledOrEager)
 
 
 def eager_layers(layers: nn.ModuleList, name: str = "layers"):
@@ -130,18 +145,30 @@ def eager_layers(layers: nn.ModuleList, name: str = "layers"):
 
 
 def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "layers") -> None:
-    """``torch.compile`` each layer in place (``nn.Module.compile``): the parameters and the
-    state_dict keys stay those of the eager model, so checkpoints load in either mode. The layers
-    share their code, so one compilation serves all of them.
+    """``torch.compile`` each layer's ``forward`` in place: ``layer.forward`` becomes a CompiledOrEager, a plain
+    attribute of the layer. The parameters, submodules and state_dict keys stay those of the eager model
+    (no ``_orig_mod.`` prefix), so checkpoints load in either mode. The layers share their code, so one
+    compilation serves all of them.
+
+    Nothing process-wide is changed and no private ``nn.Module`` attribute is set: the recompile limit is
+    ``torch.compile``'s own argument (``recompile_limit``, which applies to these calls only; torch's global
+    ``torch._dynamo.config.recompile_limit`` keeps its value), and the compiled function is held by the layer's
+    ``forward`` attribute, which ``nn.Module.__call__`` calls as it would the class's (``nn.Module.compile``
+    instead sets the private ``_compiled_call_impl``, which this code would have to override to fall back).
+    The layer's hooks, if any, run eagerly around the compiled forward. Deleting the attribute
+    (``del layer.forward``) makes the layer eager again. Why this and not: ``torch._dynamo.config.patch(
+    recompile_limit=...)`` around each call (dynamo reads the limit when it compiles, inside the call, so it
+    would work, but it is a private module's global, changed while the call runs); dynamic shapes (the FFT
+    size is a Python int computed from the length, ``ops.toeplitz.next_fast_len``, so each size still needs a
+    graph of its own); ``torch.compile(layer)`` (an OptimizedModule holding the layer as its submodule
+    ``_orig_mod``: kept in the model, its keys get that prefix, and the layer's forward cannot call it without
+    recursion).
 
     ``mode``: what a failure to compile a layer does (compilation happens at its first call, and again
     at each new length): ``strict`` raises TnnCompileError; ``fallback`` (fairseq's ``--tnn-compile``) runs
-    the stack's layers eagerly from then on, with one warning (CompiledOrEager). ``name``: the stack's path in the
-    model (``decoder.layers``), which names its layers in those messages."""
+    the stack's layers eagerly from then on, with one warning (CompiledOrEager). ``name``: the stack's path in
+    the model (``decoder.layers``), which names its layers in those messages."""
     require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
-    cfg = torch._dynamo.config
-    cfg.recompile_limit = max(cfg.recompile_limit, COMPILE_RECOMPILE_LIMIT)
     for i, layer in enumerate(layers):
-        layer.compile()
         layer.tnn_compile_error = None
-        layer._compiled_call_impl = CompiledOrEager(layer, f"{name}.{i}", mode, layers, name)
+        layer.forward = CompiledOrEager(layer, f"{name}.{i}", mode, layers, name)

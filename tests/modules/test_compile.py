@@ -3,7 +3,8 @@ gradients) for all five TNO kinds, with no graph break inside a layer; checkpoin
 mode; new lengths recompile a bounded number of times. A layer whose compilation fails runs eagerly
 with a warning (--tnn-compile, i.e. fallback) or stops the run (--tnn-compile strict): tested with a
 real failure (inductor given a C++ compiler that does not exist, as on a machine without one) and an
-injected one (inductor's code generation raising for the backward graph only)."""
+injected one (inductor's code generation raising for the backward graph only). Compiling changes no
+process-wide torch setting and no private nn.Module attribute."""
 import argparse
 import copy
 import logging
@@ -14,7 +15,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from helpers import LM_TRAIN, USER_DIR, assert_compiled_matches_eager, cli, lm_train_cmd, rel, run
-from fairseq_tnn.models.blocks import TnnCompileError, compile_layers, compile_logger, eager_layers
+from fairseq_tnn.models.blocks import (COMPILE_RECOMPILE_LIMIT, TnnCompileError, compile_layers, compile_logger,
+                                       eager_layers, is_compiled)
 from fairseq_tnn.models.build import build_arch
 from fairseq_tnn.models.config import compile_mode
 
@@ -24,6 +26,19 @@ KINDS = {"tnn causal": "tnn_lm_tiny", "fd causal": "fd_tnn_lm_tiny", "tnn bidire
 
 def layers_of(model):
     return model.decoder.layers if hasattr(model, "decoder") else model.encoder.layers
+
+
+def torch_settings():
+    """The process-wide settings of dynamo (recompile_limit among them), inductor and functorch."""
+    import torch._functorch.config
+    import torch._inductor.config
+    return [config.get_config_copy() for config in (torch._dynamo.config, torch._inductor.config,
+                                                     torch._functorch.config)]
+
+
+def assert_nothing_private_set(model):
+    """No module has nn.Module's private compiled call (what nn.Module.compile sets)."""
+    assert all(m._compiled_call_impl is None for m in model.modules())
 
 
 @pytest.mark.slow
@@ -45,7 +60,8 @@ def test_compiled_layer_equals_eager(kind):
         assert rel(pc.grad, pe.grad) < 1e-5, name
     assert 1 <= counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
     # compiled, not fallen back to eager
-    assert compiled.tnn_compile_error is None and compiled._compiled_call_impl is not None
+    assert compiled.tnn_compile_error is None and is_compiled(compiled)
+    assert_nothing_private_set(compiled)
     # the compiled module has the eager module's parameter names: checkpoints are interchangeable
     assert list(compiled.state_dict()) == list(eager.state_dict())
 
@@ -96,6 +112,62 @@ def test_tnn_compile_trains_and_checkpoint_loads_in_either_mode(data_bin, tmp_pa
     assert abs(ppls[0] - ppls[1]) <= 1e-4 * ppls[1], ppls
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["fallback", "strict"])
+def test_compiling_changes_no_process_wide_setting(mode):
+    """Building, training and evaluating a compiled model leaves torch's process-wide settings (dynamo's
+    recompile_limit among them) as they were, and sets no private nn.Module attribute: the compiled forward is
+    the layer's own ``forward`` attribute; the state_dict keys are the eager model's."""
+    settings = torch_settings()
+    torch.manual_seed(0)
+    model = build_arch("tnn_lm_tiny", 50, tnn_compile=mode)
+    assert list(model.state_dict()) == list(build_arch("tnn_lm_tiny", 50).state_dict())
+    model(torch.randint(4, 50, (2, 24)))[0].sum().backward()
+    with torch.no_grad():
+        model.eval()(torch.randint(4, 50, (2, 24)))
+    assert all(is_compiled(layer) for layer in model.decoder.layers)
+    assert_nothing_private_set(model)
+    assert torch_settings() == settings
+
+
+class PowerOfTwo(torch.nn.Module):
+    """A layer that, like the FFT convolutions, computes a python int from the length (a power of two), so
+    that each length compiles a graph of its own. Cheap to compile."""
+
+    def forward(self, x):
+        return x * (1 << (x.shape[1] - 1).bit_length())
+
+
+@pytest.mark.slow
+def test_many_lengths_compile_past_torchs_default_limit():
+    """Eleven lengths compile eleven graphs, which the layers share, none run eagerly, though torch's
+    process-wide recompile_limit (8) is left as it is: the layers' limit is torch.compile's argument."""
+    torch._dynamo.reset()
+    settings = torch_settings()
+    assert torch._dynamo.config.recompile_limit < 11 <= COMPILE_RECOMPILE_LIMIT
+    layers = torch.nn.ModuleList([PowerOfTwo(), PowerOfTwo()])
+    compile_layers(layers, "strict")
+    counters.clear()
+    for n in range(1, 12):
+        x = torch.randn(2, 2 ** n)
+        for layer in layers:
+            assert torch.equal(layer(x), x * 2 ** n)
+    assert counters["stats"]["unique_graphs"] == 11, dict(counters["stats"])
+    assert counters["frames"]["total"] == counters["frames"]["ok"] == 11, dict(counters["frames"])
+    assert all(is_compiled(layer) for layer in layers)
+    assert torch_settings() == settings
+
+
+def test_a_copy_of_a_compiled_stack_runs_its_own_parameters():
+    """copy.deepcopy (fairseq's --ema) of compiled layers: the copies' compiled forwards call the copies."""
+    layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
+    compile_layers(layers, "fallback", "decoder.layers")
+    copied = copy.deepcopy(layers)
+    for layer, original in zip(copied, layers):
+        assert is_compiled(layer) and layer.forward.layer is layer and layer.forward.stack is copied
+        assert layer.forward.compiled is original.forward.compiled  # the class's compiled function, shared
+
+
 # --- a layer whose compilation fails ---
 
 NO_CXX = "/nonexistent/bin/c++"  # inductor's C++ compiler on CPU (torch._inductor.config.cpp.cxx, $CXX)
@@ -143,6 +215,7 @@ def eager_and_fallback(arch):
 
 
 def check_falls_back(caplog, error_pattern):
+    settings = torch_settings()
     eager, compiled, layers = eager_and_fallback("tnn_lm_tiny")
     tokens = torch.randint(4, 50, (2, 24))
     with caplog.at_level(logging.WARNING, logger=compile_logger.name):
@@ -162,7 +235,10 @@ def check_falls_back(caplog, error_pattern):
                      r"from now on .*: decoder\.layers\.0, decoder\.layers\.1 \(2 of 2 layers of decoder\.layers",
                      warnings[0]), warnings
     assert eager_layers(layers, "decoder.layers") == ["decoder.layers.0", "decoder.layers.1"]
-    assert all(layer._compiled_call_impl is None for layer in layers)
+    # eager again: the class's forward, nothing of the compiled call left on the layers
+    assert not any(is_compiled(layer) or "forward" in vars(layer) for layer in layers)
+    assert_nothing_private_set(compiled)
+    assert torch_settings() == settings
 
 
 @pytest.mark.slow
@@ -181,11 +257,14 @@ def test_backward_compile_failure_runs_the_layer_eagerly(failing_backward_codege
 
 @pytest.mark.slow
 def test_strict_compile_failure_stops_naming_the_layer(no_cxx):
+    settings = torch_settings()
     torch.manual_seed(0)
     model = build_arch("tnn_mlm_tiny", 50, tnn_compile="strict")
     with pytest.raises(TnnCompileError, match=r"--tnn-compile strict: compiling encoder\.layers\.0 failed: "
                                               r"InductorError: InvalidCxxCompiler: No working C\+\+ compiler"):
         model(torch.randint(4, 50, (2, 24)))
+    assert_nothing_private_set(model)
+    assert torch_settings() == settings
 
 
 def test_compile_modes_from_configs_and_the_command_line():
