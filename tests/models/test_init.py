@@ -92,3 +92,13 @@ def test_the_published_masked_tnn_starts_where_the_authors_did():
     assert abs(masked["logits_std"] - 0.554) < 0.01
     causal = model_init_scales("tnn_lm_wt103", 512, seed=1)
     assert 2.0 < causal["tno_rms"] < 3.3 and abs(causal["logits_std"] - 1.0) < 0.02
+
+
+def test_ski_taps_start_as_the_ski_authors_draw_them():
+    """SKI's band taps N(0, 1), as in the SKI authors' code (measured better than U(+-m^-1/2): docs/design.md);
+    'mean' knots at zero, so a new SKI-TNN starts as its band alone."""
+    torch.manual_seed(0)
+    model = build_arch("ski_tnn_mlm_tiny", 100, encoder_embed_dim=128, ski_taps=17)
+    tno = model.encoder.layers[0].gtu.tno
+    assert tno.conv_weight.shape == (384, 17) and abs(tno.conv_weight.std().item() - 1.0) < 0.05
+    assert not tno.knots.any()

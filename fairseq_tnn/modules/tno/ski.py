@@ -82,7 +82,9 @@ class SkiTno(Tno):
         s = self.settings
         self.decay = s.ski_warp_decay
         self.lowrank = s.ski_lowrank
-        self.conv_weight = nn.Parameter(torch.empty(dim, s.ski_taps).uniform_(-s.ski_taps ** -0.5, s.ski_taps ** -0.5))
+        # N(0, 1), as the SKI authors draw them (measured better than U(+-m^-1/2), for SKI and its band alone:
+        # docs/design.md#initialisation)
+        self.conv_weight = nn.Parameter(torch.randn(dim, s.ski_taps))
         if self.lowrank == "off":
             self.register_parameter("knots", None)
         else:
