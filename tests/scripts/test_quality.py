@@ -49,9 +49,16 @@ def test_quality_quick_trains_every_model_through_fairseq(tmp_path):
     assert [s["update"] for s in scales] == [4, 8]
     assert all(len(s["band_rms"]) == 1 and s["band_rms"][0] > 0 and s["lowrank_rms"][0] > 0 for s in scales)
     assert {t["target"] for t in result["targets"]} == {"SKI-TNN at least as good as its band alone",
+                                                        "SKI-TNN at least as good as its band alone, at 128 tokens",
                                                         "SKI-TNN within 5% of TNN (RPE 3)"}
+    # the masked runs scored by fairseq-validate at 1 and 2 times their training length (64 tokens)
+    for key in ("tnn3", "ski", "ski_band"):
+        lengths = runs[("masked", key)]["lengths"]
+        assert sorted(lengths, key=int) == ["64", "128"] and all(1 < p < 1e5 for p in lengths.values())
+    assert "lengths" not in runs[("causal", "fd")]
     md = (out / "quality.md").read_text()
-    assert "| SKI-TNN's band alone (m 17) |" in md and "low rank / band" in md
+    assert "| SKI-TNN's band alone (m 17) |" in md and "low rank / band" in md and "| ski | " in md
+    assert "Against length" in md
     assert (out / "quality.png").stat().st_size > 10000
     # again into the same --out: refused without --force; with it, every finished run is reused, not retrained
     code, _, err = execute([sys.executable, ROOT / "benchmarks/quality.py", "--quick", "--out", out], command_env(), 300)
@@ -66,6 +73,7 @@ def test_quality_quick_trains_every_model_through_fairseq(tmp_path):
     (["--models", "masked/transformer"], "--models: 'masked/transformer' is not a model of this benchmark"),
     (["--updates", "0"], "--updates=0 is invalid"),
     (["--seeds", "1", "1"], "--seeds=[1, 1] is invalid"),
+    (["--length-factors", "0", "2"], "--length-factors=[0, 2] is invalid"),
     (["--data", "/nonexistent"], "--data=/nonexistent is invalid: it has no train.bpe, valid.bpe"),
 ])
 def test_quality_refuses_bad_options_before_any_work(tmp_path, argv, message):
