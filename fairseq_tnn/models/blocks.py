@@ -1,4 +1,6 @@
 """Building a stack of TNN layers from a model config (shared by the LM and the MLM)."""
+import contextlib
+import inspect
 import logging
 from typing import Optional
 
@@ -25,6 +27,16 @@ compile_logger = logging.getLogger("fairseq_cli.train." + __name__)
 # for the layers' compiled forward only (its recompile_limit argument); the process-wide default
 # (torch._dynamo.config.recompile_limit) is left as it is.
 COMPILE_RECOMPILE_LIMIT = 64
+# torch.compile takes recompile_limit in recent torch (2.13 here); an older torch (the GPU machine's 2.11, say) gets
+# dynamo's own setting, patched for the layers' calls only (recompile_limit, once cache_size_limit).
+TORCH_COMPILE_TAKES_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters
+
+
+def _older_torch_limit():
+    if TORCH_COMPILE_TAKES_LIMIT:
+        return contextlib.nullcontext()
+    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    return torch._dynamo.config.patch(**{name: COMPILE_RECOMPILE_LIMIT})
 
 
 def build_layers(cfg, dim: int, num_layers: int, causal: bool, tno_settings: TnoSettings,
@@ -102,7 +114,10 @@ class CompiledOrEager:
         # copy.deepcopy in tests) copies this object with ``layer`` and ``stack`` mapped to the copies, and the
         # shared compiled function then runs the copy's parameters. Its graphs are cached on the function's code
         # object, so all layers of the class share them (one compilation serves a stack).
-        self.compiled = torch.compile(type(layer).forward, recompile_limit=COMPILE_RECOMPILE_LIMIT)
+        if TORCH_COMPILE_TAKES_LIMIT:
+            self.compiled = torch.compile(type(layer).forward, recompile_limit=COMPILE_RECOMPILE_LIMIT)
+        else:
+            self.compiled = torch.compile(type(layer).forward)
         self.layer, self.name, self.mode, self.stack, self.stack_name = layer, name, mode, stack, stack_name
 
     def __call__(self, *args, **kwargs):
@@ -111,7 +126,7 @@ class CompiledOrEager:
             # failure to compile the backward also arises here, where it is handled. A private functorch
             # setting, with no public equivalent: patched for this call only, so the user's other compiled
             # models keep torch's default.
-            with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), _older_torch_limit():
                 return self.compiled(self.layer, *args, **kwargs)
         except Exception as err:
             if not is_compile_error(err):

@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 from helpers import LM_TRAIN, USER_DIR, assert_compiled_matches_eager, cli, lm_train_cmd, rel, run
 from fairseq_tnn.models.blocks import (COMPILE_RECOMPILE_LIMIT, TnnCompileError, compile_layers, compile_logger,
                                        eager_layers, is_compiled)
+from fairseq_tnn.models import blocks
 from fairseq_tnn.models.build import build_arch
 from fairseq_tnn.models.config import compile_mode
 
@@ -139,9 +140,12 @@ class PowerOfTwo(torch.nn.Module):
 
 
 @pytest.mark.slow
-def test_many_lengths_compile_past_torchs_default_limit():
+@pytest.mark.parametrize("takes_limit", [True, False], ids=["torch.compile's argument", "older torch"])
+def test_many_lengths_compile_past_torchs_default_limit(takes_limit, monkeypatch):
     """Eleven lengths compile eleven graphs, which the layers share, none run eagerly, though torch's
-    process-wide recompile_limit (8) is left as it is: the layers' limit is torch.compile's argument."""
+    process-wide recompile_limit (8) is left as it is: the layers' limit is torch.compile's argument, or on a
+    torch whose torch.compile has none, dynamo's setting patched for the layers' calls only."""
+    monkeypatch.setattr(blocks, "TORCH_COMPILE_TAKES_LIMIT", takes_limit)
     torch._dynamo.reset()
     settings = torch_settings()
     assert torch._dynamo.config.recompile_limit < 11 <= COMPILE_RECOMPILE_LIMIT
