@@ -147,7 +147,8 @@ class TnnEncoder(FairseqEncoder):
 NOT_FOR_EVAL_LM = (
     "this checkpoint is a bidirectional masked language model (tnn_mlm): fairseq-eval-lm scores causal language "
     "models, and a bidirectional model would see the tokens it predicts. Score its masked-token loss with "
-    "fairseq-validate DATA --user-dir <fairseq_tnn> --task tnn_masked_lm --path CHECKPOINT (at any length with "
+    "fairseq-validate DATA --user-dir <fairseq_tnn> --task tnn_masked_lm --path CHECKPOINT "
+    "--required-batch-size-multiple 1 (at any length with "
     "--model-overrides \"{'tokens_per_sample': L, 'sample_break_mode': 'none'}\")")
 
 

@@ -98,7 +98,7 @@ def test_masked_lm_trains_and_validates_at_8x_length(data_bin, tmp_path, arch):
     # the checkpoint loads and scores blocks 8x the training length
     log = run([cli("fairseq-validate"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_masked_lm",
                "--path", tmp_path / "ck" / "checkpoint_last.pt", "--valid-subset", "valid", "--batch-size", 2,
-               "--num-workers", 0, "--model-overrides", "{'tokens_per_sample': 1024, 'sample_break_mode': 'none'}"])
+               "--required-batch-size-multiple", 1, "--num-workers", 0, "--model-overrides", "{'tokens_per_sample': 1024, 'sample_break_mode': 'none'}"])
     m = re.search(r"valid on 'valid' subset \| loss ([0-9.]+|nan|inf) .*\| wpb ([0-9.]+)", log)
     assert m and math.isfinite(float(m.group(1))), log[-3000:]
     if arch == "ski_tnn_mlm_tiny":
