@@ -189,6 +189,11 @@ def parse_log(log: str) -> Dict:
     return {"curve": sorted(curve.items()), "update_ms": statistics.median(times) if times else None}
 
 
+def thread_env(threads: int) -> Dict[str, str]:
+    """The environment of a run's commands: this one, with ``threads`` threads for torch."""
+    return dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+
+
 def run_one(args, data_bin, section, key, seed, threads) -> Dict:
     """Train one model with one seed (or reuse the finished run of the same command in --out: an
     interrupted benchmark resumes), then read its log, and for SKI its checkpoints."""
@@ -206,7 +211,7 @@ def run_one(args, data_bin, section, key, seed, threads) -> Dict:
     if os.path.isdir(run_dir):
         shutil.rmtree(run_dir)  # an unfinished or different run: start it again
     os.makedirs(run_dir)
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = thread_env(threads)
     start = time.time()
     with open(os.path.join(run_dir, "train.log"), "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -237,7 +242,7 @@ def score_lengths(args, data_bin: str, run_dir: str, out: Dict, threads: int) ->
     if out["section"] != "masked" or not args.length_factors:
         return out
     checkpoint = os.path.join(run_dir, "checkpoints", "checkpoint_last.pt")
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env = thread_env(threads)
     scored = out.setdefault("lengths", {})
     commands = out.setdefault("length_commands", {})
     for factor in args.length_factors:

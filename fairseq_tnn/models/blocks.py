@@ -32,7 +32,12 @@ COMPILE_RECOMPILE_LIMIT = 64
 TORCH_COMPILE_TAKES_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters
 
 
+def _compile_options() -> dict:
+    return {"recompile_limit": COMPILE_RECOMPILE_LIMIT} if TORCH_COMPILE_TAKES_LIMIT else {}
+
+
 def _older_torch_limit():
+    """Around a compiled layer's call: nothing, or on an older torch dynamo's limit patched for the call."""
     if TORCH_COMPILE_TAKES_LIMIT:
         return contextlib.nullcontext()
     name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
@@ -114,10 +119,7 @@ class CompiledOrEager:
         # copy.deepcopy in tests) copies this object with ``layer`` and ``stack`` mapped to the copies, and the
         # shared compiled function then runs the copy's parameters. Its graphs are cached on the function's code
         # object, so all layers of the class share them (one compilation serves a stack).
-        if TORCH_COMPILE_TAKES_LIMIT:
-            self.compiled = torch.compile(type(layer).forward, recompile_limit=COMPILE_RECOMPILE_LIMIT)
-        else:
-            self.compiled = torch.compile(type(layer).forward)
+        self.compiled = torch.compile(type(layer).forward, **_compile_options())
         self.layer, self.name, self.mode, self.stack, self.stack_name = layer, name, mode, stack, stack_name
 
     def __call__(self, *args, **kwargs):
