@@ -16,9 +16,10 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 REPORTER = ROOT / "scripts" / "gpu_check_report.py"
 
 
-def gpu_check(*args, timeout=3000):
-    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=ROOT, env=script_env({"TEST_WORKERS": "0"}),
-                          capture_output=True, text=True, timeout=timeout)
+def gpu_check(*args, timeout=3000, env=None):
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=ROOT,
+                          env=script_env({"TEST_WORKERS": "0", **(env or {})}), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the check would run")
@@ -91,9 +92,15 @@ def test_a_failing_part_fails_the_check_and_the_report_says_why(tmp_path):
     failing = tmp_path / "test_fails_on_purpose.py"
     failing.write_text("def test_passes():\n    pass\n\n\ndef test_fails_on_purpose():\n"
                        "    assert 1 + 1 == 3, 'a failure injected by test_gpu_check.py'\n")
+    # every Python the check starts first sleeps 3 s (a sitecustomize on PYTHONPATH, which also makes each a
+    # fresh process, not a fork), so the environment part always outlasts its 1 s limit: forked from an
+    # interpreter with torch loaded, it took 1.0 to 1.5 s, and once finished within the second
+    slow = tmp_path / "slow_start"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text("import time\ntime.sleep(3)\n")
     out = tmp_path / "check"
     proc = gpu_check("--cpu", "--quick", "--out", out, "--only", "tests", "--pytest", str(failing),
-                     "--limit", "environment=1")
+                     "--limit", "environment=1", env={"PYTHONPATH": str(slow)})
     assert proc.returncode == 1, proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert not report["ok"] and report["failed"] == 2
