@@ -8,6 +8,12 @@
 #   usage_error [LINE...]     $usage (the caller sets it) and any LINEs on stderr, then exit 2
 #   quote_cmd ARG...          the command line, quoted so that it can be pasted into a shell
 #   is_pos_int VALUE          true for 1, 2, ... (no sign, no leading zero)
+#   fairseq_env               sets FAIRSEQ_BIN [<repo>/.venv/bin], the directory of the fairseq commands
+#                             ($FAIRSEQ_BIN/fairseq-train, fairseq-preprocess, ...), and PYTHON [$FAIRSEQ_BIN/python];
+#                             refuses FAIRSEQ_PREPROCESS, which no script reads any more
+#
+# Knobs: every script takes its settings as environment variables (NAME=value bash scripts/x.sh), listed with
+# their defaults in its header; an empty value is the default. gpu_check.sh's flags are shorthands for its own.
 #
 # <script> is PROG when set (the SLURM scripts set it: SLURM runs a copy named slurm_script), else the
 # name of the script bash is running.
@@ -34,3 +40,10 @@ quote_cmd() {
 }
 
 is_pos_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
+
+fairseq_env() {
+  [[ -z "${FAIRSEQ_PREPROCESS+set}" ]] \
+    || die "FAIRSEQ_PREPROCESS is set ('$FAIRSEQ_PREPROCESS') but no longer read: set FAIRSEQ_BIN to the directory of the fairseq commands instead (fairseq-preprocess is \$FAIRSEQ_BIN/fairseq-preprocess; default $ROOT/.venv/bin)" 2
+  FAIRSEQ_BIN="${FAIRSEQ_BIN:-$ROOT/.venv/bin}"
+  PYTHON="${PYTHON:-$FAIRSEQ_BIN/python}"
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Write configs/experiments/<preset>.yaml, the fairseq-hydra-train config of each of the paper's presets,
 from the one source of truth: the command `bash scripts/train.sh <preset> <data-bin>` runs (the recipe,
-scripts/recipe.sh) and the registered arch <preset> (fairseq_tnn/models/).
+fairseq_tnn/recipe.py) and the registered arch <preset> (fairseq_tnn/models/).
 
     .venv/bin/python scripts/make_experiment_configs.py            # (re)write all of them
     .venv/bin/python scripts/make_experiment_configs.py --check    # exit 1 naming every file that differs
@@ -12,10 +12,11 @@ model); each section keeps the fields the command line sets or that differ from 
 the model section every field the arch sets. fairseq-hydra-train composes the yaml before it imports the plugin, so the
 model is written out field by field with `_name: tnn_lm` or `tnn_mlm`. Paths become the relative ones the
 hydra configs use (checkpoints/<preset>), and task.data and common.user_dir are left for the command
-line (???). Presets: the paper's, i.e. those of scripts/recipe.sh that do not end in _tiny.
+line (???). Presets: the paper's, i.e. those of fairseq_tnn/recipe.py that do not end in _tiny.
 """
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import os
 import shlex
@@ -35,12 +36,11 @@ MISSING = "???"
 
 
 def recipe_presets():
-    """The paper's presets, from scripts/recipe.sh's lists."""
-    out = subprocess.run(["bash", "-c", 'source scripts/lib.sh; source scripts/recipe.sh; '
-                          'echo $TNN_CAUSAL_PRESETS $TNN_MASKED_PRESETS'],
-                         cwd=ROOT, env={"PATH": os.environ["PATH"], "ROOT": str(ROOT)},
-                         capture_output=True, text=True, check=True).stdout
-    return [p for p in out.split() if not p.endswith("_tiny")]
+    """The paper's presets, from fairseq_tnn/recipe.py's lists."""
+    spec = importlib.util.spec_from_file_location("fairseq_tnn_recipe", ROOT / "fairseq_tnn" / "recipe.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    return [p for p in recipe.PRESETS if not p.endswith("_tiny")]
 
 
 def train_sh_argv(preset, gpus, work):
@@ -49,7 +49,8 @@ def train_sh_argv(preset, gpus, work):
     data = work / "data"
     data.mkdir(exist_ok=True)
     (data / "dict.txt").touch()  # train.sh checks that the data is binarised; nothing reads it here
-    env = {"PATH": os.environ["PATH"], "DRY_RUN": "1", "NPROC": str(gpus), "SAVE_ROOT": str(work / "checkpoints")}
+    env = {"PATH": os.environ["PATH"], "PYTHON": sys.executable, "DRY_RUN": "1", "NPROC": str(gpus),
+           "SAVE_ROOT": str(work / "checkpoints")}
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "train.sh"), preset, str(data)], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     if proc.returncode != 0:

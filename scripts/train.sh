@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Train one of the paper's Wikitext-103 models with its published recipe (scripts/recipe.sh):
+# Train one of the paper's Wikitext-103 models with its published recipe (fairseq_tnn/recipe.py, through
+# scripts/recipe.sh):
 #   bash scripts/train.sh <preset> <data-bin> [extra fairseq-train args...]
 # e.g.
 #   bash scripts/train.sh fd_tnn_lm_wt103 data-bin/wikitext-103              # all GPUs of this machine
@@ -11,7 +12,7 @@
 #                  (tnn_mlm_tiny fd_tnn_mlm_tiny ski_tnn_mlm_tiny)
 # Extra arguments go last to fairseq-train, so they win over the recipe (e.g. --max-epoch 1).
 #
-# Environment (defaults in brackets):
+# Knobs are environment variables (defaults in brackets; an empty value is the default):
 #   NPROC [number of GPUs seen (CUDA_VISIBLE_DEVICES, else nvidia-smi), 1 with CPU=1]: processes.
 #         1 runs fairseq-train directly (with --distributed-world-size 1); more runs
 #         "python -m fairseq_tnn.distributed.launch --nproc NPROC [--cpu] -- <fairseq-train args>":
@@ -19,11 +20,12 @@
 #   CPU [0]            1 trains on CPU (adds --cpu, fp32).
 #   DRY_RUN [0]        1 prints the exact command line instead of running it.
 #   FAIRSEQ_BIN [<repo>/.venv/bin]  where fairseq-train lives; PYTHON [$FAIRSEQ_BIN/python] runs the launcher.
-#   and the recipe's knobs, documented in scripts/recipe.sh: MAX_UPDATE [50000], TOKENS_PER_SAMPLE [512],
+#   and the recipe's knobs, documented in fairseq_tnn/recipe.py: MAX_UPDATE [50000], TOKENS_PER_SAMPLE [512],
 #   SEQS_PER_UPDATE [128 causal, 512 masked], BATCH_PER_GPU [8 causal, 16 masked], LR [5e-4, FD-TNN 1e-3],
 #   WARMUP_UPDATES [4000 causal, 3000 masked], SEED [1], NUM_WORKERS [1], LOG_INTERVAL [100],
 #   VALIDATE_INTERVAL_UPDATES [1000], SAVE_INTERVAL_UPDATES [1000], KEEP_INTERVAL_UPDATES [2],
-#   PRECISION [fp16 on GPU, fp32 on CPU], SAVE_ROOT [<repo>/checkpoints], RUN_NAME [<preset>],
+#   PRECISION [fp16 on GPU, fp32 on CPU], TNN_COMPILE [1 on GPU, 0 on CPU], OVERSIZED [drop (masked)],
+#   SAVE_ROOT [<repo>/checkpoints], RUN_NAME [<preset>],
 #   FORCE [0] (1: delete an existing SAVE_ROOT/RUN_NAME first), RESUME [0] (1: continue it). A run
 #   directory without a checkpoint (a failed attempt) needs neither: its files go to previous-attempt/.
 # update-freq = SEQS_PER_UPDATE / (BATCH_PER_GPU x NPROC): the tokens per update stay the paper's
@@ -40,8 +42,6 @@ source "$ROOT/scripts/recipe.sh"
 PRESET="$1"; DATA="$2"; shift 2
 [[ -n "$(recipe_kind "$PRESET")" ]] || { echo "$usage" >&2; recipe_check_preset "$PRESET"; }
 
-FAIRSEQ_BIN="${FAIRSEQ_BIN:-$ROOT/.venv/bin}"
-PYTHON="${PYTHON:-$FAIRSEQ_BIN/python}"
 CPU="${CPU:-0}"
 count_gpus() {
   if [[ -n "${CUDA_VISIBLE_DEVICES+x}" ]]; then

@@ -1,0 +1,260 @@
+"""The training recipes, in one place: the paper's Wikitext-103 recipe (causal and masked) with its environment
+knobs, and the small recipes of the tests, the benchmarks and configs/tnn_lm_sample.yaml.
+
+Standard library only and no package-relative import: the shell scripts run this file directly, without the
+plugin installed and without importing torch or fairseq. A recipe is a dict {option: value} in command-line
+order, option names with underscores for dashes; ``fairseq_options`` turns it into fairseq-train arguments.
+
+From Python (``from fairseq_tnn import recipe``):
+    recipe.CAUSAL_PRESETS, recipe.MASKED_PRESETS      the presets (registered archs) scripts/train.sh takes
+    recipe.kind(preset)                               "causal" or "masked" (RecipeError for another name)
+    recipe.paper(preset, data, save_dir, world, env)  the paper's recipe: Paper(kind, update_freq, args)
+    recipe.TEST_CAUSAL, TEST_MASKED, NO_LR_SCHEDULE   the tests' tiny recipes (tests/helpers.py)
+    recipe.benchmark(kind, arch, tokens_per_sample)   benchmarks/trainer.py's recipe
+    recipe.QUALITY                                    benchmarks/quality.py's recipe
+    recipe.SAMPLE                                     configs/tnn_lm_sample.yaml's recipe as fairseq-train options
+    recipe.fairseq_options(recipe, overrides)         {name: value} -> ["--name", "value", ...]
+From bash (scripts/recipe.sh): ``python fairseq_tnn/recipe.py [--prog NAME] presets | paper ...`` prints bash
+assignments (values quoted) to eval; an error is "NAME: error: ..." on stderr and exit status 2.
+
+The paper's recipe, per kind (docs/references.md#published-configurations: Qin et al., "Toeplitz Neural Network
+for Sequence Modeling", ICLR 2023; docs/references.md#ski-tnn-and-fd-tnn: Moreno, Mei, Walters, "SKI to go
+Faster", NeurIPS 2023, whose appendix gives the FD-TNN learning rates):
+  causal (tnn_language_modeling, cross_entropy; tied embeddings come from the preset):
+    adam (0.9, 0.98), weight decay 0.2, clip 1.0, lr 5e-4 (FD-TNN 1e-3), inverse_sqrt,
+    4000 warmup updates from 1e-7, 128 sequences x 512 tokens per update, --sample-break-mode none
+  masked (tnn_masked_lm, masked_lm):
+    adam (0.9, 0.98) eps 1e-6, weight decay 0.2, clip 1.0, lr 5e-4 (FD-TNN 1e-3), polynomial_decay,
+    3000 warmup updates, 512 sequences x 512 tokens per update, --sample-break-mode complete
+    Lines longer than a block (tokens_per_sample - 1 pieces): as in the RoBERTa-style fairseq pipeline
+    the authors trained with, each becomes one oversized block that training drops; the plugin logs how
+    many ("N of M blocks of the train split ... dropped") and logs the metric dropped_blocks with every
+    training line. --skip-invalid-size-inputs-valid-test (passed here) drops them from validation too.
+    OVERSIZED=error refuses such data before any work (--oversized-blocks error).
+  both: 50,000 updates, dropout 0.1 (preset), json logs, tensorboard, checkpoints in SAVE_ROOT/<run>.
+
+Its environment knobs (defaults in brackets; "causal/masked" where they differ; an empty value is the default):
+  MAX_UPDATE [50000]          TOKENS_PER_SAMPLE [512]     SEQS_PER_UPDATE [128/512]
+  BATCH_PER_GPU [8/16]        LR [5e-4, FD-TNN 1e-3]      WARMUP_UPDATES [4000/3000]
+  SEED [1]                    NUM_WORKERS [1]             LOG_INTERVAL [100]
+  VALIDATE_INTERVAL_UPDATES [1000]  SAVE_INTERVAL_UPDATES [1000]  KEEP_INTERVAL_UPDATES [2]
+  CPU [0]: 1 adds --cpu
+  PRECISION [fp16 on GPU, fp32 with CPU=1]: fp16 (--fp16) | bf16 (--bf16-autocast: fp32 weights, bf16
+    autocast; fairseq's own --bf16 means TPU) | fp32
+  TNN_COMPILE [1 on GPU, 0 with CPU=1]: 1 adds --tnn-compile (torch.compile per TNN layer; a layer whose
+    compilation fails runs eagerly, with a warning), strict adds --tnn-compile strict (that failure stops the run)
+  OVERSIZED [drop] (masked only): drop | error, what happens to a line longer than a block (above)
+update-freq = SEQS_PER_UPDATE / (BATCH_PER_GPU x world size), so the tokens per update do not depend on the
+number of processes; a remainder is an error. The run directory's knobs (SAVE_ROOT, RUN_NAME, FORCE, RESUME)
+are scripts/recipe.sh's.
+"""
+import argparse
+import os
+import re
+import shlex
+import sys
+from typing import Dict, List, Mapping, NamedTuple, Optional
+
+CAUSAL_PRESETS = ("tnn_lm_wt103", "tnn_lm_wt103_rpe3", "fd_tnn_lm_wt103", "tnn_lm_tiny", "fd_tnn_lm_tiny")
+MASKED_PRESETS = ("tnn_mlm_wt103", "tnn_mlm_wt103_rpe3", "fd_tnn_mlm_wt103", "ski_tnn_mlm_wt103", "tnn_mlm_tiny",
+                  "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny")
+PRESETS = CAUSAL_PRESETS + MASKED_PRESETS
+USER_DIR = os.path.dirname(os.path.realpath(__file__))  # this package: what --user-dir names
+
+# The parts the recipes share
+CAUSAL_TASK = {"task": "tnn_language_modeling", "criterion": "cross_entropy", "sample_break_mode": "none"}
+MASKED_TASK = {"task": "tnn_masked_lm", "criterion": "masked_lm", "sample_break_mode": "complete"}
+TASK = {"causal": CAUSAL_TASK, "masked": MASKED_TASK}
+ADAM = {"optimizer": "adam", "adam_betas": "(0.9, 0.98)"}
+PAPER_REGULARISATION = {"weight_decay": "0.2", "clip_norm": "1.0"}
+PAPER_CAUSAL_SCHEDULE = {"lr": "5e-4", "lr_scheduler": "inverse_sqrt", "warmup_updates": "4000",
+                         "warmup_init_lr": "1e-07"}
+PAPER_MASKED_SCHEDULE = {"lr": "5e-4", "lr_scheduler": "polynomial_decay", "warmup_updates": "3000"}
+FD_LR = "1e-3"  # FD-TNN's learning rate, both kinds (Moreno et al.'s appendix)
+# The knobs' defaults per kind (LR's is the schedule's, FD_LR for fd_* presets)
+PAPER_KNOBS = {
+    "causal": {"MAX_UPDATE": "50000", "TOKENS_PER_SAMPLE": "512", "SEQS_PER_UPDATE": "128", "BATCH_PER_GPU": "8",
+               "WARMUP_UPDATES": PAPER_CAUSAL_SCHEDULE["warmup_updates"]},
+    "masked": {"MAX_UPDATE": "50000", "TOKENS_PER_SAMPLE": "512", "SEQS_PER_UPDATE": "512", "BATCH_PER_GPU": "16",
+               "WARMUP_UPDATES": PAPER_MASKED_SCHEDULE["warmup_updates"]},
+}
+RUN_KNOBS = {"SEED": "1", "NUM_WORKERS": "1", "LOG_INTERVAL": "100", "VALIDATE_INTERVAL_UPDATES": "1000",
+             "SAVE_INTERVAL_UPDATES": "1000", "KEEP_INTERVAL_UPDATES": "2"}
+
+# The tests' tiny causal recipe (tests/helpers.py: LM_OPTIONS): Adam with an inverse-sqrt schedule, on CPU.
+TEST_CAUSAL = {
+    "user_dir": USER_DIR, "cpu": True, **CAUSAL_TASK, "arch": "tnn_lm_tiny", "tokens_per_sample": 64,
+    "batch_size": 8, **ADAM, "lr_scheduler": "inverse_sqrt", "warmup_updates": 10, "lr": "0.003",
+    "log_format": "simple", "log_interval": 5, "seed": 1, "num_workers": 0,
+}
+# The tests' masked recipe (MLM_OPTIONS): whole lines per block ("complete"; the longest line of data/sample,
+# 112 pieces + eos + bos, fits 128 tokens), Adam with its default betas at a constant rate, on CPU.
+TEST_MASKED = {
+    "user_dir": USER_DIR, "cpu": True, **MASKED_TASK, "arch": "tnn_mlm_tiny", "tokens_per_sample": 128,
+    "batch_size": 8, "optimizer": "adam", "lr": "0.001", "log_format": "simple", "log_interval": 1, "seed": 1,
+    "num_workers": 0, "no_epoch_checkpoints": True,
+}
+# Overrides that take the schedule out of the causal test recipe: a constant learning rate, Adam's default betas.
+NO_LR_SCHEDULE = {"lr_scheduler": None, "warmup_updates": None, "adam_betas": None}
+
+# benchmarks/trainer.py's recipe: the paper's causal optimizer and schedule (without the warm-up's initial rate,
+# fairseq's default), for both kinds: what an update costs does not depend on the schedule.
+BENCHMARK = {**ADAM, **PAPER_REGULARISATION, **PAPER_CAUSAL_SCHEDULE, "warmup_init_lr": None, "seed": "1",
+             "distributed_world_size": "1", "dropout": "0.1"}
+
+# benchmarks/quality.py's recipe (its command line sets lr, warmup_updates, max_update, seed, the intervals
+# and cpu): every model the same, a lighter weight decay than the paper's at these small sizes.
+QUALITY = {**ADAM, "lr": "1e-3", "lr_scheduler": "inverse_sqrt", "warmup_updates": "200", "clip_norm": "1.0",
+           "weight_decay": "0.01", "dropout": "0.1", "max_update": "300", "seed": "1",
+           "validate_interval_updates": "50", "validate_interval": "1000000", "log_format": "simple",
+           "log_interval": "50", "num_workers": "0", "cpu": False}
+
+# configs/tnn_lm_sample.yaml as fairseq-train options (a yaml cannot import this file:
+# tests/scripts/test_recipe.py checks that the two say the same)
+SAMPLE = {
+    "cpu": True, "log_format": "simple", "log_interval": "10", "seed": "1", **CAUSAL_TASK, "tokens_per_sample": "128",
+    "arch": "tnn_lm", "decoder_embed_dim": "64", "decoder_layers": "2", "rpe_dim": "16", "rpe_layers": "2",
+    "glu_dim": "64", "dropout": "0.0", "share_decoder_input_output_embed": True, "batch_size": "8",
+    "num_workers": "0", "max_update": "20", "lr": "0.003", "clip_norm": "1.0", **ADAM, "weight_decay": "0.01",
+    "lr_scheduler": "inverse_sqrt", "warmup_updates": "10", "warmup_init_lr": "1e-07",
+    "save_dir": "checkpoints/tnn_lm_sample", "no_epoch_checkpoints": True,
+}
+
+
+class RecipeError(ValueError):
+    """A bad preset or knob: the message names it, its value and what is allowed."""
+
+
+class Paper(NamedTuple):
+    kind: str  # "causal" or "masked"
+    update_freq: int
+    args: List[str]  # fairseq-train's arguments, the data directory first
+
+
+def fairseq_options(recipe: Mapping, overrides: Optional[Mapping] = None) -> list:
+    """fairseq command-line options from {name: value}, names with underscores for dashes (save_dir is
+    --save-dir). An override replaces an option's value in place or adds it at the end; True makes a bare
+    flag (cpu=True is --cpu), None or False leaves the option out. Values are passed as given."""
+    args = []
+    for name, value in {**recipe, **(overrides or {})}.items():
+        if value is None or value is False:
+            continue
+        args.append("--" + name.replace("_", "-"))
+        if value is not True:
+            args.append(value)
+    return args
+
+
+def kind(preset: str) -> str:
+    """"causal" or "masked"; a RecipeError listing the presets for any other name."""
+    if preset in CAUSAL_PRESETS:
+        return "causal"
+    if preset in MASKED_PRESETS:
+        return "masked"
+    raise RecipeError(f"unknown preset '{preset}'; choose one of: {' '.join(PRESETS)}")
+
+
+def _positive_int(text: str) -> bool:
+    return re.fullmatch(r"[1-9][0-9]*", text) is not None
+
+
+def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[Mapping[str, str]] = None,
+          user_dir: str = USER_DIR) -> Paper:
+    """The paper's recipe for preset on world processes, its knobs read from env (default os.environ): the
+    fairseq-train arguments after the program, data first, checkpoints and logs in save_dir."""
+    env = os.environ if env is None else env
+    kind_ = kind(preset)
+
+    def knob(name, default):
+        return env.get(name) or default
+
+    knobs = {name: knob(name, default) for name, default in {**PAPER_KNOBS[kind_], **RUN_KNOBS}.items()}
+    schedule = PAPER_CAUSAL_SCHEDULE if kind_ == "causal" else PAPER_MASKED_SCHEDULE
+    lr = knob("LR", FD_LR if preset.startswith("fd_") else schedule["lr"])
+    oversized = knob("OVERSIZED", "drop")
+    if oversized not in ("drop", "error"):
+        raise RecipeError(f"OVERSIZED must be drop or error, not '{oversized}'")
+    seqs, batch = knobs["SEQS_PER_UPDATE"], knobs["BATCH_PER_GPU"]
+    if not (_positive_int(seqs) and _positive_int(batch) and _positive_int(str(world))):
+        raise RecipeError(f"SEQS_PER_UPDATE ({seqs}), BATCH_PER_GPU ({batch}) and the number of processes ({world}) "
+                          "must be positive integers")
+    per_step = int(batch) * int(world)
+    if int(seqs) % per_step:
+        raise RecipeError(f"SEQS_PER_UPDATE={seqs} is not divisible by BATCH_PER_GPU={batch} x {world} processes = "
+                          f"{per_step}; change BATCH_PER_GPU or the number of processes")
+    update_freq = int(seqs) // per_step
+    cpu = knob("CPU", "0")
+    if cpu not in ("0", "1"):
+        raise RecipeError(f"CPU must be 0 (train on GPUs) or 1 (train on the CPU), not '{cpu}'")
+    precision = knob("PRECISION", "fp32" if cpu == "1" else "fp16")
+    if precision not in ("fp16", "bf16", "fp32"):
+        raise RecipeError(f"PRECISION must be fp16, bf16 or fp32, not '{precision}'")
+    if cpu == "1" and precision == "fp16":
+        raise RecipeError("CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16")
+    compile_ = knob("TNN_COMPILE", "0" if cpu == "1" else "1")
+    if compile_ not in ("0", "1", "strict"):
+        raise RecipeError(f"TNN_COMPILE must be 0 or 1 (--tnn-compile), or strict (--tnn-compile strict), "
+                          f"not '{compile_}'")
+
+    options = {"user_dir": user_dir, "arch": preset, **TASK[kind_]}
+    if kind_ == "causal":
+        options.update({**ADAM, **PAPER_REGULARISATION, **schedule, "lr": lr, "warmup_updates": knobs["WARMUP_UPDATES"]})
+    else:
+        options.update({"skip_invalid_size_inputs_valid_test": True, "oversized_blocks": oversized, **ADAM,
+                        "adam_eps": "1e-06", **PAPER_REGULARISATION, **schedule, "lr": lr,
+                        "warmup_updates": knobs["WARMUP_UPDATES"], "total_num_update": knobs["MAX_UPDATE"]})
+    options.update({
+        "tokens_per_sample": knobs["TOKENS_PER_SAMPLE"], "batch_size": batch, "update_freq": str(update_freq),
+        "max_update": knobs["MAX_UPDATE"], "fp16": precision == "fp16", "bf16_autocast": precision == "bf16",
+        "tnn_compile": {"0": False, "1": True, "strict": "strict"}[compile_],
+        "seed": knobs["SEED"], "num_workers": knobs["NUM_WORKERS"], "save_dir": save_dir, "no_epoch_checkpoints": True,
+        "validate_interval_updates": knobs["VALIDATE_INTERVAL_UPDATES"],
+        "save_interval_updates": knobs["SAVE_INTERVAL_UPDATES"], "keep_interval_updates": knobs["KEEP_INTERVAL_UPDATES"],
+        "log_format": "json", "log_interval": knobs["LOG_INTERVAL"], "log_file": f"{save_dir}/train.log",
+        "tensorboard_logdir": f"{save_dir}/tensorboard", "cpu": cpu == "1",
+    })
+    return Paper(kind_, update_freq, [data, *fairseq_options(options)])
+
+
+def benchmark(kind_: str, arch: str, tokens_per_sample: int) -> Dict:
+    """benchmarks/trainer.py's recipe for one configuration (the caller adds precision, device and sizes)."""
+    return {"arch": arch, "task": TASK[kind_]["task"], "criterion": TASK[kind_]["criterion"],
+            "tokens_per_sample": str(tokens_per_sample), **BENCHMARK}
+
+
+def _bash_assign(name: str, value) -> str:
+    if isinstance(value, list):
+        return f"{name}=({' '.join(shlex.quote(str(v)) for v in value)})"
+    return f"{name}={shlex.quote(str(value))}"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="recipe.py", description="The recipes as bash assignments, for scripts/recipe.sh.")
+    p.add_argument("--prog", default="recipe.py", help="the name errors start with (the calling script's)")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("presets", help="TNN_CAUSAL_PRESETS and TNN_MASKED_PRESETS")
+    q = sub.add_parser("paper", help="RECIPE_KIND, RECIPE_UPDATE_FREQ and RECIPE_ARGS of the paper's recipe, "
+                                     "its knobs read from the environment")
+    q.add_argument("preset")
+    q.add_argument("data", help="the binarised data directory (absolute)")
+    q.add_argument("save_dir", help="the run directory (absolute)")
+    q.add_argument("world", help="the number of processes")
+    q.add_argument("user_dir", help="the plugin directory fairseq-train is given")
+    args = p.parse_args(argv)
+    if args.command == "presets":
+        print(_bash_assign("TNN_CAUSAL_PRESETS", " ".join(CAUSAL_PRESETS)))
+        print(_bash_assign("TNN_MASKED_PRESETS", " ".join(MASKED_PRESETS)))
+        return 0
+    try:
+        recipe = paper(args.preset, args.data, args.save_dir, args.world, user_dir=args.user_dir)
+    except RecipeError as e:
+        print(f"{args.prog}: error: {e}", file=sys.stderr)
+        return 2
+    print(_bash_assign("RECIPE_KIND", recipe.kind))
+    print(_bash_assign("RECIPE_UPDATE_FREQ", recipe.update_freq))
+    print(_bash_assign("RECIPE_ARGS", recipe.args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
