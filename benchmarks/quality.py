@@ -6,7 +6,8 @@
     python benchmarks/quality.py --seeds 1 2 3 --updates 2000 --width 512 --layers 6 --device cuda
     python benchmarks/quality.py --quick --out /tmp/q  # toy sizes, a minute (what the tests run)
 
-Every model trains through ``fairseq-train --user-dir fairseq_tnn`` with the same recipe and the same
+Every model trains through ``fairseq-train --user-dir fairseq_tnn`` with the same recipe (fairseq_tnn/recipe.py's
+QUALITY) and the same
 number of updates (Adam (0.9, 0.98), lr 1e-3, inverse-sqrt with warm-up, clip 1.0, weight decay 0.01,
 dropout 0.1, at the paper's length of 512 tokens, batches of 8), the masked models with ``tnn_masked_lm``
 and fairseq's ``masked_lm`` criterion (``--sample-break-mode complete``), the causal ones with
@@ -48,6 +49,7 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from benchmarks.measure import _machine, add_out_options, refuse_overwrite, write_results  # noqa: E402
+from fairseq_tnn import recipe  # noqa: E402
 
 RPE3 = ["--rpe-dim", "32", "--rpe-layers", "3"]
 SKI_PAPER = ["--ski-rank", "32", "--ski-taps", "17", "--ski-warp-decay", "0.99"]
@@ -81,14 +83,17 @@ def parse_args(argv=None):
                    help=f"section/key of the models to train, of {' '.join(f'{s}/{k}' for s, k in MODELS)} "
                         f"(default: all but masked/ski_sum)")
     p.add_argument("--seeds", nargs="+", type=int, default=[1], help="one run per model and seed (default: 1)")
-    p.add_argument("--updates", type=int, default=300, help="updates per run (equal for every model)")
-    p.add_argument("--validate-every", type=int, default=50, help="updates between validations")
-    p.add_argument("--warmup", type=int, default=200, help="inverse-sqrt warm-up updates")
+    p.add_argument("--updates", type=int, default=int(recipe.QUALITY["max_update"]),
+                   help="updates per run (equal for every model)")
+    p.add_argument("--validate-every", type=int, default=int(recipe.QUALITY["validate_interval_updates"]),
+                   help="updates between validations")
+    p.add_argument("--warmup", type=int, default=int(recipe.QUALITY["warmup_updates"]),
+                   help="inverse-sqrt warm-up updates")
     p.add_argument("--width", type=int, default=128, help="embedding dim (GLU dim too)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--tokens-per-sample", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--lr", default="1e-3")
+    p.add_argument("--lr", default=recipe.QUALITY["lr"])
     p.add_argument("--length-factors", nargs="*", type=int, default=[1, 2, 4, 8],
                    help="score the masked models by fairseq-validate at these multiples of --tokens-per-sample "
                         "(default 1 2 4 8; none given: no scoring against length)")
@@ -127,6 +132,9 @@ def parse_args(argv=None):
             p.error(f"--data={args.data} is invalid: it has no {', '.join(s + '.bpe' for s in missing)}")
     elif not os.path.isfile(os.path.join(args.data_bin, "dict.txt")):
         p.error(f"--data-bin={args.data_bin} is invalid: it has no dict.txt (binarise with scripts/preprocess.sh)")
+    if "FAIRSEQ_PREPROCESS" in os.environ:
+        p.error("FAIRSEQ_PREPROCESS is set but no longer read: set FAIRSEQ_BIN to the directory of the fairseq "
+                "commands instead")
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
@@ -144,7 +152,7 @@ def binarise(args) -> str:
     if args.data_bin:
         return args.data_bin
     dest = os.path.join(args.out, "data-bin")
-    env = dict(os.environ, FAIRSEQ_PREPROCESS=os.path.join(fairseq_bin(), "fairseq-preprocess"))
+    env = dict(os.environ, FAIRSEQ_BIN=fairseq_bin())
     subprocess.run(["bash", os.path.join(ROOT, "scripts", "preprocess.sh"), args.data, dest], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     return dest
@@ -155,9 +163,6 @@ def train_command(args, data_bin: str, section: str, key: str, seed: int, save_d
     dim = ["--encoder-embed-dim" if section == "masked" else "--decoder-embed-dim", str(args.width),
            "--encoder-layers" if section == "masked" else "--decoder-layers", str(args.layers),
            "--glu-dim", str(args.width)]
-    task = (["--task", "tnn_masked_lm", "--criterion", "masked_lm", "--sample-break-mode", "complete"]
-            if section == "masked" else
-            ["--task", "tnn_language_modeling", "--criterion", "cross_entropy", "--sample-break-mode", "none"])
     # masked runs keep their final checkpoint (checkpoint_last.pt, scored against length), SKI ones also one per
     # validation (their part sizes)
     saving = ["--no-save"]
@@ -165,15 +170,14 @@ def train_command(args, data_bin: str, section: str, key: str, seed: int, save_d
         saving = ["--save-dir", save_dir, "--no-epoch-checkpoints"]
         if MODELS[(section, key)][0].startswith("ski") and "off" not in MODELS[(section, key)][1]:
             saving += ["--save-interval-updates", str(args.validate_every), "--keep-interval-updates", "-1"]
-    return [os.path.join(fairseq_bin(), "fairseq-train"), data_bin, "--user-dir", os.path.join(ROOT, "fairseq_tnn"),
-            "--arch", arch, *dim, *extra, *task,
-            "--tokens-per-sample", str(args.tokens_per_sample), "--batch-size", str(args.batch_size),
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(args.lr),
-            "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(args.warmup), "--clip-norm", "1.0",
-            "--weight-decay", "0.01", "--dropout", "0.1", "--max-update", str(args.updates), "--seed", str(seed),
-            "--validate-interval-updates", str(args.validate_every), "--validate-interval", "1000000",
-            "--log-format", "simple", "--log-interval", str(args.validate_every), "--num-workers", "0",
-            *(["--cpu"] if args.device == "cpu" else []), *saving]
+    knobs = {"lr": str(args.lr), "warmup_updates": str(args.warmup), "max_update": str(args.updates),
+             "seed": str(seed), "validate_interval_updates": str(args.validate_every),
+             "log_interval": str(args.validate_every), "cpu": args.device == "cpu"}
+    return [os.path.join(fairseq_bin(), "fairseq-train"), data_bin,
+            *recipe.fairseq_options({"user_dir": recipe.USER_DIR, "arch": arch}), *dim, *extra,
+            *recipe.fairseq_options({**recipe.TASK[section], "tokens_per_sample": str(args.tokens_per_sample),
+                                     "batch_size": str(args.batch_size), **recipe.QUALITY}, knobs),
+            *saving]
 
 
 VALID = re.compile(r"valid on 'valid' subset \| loss ([0-9.]+) \| ppl ([0-9.]+).*?num_updates (\d+)")

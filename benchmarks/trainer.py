@@ -40,6 +40,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
+from fairseq_tnn import recipe  # noqa: E402
 
 VOCAB = 50264  # Wikitext-103's dictionary (GPT-2 BPE), fairseq's 4 specials included
 QUICK_VOCAB = 1000
@@ -91,12 +92,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
     from fairseq.trainer import Trainer
 
     causal = section == "causal"
-    argv = [data, "--user-dir", os.path.join(ROOT, "fairseq_tnn"), "--arch", arch,
-            "--task", "tnn_language_modeling" if causal else "tnn_masked_lm",
-            "--criterion", "cross_entropy" if causal else "masked_lm", "--tokens-per-sample", str(n),
-            "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--weight-decay", "0.2", "--clip-norm", "1.0",
-            "--lr", "5e-4", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--seed", "1",
-            "--distributed-world-size", "1", "--dropout", "0.1"]
+    argv = [data, *recipe.fairseq_options(recipe.benchmark(section, arch, n))]  # the paper's optimizer
     argv += {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "fp32": []}[precision]
     if device == "cpu":
         argv.append("--cpu")

@@ -218,7 +218,7 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
 
 def benchmark(kind_: str, arch: str, tokens_per_sample: int) -> Dict:
     """benchmarks/trainer.py's recipe for one configuration (the caller adds precision, device and sizes)."""
-    return {"arch": arch, "task": TASK[kind_]["task"], "criterion": TASK[kind_]["criterion"],
+    return {"user_dir": USER_DIR, "arch": arch, "task": TASK[kind_]["task"], "criterion": TASK[kind_]["criterion"],
             "tokens_per_sample": str(tokens_per_sample), **BENCHMARK}
 
 

@@ -7,7 +7,7 @@
 # median wall time of one training update (scripts/plot_training.py), and a short sampled continuation of a
 # fixed prompt from each model (fairseq-interactive with the incremental decoder).
 #
-# Environment (defaults): MODELS ("tnn_lm_tiny fd_tnn_lm_tiny"), MAX_UPDATE (300), TOKENS_PER_SAMPLE (128),
+# Knobs are environment variables (defaults): MODELS ("tnn_lm_tiny fd_tnn_lm_tiny"), MAX_UPDATE (300), TOKENS_PER_SAMPLE (128),
 #   BATCH_SIZE (16), LR (0.003), WARMUP_UPDATES (50), LOG_INTERVAL (25), LENGTHS ("128 256 512 1024 2048"),
 #   WORK (<repo>/demo-run), FAIRSEQ_BIN (unset: set up and use <repo>/.venv; set: the fairseq CLIs to use,
 #   with PYTHON [$FAIRSEQ_BIN/python]). A finished training run in WORK is reused and an interrupted one resumed;
@@ -21,14 +21,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib.sh"
 usage="usage: bash scripts/demo.sh   (no arguments; settings are environment variables, see the header)"
 [[ $# -eq 0 ]] || usage_error
-if [[ -n "${FAIRSEQ_BIN:-}" ]]; then  # fairseq installed elsewhere (a cluster's environment, the test suite's): use it
-  BIN="$FAIRSEQ_BIN"
-else
-  bash "$ROOT/scripts/setup.sh"
-  BIN="$ROOT/.venv/bin"
-fi
-PY="${PYTHON:-$BIN/python}"
-export FAIRSEQ_BIN="$BIN" PYTHON="$PY" FAIRSEQ_PREPROCESS="${FAIRSEQ_PREPROCESS:-$BIN/fairseq-preprocess}"
+setup=0; [[ -n "${FAIRSEQ_BIN:-}" ]] || setup=1  # fairseq installed elsewhere (a cluster's, the test suite's): use it
+fairseq_env  # FAIRSEQ_BIN [<repo>/.venv/bin], PYTHON [$FAIRSEQ_BIN/python]
+[[ "$setup" == 0 ]] || bash "$ROOT/scripts/setup.sh"
+export FAIRSEQ_BIN PYTHON
 MODELS="${MODELS:-tnn_lm_tiny fd_tnn_lm_tiny}"
 MAX_UPDATE="${MAX_UPDATE:-300}"
 TPS="${TOKENS_PER_SAMPLE:-128}"
@@ -69,10 +65,10 @@ echo "demo: evaluating at $LENGTHS tokens (trained at $TPS), every block scored"
 FORCE=1 CPU=1 DATA="$DATA" LENGTHS="$LENGTHS" TABLE_TOKENS="$TPS" TRAIN_TOKENS="$TPS" NAME=demo \
   RESULTS_ROOT="$WORK/results" bash "$ROOT/scripts/eval_extrapolation.sh" "${ckpts[@]}" > "$WORK/eval.log" 2>&1 \
   || { tail -n 30 "$WORK/eval.log" >&2; exit 1; }
-"$PY" "$ROOT/scripts/plot_training.py" "${logs[@]}" --out "$RESULTS/training.png" --force \
+"$PYTHON" "$ROOT/scripts/plot_training.py" "${logs[@]}" --out "$RESULTS/training.png" --force \
   > "$WORK/training-summary.txt" 2> /dev/null
 for arch in $MODELS; do  # what the two models learned: impulse/frequency responses and Toeplitz matrices
-  "$PY" "$ROOT/scripts/plot_kernels.py" "$WORK/checkpoints/$arch/checkpoint_last.pt" --out "$RESULTS/kernels/$arch" \
+  "$PYTHON" "$ROOT/scripts/plot_kernels.py" "$WORK/checkpoints/$arch/checkpoint_last.pt" --out "$RESULTS/kernels/$arch" \
     --force > "$WORK/kernels-$arch.log" 2>&1 || { tail -n 20 "$WORK/kernels-$arch.log" >&2; exit 1; }
 done
 
@@ -91,7 +87,7 @@ PROMPT="And God said unto Moses"
 echo "demo: \"$PROMPT\" continued by each model (fairseq-interactive, top-10 sampling, seed 1, decoded with" \
   "data/sample/spm.model):"
 for arch in $MODELS; do
-  text="$(echo "$PROMPT" | "$BIN/fairseq-interactive" "$DATA" --user-dir "$ROOT/fairseq_tnn" --task tnn_language_modeling \
+  text="$(echo "$PROMPT" | "$FAIRSEQ_BIN/fairseq-interactive" "$DATA" --user-dir "$ROOT/fairseq_tnn" --task tnn_language_modeling \
     --path "$WORK/checkpoints/$arch/checkpoint_last.pt" --cpu --bpe sentencepiece \
     --sentencepiece-model "$ROOT/data/sample/spm.model" --beam 1 --sampling --sampling-topk 10 --seed 1 \
     --max-len-b 32 2> "$WORK/sample.log" | awk -F'\t' '/^D-0\t/ {print $3}')" \

@@ -19,7 +19,7 @@
 #   table.md            rows = models; val ppl, test ppl, params (M), laid out like the paper's Table 1
 # (written by scripts/extrapolation_report.py, which fails if any evaluation scored fewer tokens than the split has).
 #
-# Environment (defaults in brackets):
+# Knobs are environment variables (defaults in brackets):
 #   DATA [<repo>/data-bin/wikitext-103]  binarised data the checkpoints were trained on
 #   LENGTHS ["512 1024 2048 4096 8192 14336"]   SUBSET [test]   CONTEXT_WINDOW [0]
 #   TABLE [1]: 0 skips the valid/test table;  TABLE_TOKENS [the training length], TABLE_CONTEXT_WINDOW [0]: its
@@ -42,8 +42,7 @@ usage="usage: bash scripts/eval_extrapolation.sh [label=]<checkpoint.pt>..."
 source "$ROOT/scripts/lib.sh"
 [[ $# -ge 1 && "$1" != -* ]] || usage_error
 
-FAIRSEQ_BIN="${FAIRSEQ_BIN:-$ROOT/.venv/bin}"
-PYTHON="${PYTHON:-$FAIRSEQ_BIN/python}"
+fairseq_env
 DATA="${DATA:-$ROOT/data-bin/wikitext-103}"
 LENGTHS="${LENGTHS:-512 1024 2048 4096 8192 14336}"
 SUBSET="${SUBSET:-test}"

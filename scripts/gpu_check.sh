@@ -27,11 +27,15 @@
 #   --pytest  the tests part's pytest arguments instead of the default selection (e.g. "tests/gpu -x")
 #   --limit   a part's time limit in seconds (tests, bench-fp16, bench-bf16, data, environment; train: each
 #             of its runs); a part past its limit is stopped and reported as timed out
-# Environment: FAIRSEQ_BIN [<repo>/.venv/bin] and PYTHON [$FAIRSEQ_BIN/python], as scripts/train.sh; on a
-# machine set up from wheels (docs/references.md#gpu-machine-without-network):
-#   PYTHONPATH=/tmp/site:$PWD FAIRSEQ_BIN=/tmp/site/bin PYTHON=python3 bash scripts/gpu_check.sh
-# TEST_WORKERS: pytest-xdist processes for the tests part (default: half the cores, at most 8, when
-# pytest-xdist is installed; 0: none).
+# Knobs are environment variables, as in every script; the flags above are shorthands that set them (a flag
+# wins over the environment): OUT [results/gpu-check] (--out), FORCE [0] (--force: 1), CPU [0] (--cpu: 1),
+# QUICK [0] (--quick: 1), ONLY [every part] (--only), PYTEST_ARGS [the selection above] (--pytest),
+# LIMITS ["PART=SECONDS ...", space-separated; each --limit adds one], and
+#   FAIRSEQ_BIN [<repo>/.venv/bin] and PYTHON [$FAIRSEQ_BIN/python], as scripts/train.sh; on a machine set up
+#   from wheels (docs/references.md#gpu-machine-without-network):
+#     PYTHONPATH=/tmp/site:$PWD FAIRSEQ_BIN=/tmp/site/bin PYTHON=python3 bash scripts/gpu_check.sh
+#   TEST_WORKERS: pytest-xdist processes for the tests part (default: half the cores, at most 8, when
+#   pytest-xdist is installed; 0: none).
 # Exit status: 0 every part passed; 1 a part failed (report.md says which and why); 2 bad usage, no
 # GPU without --cpu, or an existing --out without --force.
 set -uo pipefail  # no -e: a failing part is recorded and the check goes on
@@ -42,8 +46,10 @@ usage="usage: bash scripts/gpu_check.sh [--out DIR] [--force] [--cpu] [--quick] 
 PARTS="environment tests bench-fp16 bench-bf16 data train"
 
 orig_args=("$@")
-out="results/gpu-check"; force=0; cpu=0; quick=0; only=""; pytest_args=""; pytest_given=0
-declare -A limit_arg=()
+env_knobs=()  # the knobs set in the environment, for the command line in the report
+for k in OUT FORCE CPU QUICK ONLY PYTEST_ARGS LIMITS; do [[ -n "${!k:-}" ]] && env_knobs+=("$k=${!k}"); done
+out="${OUT:-results/gpu-check}"; force="${FORCE:-0}"; cpu="${CPU:-0}"; quick="${QUICK:-0}"; only="${ONLY:-}"
+pytest_args="${PYTEST_ARGS:-}"; limits="${LIMITS:-}"
 while (( $# )); do
   case "$1" in
     --out) (( $# >= 2 )) || usage_error "--out needs a directory"; out="$2"; shift 2 ;;
@@ -51,25 +57,31 @@ while (( $# )); do
     --cpu) cpu=1; shift ;;
     --quick) quick=1; shift ;;
     --only) (( $# >= 2 )) || usage_error "--only needs a comma-separated list of parts: $PARTS"; only="$2"; shift 2 ;;
-    --pytest) (( $# >= 2 )) || usage_error "--pytest needs the pytest arguments, as one word"; pytest_args="$2"; pytest_given=1; shift 2 ;;
-    --limit)
-      (( $# >= 2 )) || usage_error "--limit needs PART=SECONDS"
-      [[ "$2" =~ ^([a-z0-9-]+)=([1-9][0-9]*)$ ]] || die "--limit '$2' is invalid: must be PART=SECONDS, SECONDS a positive integer" 2
-      [[ " $PARTS " == *" ${BASH_REMATCH[1]} "* ]] || die "--limit '$2': unknown part '${BASH_REMATCH[1]}'; parts: $PARTS" 2
-      limit_arg[${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}"; shift 2 ;;
+    --pytest) [[ $# -ge 2 && -n "$2" ]] || usage_error "--pytest needs the pytest arguments, as one word"; pytest_args="$2"; shift 2 ;;
+    --limit) (( $# >= 2 )) || usage_error "--limit needs PART=SECONDS"; limits="${limits:+$limits }$2"; shift 2 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) usage_error "unknown argument '$1'" ;;
   esac
 done
+for k in force cpu quick; do
+  [[ "${!k}" == 0 || "${!k}" == 1 ]] || die "${k^^} must be 0 or 1 (--$k sets 1), not '${!k}'" 2
+done
+[[ -n "$out" ]] || die "OUT must name a directory (--out DIR), not ''" 2
+declare -A limit_arg=()
+for entry in $limits; do
+  [[ "$entry" =~ ^([a-z0-9-]+)=([1-9][0-9]*)$ ]] \
+    || die "LIMITS / --limit '$entry' is invalid: must be PART=SECONDS, SECONDS a positive integer" 2
+  [[ " $PARTS " == *" ${BASH_REMATCH[1]} "* ]] || die "LIMITS / --limit '$entry': unknown part '${BASH_REMATCH[1]}'; parts: $PARTS" 2
+  limit_arg[${BASH_REMATCH[1]}]="${BASH_REMATCH[2]}"
+done
 if [[ -n "$only" ]]; then
   for p in ${only//,/ }; do
-    [[ " $PARTS " == *" $p "* ]] || die "--only '$only': unknown part '$p'; parts: $PARTS" 2
+    [[ " $PARTS " == *" $p "* ]] || die "ONLY / --only '$only': unknown part '$p'; parts: $PARTS" 2
   done
 fi
 wanted() { [[ "$1" == environment || -z "$only" || ",$only," == *",$1,"* ]]; }
 
-FAIRSEQ_BIN="${FAIRSEQ_BIN:-$ROOT/.venv/bin}"
-PYTHON="${PYTHON:-$FAIRSEQ_BIN/python}"
+fairseq_env
 command -v "$PYTHON" >/dev/null 2>&1 || die "PYTHON=$PYTHON is not an executable (set up .venv with scripts/setup.sh, or set PYTHON and FAIRSEQ_BIN; docs/references.md#gpu-machine-without-network)" 2
 [[ "$out" == /* ]] || out="$PWD/$out"
 if [[ -e "$out" ]]; then
@@ -96,7 +108,7 @@ for k in "${!limit_arg[@]}"; do limit[$k]="${limit_arg[$k]}"; done
 export PYTHONUNBUFFERED=1
 started="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 t_start=$(date +%s)
-command_line="$(quote_cmd bash scripts/gpu_check.sh "${orig_args[@]}")"
+command_line="$(quote_cmd "${env_knobs[@]}" bash scripts/gpu_check.sh "${orig_args[@]}")"
 : > "$out/parts.tsv"
 
 part_pid=""
@@ -133,7 +145,7 @@ run_part "environment" environment environment "" environment.log \
 
 # ---- tests
 if wanted tests; then
-  if [[ "$pytest_given" == 1 ]]; then
+  if [[ -n "$pytest_args" ]]; then
     read -r -a selection <<< "$pytest_args"
   elif [[ "$quick" == 1 ]]; then
     # a few quick files of each layer (without their tests that start processes), and tests/gpu (skipped
@@ -184,7 +196,7 @@ data_bin="$out/data/bin"
 if wanted data || wanted train; then
   if [[ "$quick" == 1 ]]; then
     run_part "data (data/sample binarised)" data data "" data/preprocess.log \
-      env FAIRSEQ_PREPROCESS="$FAIRSEQ_BIN/fairseq-preprocess" bash scripts/preprocess.sh data/sample "$data_bin"
+      env FAIRSEQ_BIN="$FAIRSEQ_BIN" bash scripts/preprocess.sh data/sample "$data_bin"
   else
     run_part "data (data/sample, dictionary padded to 50,264 symbols)" data data "" data/preprocess.log bash -c '
       set -euo pipefail

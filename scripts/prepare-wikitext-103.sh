@@ -12,7 +12,7 @@
 # Without network access it stops at once and names every file to fetch, from where, and where to put
 # it; place them by hand and rerun.
 #
-# Environment (defaults in brackets):
+# Knobs are environment variables (defaults in brackets):
 #   RAW_DIR [<repo>/data/wikitext-103]   downloads, raw text and BPE files
 #   WIKITEXT_URL [https://wikitext.smerity.com/wikitext-103-raw-v1.zip]
 #                (the original address, https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-raw-v1.zip,
@@ -36,8 +36,7 @@ WIKITEXT_URL="${WIKITEXT_URL:-https://wikitext.smerity.com/wikitext-103-raw-v1.z
 GPT2_BPE_URL="${GPT2_BPE_URL:-https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe}"
 CONNECT_TIMEOUT="${CONNECT_TIMEOUT:-10}"
 WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
-FAIRSEQ_BIN="${FAIRSEQ_BIN:-$ROOT/.venv/bin}"
-PYTHON="${PYTHON:-$FAIRSEQ_BIN/python}"
+fairseq_env
 DRY="${DRY_RUN:-0}"
 FORCE="${FORCE:-0}"
 SPLITS=(train valid test)

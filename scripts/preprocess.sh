@@ -2,8 +2,10 @@
 # Binarise a sentencepiece-encoded corpus for fairseq:
 #   bash scripts/preprocess.sh <text-dir> <dest-dir>
 # <text-dir> holds train.bpe, valid.bpe, test.bpe (space-separated pieces, one line
-# per sentence), e.g. data/sample. Skips the work if <dest-dir>/dict.txt exists
-# (FORCE=1 redoes it). WORKERS (default 2) sets fairseq-preprocess --workers.
+# per sentence), e.g. data/sample. Skips the work if <dest-dir>/dict.txt exists.
+# Knobs are environment variables (defaults in brackets): FORCE [0] (1 redoes an existing
+# <dest-dir>), WORKERS [2] (fairseq-preprocess --workers), FAIRSEQ_BIN [<repo>/.venv/bin]
+# (runs $FAIRSEQ_BIN/fairseq-preprocess).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib.sh
@@ -11,7 +13,7 @@ source "$ROOT/scripts/lib.sh"
 usage="usage: bash scripts/preprocess.sh <text-dir> <dest-dir>"
 [[ $# -eq 2 ]] || usage_error
 SRC="$1"; DEST="$2"
-FAIRSEQ_PREPROCESS="${FAIRSEQ_PREPROCESS:-$ROOT/.venv/bin/fairseq-preprocess}"
+fairseq_env
 for split in train valid test; do
   [[ -f "$SRC/$split.bpe" ]] || usage_error "preprocess.sh: error: missing $SRC/$split.bpe"
 done
@@ -23,6 +25,6 @@ if [[ -f "$DEST/dict.txt" ]]; then
   # fairseq-preprocess refuses an existing dict.txt: remove just the files it writes
   for f in dict.txt preprocess.log {train,valid,test}.{bin,idx}; do rm -f "$DEST/$f"; done
 fi
-"$FAIRSEQ_PREPROCESS" --only-source \
+"$FAIRSEQ_BIN/fairseq-preprocess" --only-source \
   --trainpref "$SRC/train.bpe" --validpref "$SRC/valid.bpe" --testpref "$SRC/test.bpe" \
   --destdir "$DEST" --workers "${WORKERS:-2}"
