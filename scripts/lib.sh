@@ -12,7 +12,7 @@
 #                             ($FAIRSEQ_BIN/fairseq-train, fairseq-preprocess, ...), and PYTHON [$FAIRSEQ_BIN/python];
 #                             refuses FAIRSEQ_PREPROCESS, which no script reads any more
 #
-# Knobs: every script takes its settings as environment variables (NAME=value bash scripts/x.sh), listed with
+# Knobs: every script takes its settings as environment variables (e.g. CPU=1 bash scripts/train.sh ...), listed with
 # their defaults in its header; an empty value is the default. gpu_check.sh's flags are shorthands for its own.
 #
 # <script> is PROG when set (the SLURM scripts set it: SLURM runs a copy named slurm_script), else the

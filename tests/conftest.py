@@ -10,7 +10,7 @@ import pytest
 import torch
 from filelock import FileLock  # a dependency of torch
 
-from helpers import NO_LR_SCHEDULE, ROOT, SCRIPTS, THREADS, cli, lm_train_cmd, mlm_train_cmd, ok, run
+from helpers import BIN, NO_LR_SCHEDULE, ROOT, SCRIPTS, THREADS, lm_train_cmd, mlm_train_cmd, ok, run
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(THREADS))
@@ -41,7 +41,7 @@ def data_bin(tmp_path_factory):
     """data/sample binarised by scripts/preprocess.sh."""
     def make(path):
         run(["bash", ROOT / "scripts/preprocess.sh", ROOT / "data/sample", path / "sample"],
-            env={"FAIRSEQ_PREPROCESS": cli("fairseq-preprocess")})
+            env={"FAIRSEQ_BIN": str(BIN)})
     return made_once(tmp_path_factory, "data-bin", make) / "sample"
 
 
@@ -95,7 +95,6 @@ LONGEST_FIRST = [
     "tests/scripts/test_docs_using_models.py",    # ~40 s
     "tests/scripts/test_benchmarks.py",           # ~60 s
     "tests/scripts/test_eval_extrapolation.py",   # ~45 s
-    "tests/cli/test_forkserver.py",               # ~60 s
     "tests/scripts/test_quality.py",              # ~50 s (and as much again in parallel fairseq runs)
     "tests/cli/test_generation_cli.py",           # ~25 s
     "tests/scripts/test_experiment_configs.py",   # ~30 s

@@ -2,24 +2,23 @@
 only pytest's fixtures and hooks): running commands and the fairseq CLIs, the tiny causal and masked
 recipes' fairseq-train options, the architecture presets from fairseq's registry, and the tolerance,
 relative-error and device helpers of the numeric tests."""
-import atexit
-import itertools
-import json
+import contextlib
+import io
+import logging
 import os
 import re
-import select
 import shlex
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
+import traceback
+import warnings
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import torch
 
-from forkserver import KINDS, kind_of
-from forkshim import make_shims
+from fairseq_tnn import recipe
+from fairseq_tnn.recipe import NO_LR_SCHEDULE  # noqa: F401  (the tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 # The fairseq CLIs: beside the Python that runs pytest (scripts/test.sh's venv), or where FAIRSEQ_BIN says
@@ -41,14 +40,11 @@ def command_env(**extra):
             **extra}
 
 
-# The fork server's environment: command_env() as this worker started, whenever the server starts (a test may
-# have changed os.environ by then: torchrun run in-process sets TORCHELASTIC_ variables).
-SERVER_ENV = command_env()
-
-
-def run(cmd, expect_ok=True, timeout=900, env=None, stdin=None):
-    """Run a command line (stdin: text fed to it), return its combined output; check the exit status."""
-    code, out, _ = execute(cmd, command_env(**(env or {})), timeout, stdin=stdin, merge=True)
+def run(cmd, expect_ok=True, timeout=900, env=None, stdin=None, process=False):
+    """Run a command line (stdin: text fed to it), return its combined output; check the exit status.
+    A fairseq CLI runs in this process unless process=True or env is given (see execute())."""
+    code, out, _ = execute(cmd, command_env(**(env or {})), timeout, stdin=stdin, merge=True,
+                           process=process or bool(env))
     if expect_ok and code != 0:
         raise AssertionError(f"command failed ({code}): {' '.join(map(str, cmd))}\n{out[-6000:]}")
     if not expect_ok and code == 0:
@@ -56,137 +52,133 @@ def run(cmd, expect_ok=True, timeout=900, env=None, stdin=None):
     return out
 
 
-def execute(cmd, env, timeout, stdin=None, merge=False, cwd=ROOT):
-    """subprocess.run of cmd from cwd: (exit status, stdout, stderr; with merge, stderr is in stdout and
-    None). The fairseq CLIs (a fairseq-* script in BIN) and `sys.executable SCRIPT.py | -m MODULE` are forked
-    from this worker's fork servers (tests/forkserver.py: the same command without the ~3.3 s of importing
-    torch, scikit-learn, scipy and fairseq's other libraries, and for the fairseq CLIs the 1.1 s of importing
-    fairseq) unless their environment needs a fresh
-    process; everything else (and every command with TESTS_FORKSERVER=0) starts as a process of its own."""
+# The fairseq CLIs that execute() runs in this process, as fairseq's own tests run training and evaluation
+# (their utilities call the CLI's main in the test's process). fairseq-hydra-train is not among them: hydra
+# keeps a process-wide singleton and may change the working directory.
+IN_PROCESS = {"fairseq-train", "fairseq-eval-lm", "fairseq-validate", "fairseq-generate", "fairseq-interactive",
+              "fairseq-preprocess"}
+
+
+def execute(cmd, env, timeout, stdin=None, merge=False, cwd=ROOT, process=False):
+    """Run cmd from cwd: (exit status, stdout, stderr; with merge, stderr is in stdout and None).
+    A fairseq CLI of IN_PROCESS (a fairseq-* script in BIN) runs in this process through its console entry
+    point (in_process()), unless process=True; everything else is a process of its own (subprocess.run,
+    killed after timeout seconds)."""
     cmd = [str(c) for c in cmd]
-    request = ForkServer.request(cmd)
-    if request is not None:
-        forked = ForkServer.get().execute(request, env, timeout, stdin, merge, cwd)
-        if forked is not None:
-            return forked
+    if not process and Path(cmd[0]).parent == BIN and Path(cmd[0]).name in IN_PROCESS:
+        return in_process(cmd, env, stdin, merge, cwd)
     proc = subprocess.run(cmd, input=stdin, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True, timeout=timeout,
                           env=env, cwd=cwd)
     return proc.returncode, proc.stdout, proc.stderr
 
 
-class ForkServer:
-    """The client of tests/forkserver.py: per pytest worker, a server of each kind (forkserver.KINDS: "python"
-    for Python scripts and modules, "fairseq" for fairseq's console scripts, fairseq preloaded), started on
-    first use with run()'s environment, stopped when the worker exits. TESTS_FORKSERVER=0 runs every command
-    as a fresh process."""
-    _instance = None
-    _count = itertools.count()
-    ENABLED = os.environ.get("TESTS_FORKSERVER", "1") != "0"
-
-    @classmethod
-    def request(cls, cmd):
-        """What a server would run for cmd ({"script" or "module", "args"}: it may still refuse, for an
-        environment that changes a start-up variable), or None if cmd needs a process of its own."""
-        if not cls.ENABLED:
-            return None
-        if Path(cmd[0]).parent == BIN and Path(cmd[0]).name.startswith("fairseq-"):
-            return {"script": cmd[0], "args": cmd[1:]}
-        if cmd[0] == sys.executable and len(cmd) > 2 and cmd[1] == "-m":
-            return {"module": cmd[2], "args": cmd[3:]}
-        if cmd[0] == sys.executable and len(cmd) > 1 and cmd[1].endswith(".py"):
-            return {"script": cmd[1], "args": cmd[2:]}
-        return None
-
-    @classmethod
-    def get(cls):
-        if cls._instance is None or any(s.proc.poll() is not None for s in cls._instance.servers.values()):
-            cls._instance = cls()
-        return cls._instance
-
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="forkserver-")
-        sockets = {kind: os.path.join(self.dir, f"{kind}.socket") for kind in KINDS}
-        # the scripts' FAIRSEQ_BIN and PYTHON (script_env): shims that hand their commands to these servers
-        self.shims = Path(self.dir) / "bin"
-        make_shims(self.shims, BIN, sys.executable, sockets)
-        self.servers = {kind: _Server(self.dir, kind, sockets[kind]) for kind in KINDS}  # importing together
-        for server in self.servers.values():
-            server.wait_ready()
-        self.forked = 0  # commands run as forks (the others were refused)
-        atexit.register(self.stop)
-
-    def stop(self):
-        for server in self.servers.values():
-            server.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def execute(self, request, env, timeout, stdin, merge, cwd):
-        n = next(self._count)
-        files = {k: os.path.join(self.dir, f"{n}.{k}") for k in ("stdin", "stdout", "stderr")}
-        for k, path in files.items():
-            with open(path, "w") as f:
-                f.write((stdin or "") if k == "stdin" else "")
-        if merge:
-            files["stderr"] = files["stdout"]
-        server = self.servers[kind_of(request)]
-        os.write(server.req_w, (json.dumps({**request, "env": env, "cwd": str(cwd), **files}) + "\n").encode())
-        started = server.reply(60)
-        if started is None:
-            raise RuntimeError(f"the fork server did not start {request}; its log: {server.log}")
-        if started.get("exec"):  # refused: the caller runs it as a process
-            for path in set(files.values()):
-                os.remove(path)
-            return None
-        pid = started["pid"]
-        self.forked += 1
-        status = server.reply(timeout)
-        if status is None:
-            os.kill(pid, signal.SIGKILL)
-            server.reply(60)
-        out, err = (open(files[k]).read() for k in ("stdout", "stderr"))
-        for path in set(files.values()):
-            os.remove(path)
-        if status is None:
-            raise subprocess.TimeoutExpired(request.get("script") or request["module"], timeout, output=out)
-        return status["status"], out, None if merge else err
+# A fresh interpreter's warning filters (the documented defaults of a release build of Python)
+PYTHON_WARNING_FILTERS = [("default", DeprecationWarning, "__main__"), ("ignore", DeprecationWarning, None),
+                          ("ignore", PendingDeprecationWarning, None), ("ignore", ImportWarning, None),
+                          ("ignore", ResourceWarning, None)]
 
 
-class _Server:
-    """One server process of ForkServer: its pipes (JSON lines: requests in, replies out) and its log."""
+# The state fairseq keeps in function attributes between the trainings of one process: the best validation loss
+# so far (which decides whether checkpoint_best.pt is written) and early stopping's count.
+RUN_STATE = {("fairseq.checkpoint_utils", "save_checkpoint"): ("best",),
+             ("fairseq_cli.train", "should_stop_early"): ("best", "num_runs")}
 
-    def __init__(self, directory, kind, server_socket):
-        req_r, self.req_w = os.pipe()
-        self.rep_r, rep_w = os.pipe()
-        self.log = os.path.join(directory, f"{kind}.log")
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("forkserver.py")), str(req_r),
-                                          str(rep_w), server_socket, kind], pass_fds=(req_r, rep_w), env=SERVER_ENV,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=ROOT)
-        os.close(req_r)
-        os.close(rep_w)
-        self.buf = b""
 
-    def wait_ready(self):
-        if self.reply(120) is None:  # {"ready": pid}: the libraries are imported
-            raise RuntimeError(f"the fork server did not start in 120 s; its log: {self.log}")
+def forget_runs():
+    """Clear RUN_STATE, so that a run in this process starts as in a new one."""
+    for (module, function), names in RUN_STATE.items():
+        if module in sys.modules:
+            for name in names:
+                vars(getattr(sys.modules[module], function)).pop(name, None)
 
-    def stop(self):
-        os.close(self.req_w)  # the server exits at the end of its requests
-        os.close(self.rep_r)
-        self.proc.wait(timeout=30)
 
-    def reply(self, timeout):
-        """The server's next reply (a dict), or None if none came within timeout seconds."""
-        while b"\n" not in self.buf:
-            if not select.select([self.rep_r], [], [], timeout)[0]:
-                return None
-            chunk = os.read(self.rep_r, 4096)
-            if not chunk:
-                raise RuntimeError(f"the fork server exited; its log: {self.log}")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
+def show_warning(message, category, filename, lineno, file=None, line=None):
+    """A process's showwarning (pytest records warnings instead): the warning on stderr."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def start_logging(name, out, err):
+    """(the root logger's handler, its level) as a process of the fairseq CLI `name` has them once it imported the
+    CLI's module. fairseq-train sets up logging before it imports fairseq: stdout, fairseq's format, LOGLEVEL
+    (default INFO). The other CLIs import fairseq first, and importing fairseq sets it up (its wav2vec2_classification
+    model calls logging.basicConfig(level=DEBUG)): stderr, Python's default format, DEBUG."""
+    if name == "fairseq-train":
+        handler = logging.StreamHandler(out)
+        handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+                                               "%Y-%m-%d %H:%M:%S"))
+        return handler, os.environ.get("LOGLEVEL", "INFO").upper()
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+    return handler, logging.DEBUG
+
+
+def in_process(cmd, env, stdin, merge, cwd):
+    """A fairseq console script run in this process as its process would run it: the function its entry point
+    names is called with sys.argv, sys.stdin/stdout/stderr, os.environ and the working directory of the
+    command, logging set up as in the CLI's process (start_logging()), and a fresh
+    interpreter's warning filters, and none of fairseq's state of earlier runs (RUN_STATE). An exception ends it as it ends a process: its traceback on stderr, status 1;
+    sys.exit(code) gives code. Afterwards everything it changed is put back: the logging handlers it added
+    (--log-file's) are closed, fairseq's tensorboard writers flushed and closed, and torch.compile's caches
+    emptied (a process's compiled code would end with it)."""
+    name = Path(cmd[0]).name
+    main, = [ep for ep in entry_points(group="console_scripts") if ep.name == name]
+    main = main.load()
+    if "fairseq_tnn" in sys.modules:  # fairseq skips --user-dir when the package is imported: register as it would
+        sys.modules["fairseq_tnn"].register()
+    forget_runs()
+    out = io.StringIO()
+    err = out if merge else io.StringIO()
+    saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
+    loggers = [logging.getLogger()] + [l for l in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(l, logging.Logger)]
+    saved_handlers = {id(l): (l, list(l.handlers), l.level) for l in loggers}
+    root = logging.getLogger()
+    handler, level = start_logging(name, out, err)
+    code = 0
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        sys.argv, sys.stdin = [cmd[0], *cmd[1:]], io.StringIO(stdin or "")
+        root.handlers = [handler]
+        root.setLevel(level)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.resetwarnings()
+            warnings.showwarning = show_warning
+            for action, category, module in reversed(PYTHON_WARNING_FILTERS):
+                warnings.filterwarnings(action, category=category, module=module or "")
+            try:
+                main()
+            except SystemExit as e:
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:  # noqa: BLE001  (a process prints the traceback and exits with 1)
+                traceback.print_exc(file=sys.stderr)
+                code = 1
+    finally:
+        for l, handlers, level in saved_handlers.values():
+            for h in l.handlers:
+                if h not in handlers and h is not handler:
+                    h.close()
+            l.handlers[:] = handlers
+            l.setLevel(level)
+        for l in logging.Logger.manager.loggerDict.values():  # loggers made during the run
+            if isinstance(l, logging.Logger) and id(l) not in saved_handlers:
+                for h in l.handlers:
+                    h.close()
+                l.handlers.clear()
+        from fairseq.logging import progress_bar
+        progress_bar._close_writers()
+        progress_bar._tensorboard_writers.clear()
+        if "torch._dynamo" in sys.modules:
+            torch._dynamo.reset()
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        sys.argv, sys.stdin = saved_argv, saved_stdin
+    return code, out.getvalue(), None if merge else err.getvalue()
 
 
 def cli(name):
@@ -217,48 +209,18 @@ def split_tokens(data_bin: Path, split: str) -> int:
     return int(ds.sizes.sum())
 
 
-def fairseq_options(defaults: dict, overrides: dict) -> list:
-    """fairseq command-line options from {name: value}, names with underscores for dashes (save_dir is
-    --save-dir). A keyword override replaces an option's value in place or adds it at the end; True makes a
-    bare flag (cpu=True is --cpu), None or False leaves the option out."""
-    merged = {**defaults, **overrides}
-    args = []
-    for name, value in merged.items():
-        if value is None or value is False:
-            continue
-        args.append("--" + name.replace("_", "-"))
-        if value is not True:
-            args.append(value)
-    return args
-
-
-# The causal recipe of the CLI tests: tnn_language_modeling, Adam with an inverse-sqrt schedule, on CPU.
-LM_OPTIONS = {
-    "user_dir": USER_DIR, "cpu": True, "task": "tnn_language_modeling", "criterion": "cross_entropy",
-    "arch": "tnn_lm_tiny", "sample_break_mode": "none", "tokens_per_sample": 64, "batch_size": 8,
-    "optimizer": "adam", "adam_betas": "(0.9, 0.98)", "lr_scheduler": "inverse_sqrt", "warmup_updates": 10,
-    "lr": "0.003", "log_format": "simple", "log_interval": 5, "seed": 1, "num_workers": 0,
-}
-# The masked recipe: tnn_masked_lm with whole lines per block ("complete"; the longest sample line, 112
-# pieces + eos + bos, fits 128 tokens), Adam at a constant rate, on CPU.
-MLM_OPTIONS = {
-    "user_dir": USER_DIR, "cpu": True, "task": "tnn_masked_lm", "criterion": "masked_lm",
-    "arch": "tnn_mlm_tiny", "sample_break_mode": "complete", "tokens_per_sample": 128, "batch_size": 8,
-    "optimizer": "adam", "lr": "0.001", "log_format": "simple", "log_interval": 1, "seed": 1, "num_workers": 0,
-    "no_epoch_checkpoints": True,
-}
-# Overrides that take the schedule out of the causal recipe: a constant learning rate, Adam's default betas.
-NO_LR_SCHEDULE = dict(lr_scheduler=None, warmup_updates=None, adam_betas=None)
+# The tiny causal and masked recipes of the CLI tests live with the other recipes in fairseq_tnn/recipe.py.
+LM_OPTIONS, MLM_OPTIONS = recipe.TEST_CAUSAL, recipe.TEST_MASKED
 
 
 def lm_args(**overrides) -> list:
     """The causal recipe's fairseq-train options (after the data directory), with keyword overrides."""
-    return fairseq_options(LM_OPTIONS, overrides)
+    return recipe.fairseq_options(LM_OPTIONS, overrides)
 
 
 def mlm_args(**overrides) -> list:
     """The masked recipe's fairseq-train options (after the data directory), with keyword overrides."""
-    return fairseq_options(MLM_OPTIONS, overrides)
+    return recipe.fairseq_options(MLM_OPTIONS, overrides)
 
 
 def lm_train_cmd(data_bin, *extra, **overrides) -> list:
@@ -346,24 +308,14 @@ SCRIPT_ENV.update(FAIRSEQ_BIN=str(BIN), PYTHON=sys.executable, PYTHONUNBUFFERED=
 
 
 def script_env(env=None):
-    """A script's environment: SCRIPT_ENV, then env. With the fork server, FAIRSEQ_BIN and PYTHON are its
-    shims (tests/forkshim.py), through which the script's fairseq commands and Python scripts are forked
-    from it (unless env sets them)."""
-    out = dict(SCRIPT_ENV)
-    if ForkServer.ENABLED:
-        shims = ForkServer.get().shims
-        out.update(FAIRSEQ_BIN=str(shims), PYTHON=str(shims / "python"))
-    return {**out, **(env or {})}
-
-
-def script_cli(name):
-    """The path of a fairseq CLI as a script run by sh() sees it ($FAIRSEQ_BIN/name)."""
-    return str(Path(script_env()["FAIRSEQ_BIN"]) / name)
+    """A script's environment: SCRIPT_ENV, then env."""
+    return {**SCRIPT_ENV, **(env or {})}
 
 
 def sh(cmd, env=None, timeout=600):
-    """Run a command from the repository root; return (exit status, stdout, stderr)."""
-    return execute(cmd, script_env(env), timeout)
+    """Run a command from the repository root; return (exit status, stdout, stderr). A fairseq CLI runs in
+    this process unless env is given (execute())."""
+    return execute(cmd, script_env(env), timeout, process=bool(env))
 
 
 def ok(cmd, env=None, timeout=600):

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from helpers import ROOT, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run, split_tokens, valid_ppls
+from helpers import ROOT, USER_DIR, cli, command_env, execute, lm_train_cmd, mlm_train_cmd, run, split_tokens, valid_ppls
 
 TPS = 64
 
@@ -132,3 +132,41 @@ def test_log_file_has_each_line_once_over_three_epochs(data_bin, tmp_path):
     assert len([x for x in lines if '"train_num_updates"' in x]) == 3  # one end-of-epoch summary per epoch
     records = [x for x in lines if x.startswith('{"')]  # the json log lines (the model printout repeats itself)
     assert len(records) == len(set(records)) and len(records) >= 15
+
+
+def scores(log):
+    """The lines of a fairseq log that carry results (training and validation losses, eval-lm's loss,
+    interactive's hypotheses), without their time stamps, speeds and timings."""
+    keep = []
+    for line in log.splitlines():
+        line = re.sub(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| ", "", line)
+        if re.search(r"\| (train_inner|valid|train) \||valid on|Loss \(base 2\)|^[SHD]-\d", line):
+            keep.append(re.sub(r"(, | \| )?(update_ms|max_rss_mb|wps|ups|train_wall|wall)[ =][0-9.]+", "", line))
+    return keep
+
+
+@pytest.mark.slow
+def test_console_scripts_run_as_processes(data_bin, tiny_checkpoints, tmp_path):
+    """fairseq-train, fairseq-eval-lm, fairseq-validate and fairseq-interactive typed as a user types them, each a
+    process of its own, give what the same command gives run in the test's process (tests/helpers.py, as the rest
+    of the suite runs them): the same losses, scores and hypotheses."""
+    lm, mlm = (tiny_checkpoints[arch] / "checkpoint_best.pt" for arch in ("tnn_lm_tiny", "tnn_mlm_tiny"))
+    commands = {
+        "train": lambda where: lm_train_cmd(data_bin, tokens_per_sample=TPS, max_update=6, log_interval=2,
+                                            validate_interval_updates=6, max_valid_steps=2, save_dir=tmp_path / where),
+        "eval-lm": lambda where: [cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--path", lm,
+                                  "--task", "tnn_language_modeling", "--tokens-per-sample", TPS, "--batch-size", 4,
+                                  "--num-workers", 0],
+        "validate": lambda where: [cli("fairseq-validate"), data_bin, "--user-dir", USER_DIR, "--cpu", "--path", mlm,
+                                   "--task", "tnn_masked_lm", "--batch-size", 4, "--num-workers", 0],
+        "interactive": lambda where: [cli("fairseq-interactive"), data_bin, "--user-dir", USER_DIR, "--cpu",
+                                      "--task", "tnn_language_modeling", "--path", lm, "--bpe", "sentencepiece",
+                                      "--sentencepiece-model", ROOT / "data/sample/spm.model", "--beam", 2,
+                                      "--max-len-b", 8],
+    }
+    for name, command in commands.items():
+        alone, here = (execute(command(where), command_env(), 300, stdin="And God said\n", process=where == "process")
+                       for where in ("process", "in-process"))
+        assert alone[0] == here[0] == 0, (name, alone, here)
+        alone, here = ([scores(out), scores(err)] for _, out, err in (alone, here))  # each stream on its own
+        assert alone == here and alone != [[], []], (name, alone, here)

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from helpers import (ROOT, USER_DIR, cli, command_env, lm_train_cmd, mlm_train_cmd, rel, run, script_cli, split_tokens,
+from helpers import (BIN, ROOT, USER_DIR, cli, command_env, lm_train_cmd, mlm_train_cmd, rel, run, split_tokens,
                      wt103_presets)
 
 TPS = 64
@@ -40,12 +40,10 @@ def losses_by_update(log):
 
 
 def kill_at(cmd, update):
-    """Start fairseq-train cmd, SIGKILL it as soon as it logs `update`; return what it printed. It starts as
-    the fork server's shim (tests/forkshim.py), which the SIGKILL hits and whose command the server then
-    SIGKILLs, or as itself without the server."""
+    """Start fairseq-train cmd as a process, SIGKILL it as soon as it logs `update`; return what it printed."""
     assert cmd[0] == cli("fairseq-train"), cmd[0]
-    proc = subprocess.Popen([script_cli("fairseq-train"), *map(str, cmd[1:])], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=command_env())
+    proc = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            env=command_env())
     seen = []
     for line in proc.stdout:
         seen.append(line)
@@ -178,7 +176,7 @@ def make_corpus(tmp_path, train, valid, test):
     for name, lines in (("train", train), ("valid", valid), ("test", test)):
         (src / f"{name}.bpe").write_text("".join(line + "\n" for line in lines))
     dest = tmp_path / "bin"
-    run(["bash", ROOT / "scripts/preprocess.sh", src, dest], env={"FAIRSEQ_PREPROCESS": cli("fairseq-preprocess")})
+    run(["bash", ROOT / "scripts/preprocess.sh", src, dest], env={"FAIRSEQ_BIN": str(BIN)})
     return dest
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, ForkServer, command_env, execute
+from helpers import ROOT, command_env, execute
 
 DOC = ROOT / "docs" / "using-models.md"
 README = ROOT / "README.md"
@@ -36,15 +36,8 @@ def sandbox(tmp_path_factory, data_bin, tiny_checkpoints):
 
 
 def venv_like(path):
-    """The venv the docs' commands name (.venv/bin/fairseq-train ...): the suite's, its bin/ the fork server's
-    shims (tests/forkshim.py: its fairseq commands and `python SCRIPT.py` forked, the rest the real programs)."""
-    if not ForkServer.ENABLED:
-        path.symlink_to(VENV)
-        return
-    shims = ForkServer.get().shims
-    path.mkdir()
-    for entry in VENV.iterdir():
-        (path / entry.name).symlink_to(shims if entry.name == "bin" else entry)
+    """The venv the docs' commands name (.venv/bin/fairseq-train ...): the suite's."""
+    path.symlink_to(VENV)
 
 
 def run_block(kind, code, cwd, scripts):

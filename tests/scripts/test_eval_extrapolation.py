@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import SCRIPTS, USER_DIR, flags, ok, script_cli, script_module, sh, split_tokens
+from helpers import SCRIPTS, USER_DIR, cli, flags, ok, script_module, sh, split_tokens
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_eval_extrapolation_refuses_existing_results(extrapolation, train_sh_run
 def test_eval_extrapolation_dry_run_commands(train_sh_run, data_bin, tmp_path):
     env = {"DRY_RUN": "1", "DATA": str(data_bin), "RESULTS_ROOT": str(tmp_path)}
     out, _ = ok(["bash", SCRIPTS / "eval_extrapolation.sh", f"TNN={train_sh_run / 'checkpoint_best.pt'}"], env)
-    evals = [shlex.split(line) for line in out.splitlines() if line.startswith(script_cli("fairseq-eval-lm"))]
+    evals = [shlex.split(line) for line in out.splitlines() if line.startswith(cli("fairseq-eval-lm"))]
     # 6 lengths on test, plus the table at the training length read from the checkpoint (64): valid and test
     assert [(flags(e)["--gen-subset"][0], int(flags(e)["--tokens-per-sample"][0])) for e in evals] == \
         [("test", L) for L in (512, 1024, 2048, 4096, 8192, 14336)] + [("valid", 64), ("test", 64)]

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from helpers import ROOT, SCRIPTS, SLURM, USER_DIR, dry_train, flags, ok, script_cli, sh, wt103_presets
+from helpers import ROOT, SCRIPTS, SLURM, USER_DIR, cli, dry_train, flags, ok, sh, wt103_presets
 
 CAUSAL = wt103_presets("tnn_lm")
 EXPERIMENTS = CAUSAL + wt103_presets("tnn_mlm")
@@ -46,7 +46,7 @@ def test_sbatch_dry_run_is_train_sh_recipe_under_srun(data_bin, tmp_path, experi
            "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "4242"}
     out, _ = ok(["bash", TRAIN_SBATCH, experiment, "--max-epoch", "3"], env)
     argv = shlex.split(out)
-    assert argv[:3] == ["srun", "--kill-on-bad-exit=1", script_cli("fairseq-train")], argv
+    assert argv[:3] == ["srun", "--kill-on-bad-exit=1", cli("fairseq-train")], argv
     f = flags(argv[3:])
     assert f["--distributed-world-size"] == ["16"] and f["--distributed-port"] == [str(10000 + 4242)]
     assert f["--update-freq"] == (["1"] if experiment in CAUSAL else ["2"])  # 128 / (8 x 16), 512 / (16 x 16)

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from helpers import (ROOT, SCRIPTS, USER_DIR, arch_presets, dry_train, flags, ok, script_cli, script_env, sh,
+from helpers import (ROOT, SCRIPTS, USER_DIR, arch_presets, cli, dry_train, flags, ok, script_env, sh,
                      wt103_presets)
 
 CAUSAL = wt103_presets("tnn_lm")
@@ -31,7 +31,7 @@ def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, ba
     argv = dry_train(preset, data_bin, NPROC=str(nproc), BATCH_PER_GPU=str(batch), SAVE_ROOT=str(tmp_path / "ck"))
     causal = preset in CAUSAL
     if nproc == 1:
-        assert argv[0] == script_cli("fairseq-train")
+        assert argv[0] == cli("fairseq-train")
         args = argv[1:]
         assert flags(args)["--distributed-world-size"] == ["1"]
     else:
@@ -114,7 +114,7 @@ def test_train_nproc_defaults_to_the_visible_gpus(data_bin, tmp_path):
     argv = dry_train("tnn_lm_wt103", data_bin, CUDA_VISIBLE_DEVICES="0,1", **env)
     assert argv[3:5] == ["--nproc", "2"] and flags(argv)["--update-freq"] == ["8"]
     argv = dry_train("tnn_lm_wt103", data_bin, CPU="1", **env)
-    assert argv[0] == script_cli("fairseq-train") and flags(argv)["--update-freq"] == ["16"]
+    assert argv[0] == cli("fairseq-train") and flags(argv)["--update-freq"] == ["16"]
 
 
 def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_path):
