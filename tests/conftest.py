@@ -80,25 +80,23 @@ def train_sh_run(data_bin, tmp_path_factory):
     return made_once(tmp_path_factory, "train-sh", make) / "tnn_lm_tiny"
 
 
-# The files that take longest on 2 CPU cores (worker-seconds on a fresh clone, 2026-11-24: fairseq processes and
-# CPU compilation), run first. scripts/test.sh hands whole files to its pytest-xdist workers in collection
-# order (--dist loadfile --no-loadscope-reorder; xdist's own reordering puts the files with the fewest tests,
-# which here are the longest ones, last), so that the last files to start are short and the workers end
-# together instead of one waiting on the demo for two minutes.
+# The files that take longest on 2 CPU cores (worker-seconds on a fresh clone's second run, 2026-11-25, from
+# pytest's --junitxml: fairseq processes and CPU compilation), run first. scripts/test.sh hands whole files to
+# its pytest-xdist workers in collection order (--dist loadfile --no-loadscope-reorder; xdist's own reordering
+# puts the files with the fewest tests, which here are the longest ones, last), so that the last files to start
+# are short and the workers end together instead of one waiting on the demo for a minute.
 LONGEST_FIRST = [
-    "tests/modules/test_compile.py",              # ~120 s with a warm inductor cache, ~300 s without (as in CI)
-    "tests/reliability/test_reliability.py",      # ~115 s
-    "tests/scripts/test_gpu_check.py",            # ~100 s, ~150 s without
-    "tests/reliability/test_distributed.py",      # ~120 s
-    "tests/cli/test_cli.py",                      # ~90 s
-    "tests/scripts/test_demo.py",                 # ~75 s
-    "tests/scripts/test_docs_using_models.py",    # ~40 s
-    "tests/scripts/test_benchmarks.py",           # ~60 s
+    "tests/modules/test_compile.py",              # ~60 s with a warm inductor cache, several minutes without (as in CI)
+    "tests/scripts/test_quality.py",              # ~85 s (and as much again in parallel fairseq runs)
+    "tests/scripts/test_gpu_check.py",            # ~80 s
+    "tests/reliability/test_reliability.py",      # ~65 s
+    "tests/reliability/test_distributed.py",      # ~65 s
+    "tests/scripts/test_demo.py",                 # ~65 s
+    "tests/cli/test_cli.py",                      # ~45 s
     "tests/scripts/test_eval_extrapolation.py",   # ~45 s
-    "tests/scripts/test_quality.py",              # ~50 s (and as much again in parallel fairseq runs)
-    "tests/cli/test_generation_cli.py",           # ~25 s
-    "tests/scripts/test_experiment_configs.py",   # ~30 s
-    "tests/modules/test_precision.py",            # ~30 s
+    "tests/scripts/test_benchmarks.py",           # ~40 s
+    "tests/scripts/test_docs_using_models.py",    # ~40 s
+    "tests/scripts/test_experiment_configs.py",   # ~35 s
 ]
 
 
