@@ -113,26 +113,29 @@ def start_logging(name, out, err):
     return handler, logging.DEBUG
 
 
+def loggers():
+    """The root logger and every logger made so far."""
+    return [logging.getLogger()] + [l for l in logging.Logger.manager.loggerDict.values() if isinstance(l, logging.Logger)]
+
+
 def in_process(cmd, env, stdin, merge, cwd):
     """A fairseq console script run in this process as its process would run it: the function its entry point
-    names is called with sys.argv, sys.stdin/stdout/stderr, os.environ and the working directory of the
-    command, logging set up as in the CLI's process (start_logging()), and a fresh
-    interpreter's warning filters, and none of fairseq's state of earlier runs (RUN_STATE). An exception ends it as it ends a process: its traceback on stderr, status 1;
-    sys.exit(code) gives code. Afterwards everything it changed is put back: the logging handlers it added
-    (--log-file's) are closed, fairseq's tensorboard writers flushed and closed, and torch.compile's caches
-    emptied (a process's compiled code would end with it)."""
+    names is called with the command's sys.argv, sys.stdin/stdout/stderr, os.environ and working directory,
+    logging set up as in the CLI's process (start_logging()), a fresh interpreter's warning filters, and none
+    of fairseq's state of earlier runs (RUN_STATE). An exception ends it as it ends a process: its traceback on
+    stderr, status 1; sys.exit(code) gives code. Afterwards everything it changed is put back: the logging
+    handlers it added (--log-file's) are closed, fairseq's tensorboard writers flushed and closed, and
+    torch.compile's caches emptied (a process's compiled code would end with it)."""
     name = Path(cmd[0]).name
-    main, = [ep for ep in entry_points(group="console_scripts") if ep.name == name]
-    main = main.load()
+    entry, = [ep for ep in entry_points(group="console_scripts") if ep.name == name]
+    main = entry.load()
     if "fairseq_tnn" in sys.modules:  # fairseq skips --user-dir when the package is imported: register as it would
         sys.modules["fairseq_tnn"].register()
     forget_runs()
     out = io.StringIO()
     err = out if merge else io.StringIO()
     saved_env, saved_cwd, saved_argv, saved_stdin = dict(os.environ), os.getcwd(), sys.argv, sys.stdin
-    loggers = [logging.getLogger()] + [l for l in logging.Logger.manager.loggerDict.values()
-                                       if isinstance(l, logging.Logger)]
-    saved_handlers = {id(l): (l, list(l.handlers), l.level) for l in loggers}
+    saved_loggers = {l: (list(l.handlers), l.level) for l in loggers()}
     root = logging.getLogger()
     handler, level = start_logging(name, out, err)
     code = 0
@@ -158,17 +161,13 @@ def in_process(cmd, env, stdin, merge, cwd):
                 traceback.print_exc(file=sys.stderr)
                 code = 1
     finally:
-        for l, handlers, level in saved_handlers.values():
+        for l in loggers():  # each logger's handlers and level as before (none for one made by the run)
+            handlers, l_level = saved_loggers.get(l, ([], l.level))
             for h in l.handlers:
-                if h not in handlers and h is not handler:
+                if h not in handlers:
                     h.close()
             l.handlers[:] = handlers
-            l.setLevel(level)
-        for l in logging.Logger.manager.loggerDict.values():  # loggers made during the run
-            if isinstance(l, logging.Logger) and id(l) not in saved_handlers:
-                for h in l.handlers:
-                    h.close()
-                l.handlers.clear()
+            l.setLevel(l_level)
         from fairseq.logging import progress_bar
         progress_bar._close_writers()
         progress_bar._tensorboard_writers.clear()
