@@ -18,7 +18,8 @@ eager one in disguise; ``--modes``, ``--configs`` choose a subset):
 * CUDA kernel time per update from torch.profiler (the sum of the kernels' device durations), the
   ratio wall / kernel time (1.0 = the GPU never waits for the host), and kernels launched per update
   (on CPU: operator time and operators per update instead);
-* peak memory of an update (``torch.cuda.max_memory_allocated``; CPU: not measured here, see run.py);
+* peak memory of an update (``torch.cuda.max_memory_allocated`` less what the configurations built before
+  it still hold: the model's own parameters, optimizer state and update; CPU: not measured here, see run.py);
 * speed-ups over the group's TNN baseline, beside the SKI paper's A100 ratios, and the bounds: the TNN
   model with its TNOs replaced by a fixed precomputed spectrum (the FFT convolution alone) and by the
   identity (no token mixing at all).
@@ -183,16 +184,17 @@ def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: 
                         continue
                     torch.manual_seed(1)
                     t0 = time.time()
-                    trainer = build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
-                    if device == "cuda":
+                    if device == "cuda":  # the trainers built before this one stay allocated (interleaved rounds)
+                        others = torch.cuda.memory_allocated()
                         torch.cuda.reset_peak_memory_stats()
+                    trainer = build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
                     for _ in range(warmup):  # compiles, allocates the optimizer state
                         trainer.train_step([sample])
                     _sync(device)
                     c = {"key": key, "label": LABELS[key] + (" compiled" if compiled else ""), "arch": arch,
                          "compiled": compiled, "bound": bound, "warmup_s": round(time.time() - t0, 1), "ms": []}
                     if device == "cuda":
-                        c["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+                        c["peak_mib"] = (torch.cuda.max_memory_allocated() - others) / 2 ** 20  # this model's own
                     c.update(_profile(trainer, sample, device, max(1, per_round)))
                     configs.append((c, trainer))
                     log(f"[{section} {batch}x{n}] built {c['label']} in {c['warmup_s']} s")
@@ -212,7 +214,7 @@ def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: 
                 c["median_ms"] = statistics.median(c["ms"])
                 c["wall_over_kernel"] = c["median_ms"] / c["kernel_ms"] if c["kernel_ms"] else None
             groups.append({"section": section, "n": n, "batch": batch, "configs": result})
-            del configs
+            del configs, trainer
             if device == "cuda":
                 torch.cuda.empty_cache()
             for c in result:

@@ -47,12 +47,13 @@ def test_fairseq_train_on_gpu(data_bin, tmp_path, arch, precision):
 def test_compiled_equals_eager_on_gpu(arch):
     torch.manual_seed(0)
     model = build_arch(arch, 1000, dropout=0.0, **small(arch)).cuda()
-    layers = model.decoder.layers if arch in CAUSAL else model.encoder.layers
-    eager = layers[0]
+    stack = model.decoder if arch in CAUSAL else model.encoder
+    eager = stack.layers[0]
     compiled = copy.deepcopy(eager)
     compile_layers(torch.nn.ModuleList([compiled]))
+    width = stack.embed_tokens.embedding_dim  # 512 causal, 768 masked
     for n in (512, 1000):
-        assert_compiled_matches_eager(eager, compiled, torch.randn(2, n, 512, device="cuda"))
+        assert_compiled_matches_eager(eager, compiled, torch.randn(2, n, width, device="cuda"))
 
 
 @pytest.mark.slow
