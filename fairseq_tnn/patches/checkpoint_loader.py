@@ -59,7 +59,7 @@ def read_error(path: str, err: BaseException) -> CheckpointReadError:
             f"cannot load checkpoint {path}: it holds an object made by {refused}, which torch.load refuses "
             "with weights_only=True (torch's default since 2.6, with which fairseq loads every checkpoint); "
             "checkpoints written by other fairseq versions can hold such objects, numpy values among them. The "
-            "file is not damaged: torch read it up to that object. "
+            "file was read up to that object: it is not damaged. "
             "Loading it without the restriction lets the file run any code it names, so do it only if you trust "
             "the file (you or someone you trust wrote it): run the same command with "
             "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 in its environment (for that process, torch then loads every "
