@@ -2,12 +2,16 @@
 between the fp16 model and its flat fp32 master copy, one multi-tensor copy per direction, do exactly what
 fairseq's per-parameter loops do (the same flat layout and values), for the plugin's models and fairseq's own
 (transformer_lm) alike; unflattened master weights keep fairseq's code."""
+import re
+import sys
+
 import pytest
 import torch
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
 from fairseq_tnn import register
 from fairseq_tnn.patches.base import resolve
+from helpers import ROOT, command_env, execute
 
 register()  # the plugin as fairseq loads it: the patches installed
 
@@ -110,3 +114,14 @@ def test_every_model_takes_the_fast_path_with_fairseqs_values(monkeypatch, arch)
     FAIRSEQ_SYNC_PARAMS(theirs)
     assert torch.equal(ours.fp32_params[None].grad, theirs.fp32_params[None].grad)
     assert all(torch.equal(a, b) for a, b in zip(ours.fp16_params, theirs.fp16_params))
+
+
+def test_the_benchmark_times_both_syncs_side_by_side():
+    """benchmarks/fp16_syncs.py (the figures in docs/training.md) runs as documented and reports fairseq's loops
+    and the plugin's copies for the same parameters."""
+    code, out, _ = execute([sys.executable, ROOT / "benchmarks/fp16_syncs.py", "--arch", "tnn_lm_tiny", "--rounds", 2],
+                           command_env(), 300, merge=True)
+    assert code == 0, out[-3000:]
+    assert re.search(r"tnn_lm_tiny, (\d+) parameters, device meta", out), out
+    for name in ("fairseq", "plugin"):
+        assert re.search(rf"^\| {name} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out
