@@ -111,7 +111,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
     model = task.build_model(cfg.model)
     if bound:
         from benchmarks.measure import FixedSpectrumTno, IdentityTno
-        from fairseq_tnn.models.blocks import compile_layers
+        from fairseq_tnn.models.compile import compile_layers
         layers = model.decoder.layers if causal else model.encoder.layers
         for layer in layers:
             layer.gtu.tno = FixedSpectrumTno(layer.gtu.tno, n) if bound == "fixed" else IdentityTno()

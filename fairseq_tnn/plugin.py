@@ -1,7 +1,7 @@
 """Registration with fairseq: the plugin's models, architectures and tasks, and its fairseq patches.
 
-``register()`` installs the patches (the table ``PATCHES`` in fairseq_tnn/patches.py, each checked against the
-installed fairseq's code) and imports the fairseq glue, whose
+``register()`` installs the patches (the table ``PATCHES`` in fairseq_tnn/patches/__init__.py, each checked against
+the installed fairseq's code) and imports the fairseq glue, whose
 ``@register_model`` / ``@register_model_architecture`` / ``@register_task`` decorators fill fairseq's
 registries. It runs when anything imports the glue, fairseq_tnn.models or fairseq_tnn.tasks (``--user-dir``:
 fairseq imports every module of the plugin's ``tasks/`` and ``models/`` folders), and from

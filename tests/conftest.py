@@ -49,7 +49,7 @@ def data_bin(tmp_path_factory):
 def tiny_checkpoints(data_bin, tmp_path_factory):
     """A few updates of each tiny model: {arch: checkpoint dir with checkpoint_best.pt}, for the
     generation, scoring and fill-mask tests. The causal ones train with --sample-break-mode eos
-    (fairseq's numpy-2-sensitive path, see fairseq_tnn/patches.py)."""
+    (fairseq's numpy-2-sensitive path, see fairseq_tnn/patches/numpy2_compat_long.py)."""
     archs = ("tnn_lm_tiny", "fd_tnn_lm_tiny", "tnn_mlm_tiny")
 
     def make(root):

@@ -1,56 +1,17 @@
 """Building a stack of TNN layers from a model config (shared by the LM and the MLM)."""
-import contextlib
-import inspect
-import logging
 from typing import Optional
 
-import torch
-import torch._functorch.config
 from torch import nn
 
 from ..modules import Glu, Gtu, TnnLayer
 from ..modules.tno import TnoSettings, tno_class
-from ..modules.tno.base import require
-from ..patches import mark_plugin_parameters
-from .config import COMPILE_MODES, compile_mode
-
-logger = logging.getLogger(__name__)
-# The compile warning's logger: a child of fairseq-train's logger, to whose handlers fairseq_cli.train gives
-# its --log-file (train.log), so the warning reaches that file as well as the console, like fairseq-train's own
-# lines, without adding a handler anywhere.
-compile_logger = logging.getLogger("fairseq_cli.train." + __name__)
-
-# torch.compile keeps one graph per sequence length the layers see (more precisely, per FFT size:
-# the lengths that share one reuse a graph). Training sees one length (--sample-break-mode none)
-# or the few the batches are padded to; evaluation one per block length. Past this many graphs
-# torch runs the layers eagerly (still correct), instead of its default 8. Passed to torch.compile
-# for the layers' compiled forward only (its recompile_limit argument); the process-wide default
-# (torch._dynamo.config.recompile_limit) is left as it is.
-COMPILE_RECOMPILE_LIMIT = 64
-# torch.compile takes recompile_limit in recent torch (2.13 here); an older torch (the GPU machine's 2.11, say) gets
-# dynamo's own setting, patched for the layers' calls only (recompile_limit, once cache_size_limit).
-TORCH_COMPILE_TAKES_LIMIT = "recompile_limit" in inspect.signature(torch.compile).parameters
-
-
-def _compile_options() -> dict:
-    return {"recompile_limit": COMPILE_RECOMPILE_LIMIT} if TORCH_COMPILE_TAKES_LIMIT else {}
-
-
-def _older_torch_limit():
-    """Around a compiled layer's call: nothing, or on an older torch dynamo's limit patched for the call."""
-    if TORCH_COMPILE_TAKES_LIMIT:
-        return contextlib.nullcontext()
-    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    return torch._dynamo.config.patch(**{name: COMPILE_RECOMPILE_LIMIT})
 
 
 def build_layers(cfg, dim: int, num_layers: int, causal: bool, tno_settings: TnoSettings,
-                 name: str = "layers", training_length: Optional[int] = None) -> nn.ModuleList:
+                 training_length: Optional[int] = None) -> nn.ModuleList:
     """The model's stack of TNN layers, each with a ``cfg.tno_type`` TNO of the checked ``tno_settings``
-    (``validate_block_config``'s), compiled per ``--tnn-compile`` (``name``: the stack's attribute path in the
-    model, which names a layer in the compile warnings). ``training_length``: the length the model trains at,
-    for a TNO type that ``uses_training_length`` (None: not known). The layers' parameters are marked as the
-    plugin's (``patches.mark_plugin_parameters``: --fp16's fast master-weight syncs)."""
+    (``validate_block_config``'s). ``training_length``: the length the model trains at, for a TNO type that
+    ``uses_training_length`` (None: not known)."""
     d1 = cfg.expand_ratio * dim
     glu_dim = cfg.glu_dim or dim
     tno_cls = tno_class(str(cfg.tno_type))
@@ -61,131 +22,4 @@ def build_layers(cfg, dim: int, num_layers: int, causal: bool, tno_settings: Tno
         glu = Glu(dim, glu_dim, activation=str(cfg.glu_activation))
         layers.append(TnnLayer(dim, gtu, glu, norm_type=str(cfg.norm_type),
                                normalize_before=str(cfg.norm_position) == "pre", dropout=cfg.dropout))
-    layers = nn.ModuleList(layers)
-    mark_plugin_parameters(layers)  # the plugin's model: its fp16 syncs take the fast path (patches.py)
-    mode = compile_mode(cfg)
-    if mode is not None:
-        compile_layers(layers, mode, name)
-    return layers
-
-
-def length_bucket(n: int) -> int:
-    """The length a compiled bidirectional stack pads a batch of length ``n`` to: 8 buckets per octave
-    (n rounded up to a multiple of 2^(floor(log2(n - 1)) - 3)), so at most 12.5% padding and about 8
-    compilations per doubling of the length, where every batch length would otherwise compile anew."""
-    if n <= 16:
-        return n
-    q = 1 << ((n - 1).bit_length() - 4)
-    return -(-n // q) * q
-
-
-class TnnCompileError(RuntimeError):
-    """Compiling a layer failed under ``--tnn-compile strict``."""
-
-
-def is_compile_error(err: BaseException) -> bool:
-    """Whether ``err``, raised by a compiled layer's call, comes from compiling it: dynamo's errors
-    (inductor's, a missing C++ compiler or Triton among them, reach the caller as dynamo's
-    BackendCompilerFailed), inductor's own and Triton's. Anything else (a shape error, running out of
-    memory) is the layer's and is raised as it is."""
-    if isinstance(err, torch._dynamo.exc.TorchDynamoException):
-        return True
-    module = type(err).__module__ or ""
-    return module.startswith("torch._inductor") or module.split(".")[0] == "triton"
-
-
-def error_summary(err: BaseException) -> str:
-    """One line: the error's type and the first paragraph of its message (dynamo's hints dropped)."""
-    first = str(err).strip().split("\n\n")[0]
-    text = " ".join(line.strip() for line in first.splitlines() if line.strip())
-    if len(text) > 400:
-        text = text[:400] + " ..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
-class CompiledOrEager:
-    """A compiled layer's ``forward``: an ordinary attribute of the layer (``compile_layers`` sets
-    ``layer.forward`` to it), which shadows the class's ``forward`` that ``nn.Module.__call__`` calls. It calls
-    the ``torch.compile``d class ``forward`` with the layer as its first argument. If compiling it fails,
-    under ``strict`` a TnnCompileError naming the layer; under ``fallback`` the eager ``forward``, this time and
-    from then on, for this layer and the rest of its stack (their attribute is deleted, so the class's
-    ``forward`` shows through again): the layers of a stack share their code and shapes, so each would fail the
-    same way, and trying costs a compilation per layer (up to minutes on a GPU). One warning names the layer,
-    the error and the layers that now run eagerly; ``layer.tnn_compile_error`` says why a layer runs eagerly
-    (None while it runs compiled)."""
-
-    def __init__(self, layer: nn.Module, name: str, mode: str, stack: nn.ModuleList, stack_name: str):
-        # The class's function, not a method bound to this layer: a deep copy of the layer (fairseq's --ema,
-        # copy.deepcopy in tests) copies this object with ``layer`` and ``stack`` mapped to the copies, and the
-        # shared compiled function then runs the copy's parameters. Its graphs are cached on the function's code
-        # object, so all layers of the class share them (one compilation serves a stack).
-        self.compiled = torch.compile(type(layer).forward, **_compile_options())
-        self.layer, self.name, self.mode, self.stack, self.stack_name = layer, name, mode, stack, stack_name
-
-    def __call__(self, *args, **kwargs):
-        try:
-            # Compile each graph's backward with its forward (not lazily at the first backward), so that a
-            # failure to compile the backward also arises here, where it is handled. A private functorch
-            # setting, with no public equivalent: patched for this call only, so the user's other compiled
-            # models keep torch's default.
-            with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), _older_torch_limit():
-                return self.compiled(self.layer, *args, **kwargs)
-        except Exception as err:
-            if not is_compile_error(err):
-                raise
-            summary = error_summary(err)
-            if self.mode == "strict":
-                raise TnnCompileError(
-                    f"--tnn-compile strict: compiling {self.name} failed: {summary} (--tnn-compile without a "
-                    f"value runs the layers eagerly instead)") from err
-            for layer in self.stack:
-                if is_compiled(layer):
-                    del layer.forward  # the class's forward: nn.Module.__call__ now runs the layer eagerly
-                    layer.tnn_compile_error = f"compiling {self.name} failed: {summary}"
-            eager = eager_layers(self.stack, self.stack_name)
-            compile_logger.warning(
-                f"--tnn-compile: compiling {self.name} failed: {summary}. Running eagerly from now on (correct, "
-                f"slower; --tnn-compile strict stops instead): {', '.join(eager)} ({len(eager)} of "
-                f"{len(self.stack)} layers of {self.stack_name}, which share the failing code)")
-            logger.debug(f"--tnn-compile: the error compiling {self.name}", exc_info=err)
-            return self.layer.forward(*args, **kwargs)
-
-
-def is_compiled(layer: nn.Module) -> bool:
-    """Whether ``layer`` runs compiled (``compile_layers``, and its compilation has not failed)."""
-    return isinstance(vars(layer).get("forward"), CompiledOrEager)
-
-
-def eager_layers(layers: nn.ModuleList, name: str = "layers"):
-    """The names of the compiled layers of ``layers`` whose compilation failed (they run eagerly)."""
-    return [f"{name}.{i}" for i, layer in enumerate(layers) if getattr(layer, "tnn_compile_error", None)]
-
-
-def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "layers") -> None:
-    """``torch.compile`` each layer's ``forward`` in place: ``layer.forward`` becomes a CompiledOrEager, a plain
-    attribute of the layer. The parameters, submodules and state_dict keys stay those of the eager model
-    (no ``_orig_mod.`` prefix), so checkpoints load in either mode. The layers share their code, so one
-    compilation serves all of them.
-
-    Nothing process-wide is changed and no private ``nn.Module`` attribute is set: the recompile limit is
-    ``torch.compile``'s own argument (``recompile_limit``, which applies to these calls only; torch's global
-    ``torch._dynamo.config.recompile_limit`` keeps its value), and the compiled function is held by the layer's
-    ``forward`` attribute, which ``nn.Module.__call__`` calls as it would the class's (``nn.Module.compile``
-    instead sets the private ``_compiled_call_impl``, which this code would have to override to fall back).
-    The layer's hooks, if any, run eagerly around the compiled forward. Deleting the attribute
-    (``del layer.forward``) makes the layer eager again. Why this and not: ``torch._dynamo.config.patch(
-    recompile_limit=...)`` around each call (dynamo reads the limit when it compiles, inside the call, so it
-    would work, but it is a private module's global, changed while the call runs); dynamic shapes (the FFT
-    size is a Python int computed from the length, ``ops.toeplitz.next_fast_len``, so each size still needs a
-    graph of its own); ``torch.compile(layer)`` (an OptimizedModule holding the layer as its submodule
-    ``_orig_mod``: kept in the model, its keys get that prefix, and the layer's forward cannot call it without
-    recursion).
-
-    ``mode``: what a failure to compile a layer does (compilation happens at its first call, and again
-    at each new length): ``strict`` raises TnnCompileError; ``fallback`` (fairseq's ``--tnn-compile``) runs
-    the stack's layers eagerly from then on, with one warning (CompiledOrEager). ``name``: the stack's path in
-    the model (``decoder.layers``), which names its layers in those messages."""
-    require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
-    for i, layer in enumerate(layers):
-        layer.tnn_compile_error = None
-        layer.forward = CompiledOrEager(layer, f"{name}.{i}", mode, layers, name)
+    return nn.ModuleList(layers)

@@ -20,6 +20,7 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers
+from .compile import compile_per_config
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
 
@@ -51,7 +52,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
         self.embed_tokens = Embedding(len(dictionary), dim, self.padding_idx)
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = build_layers(cfg, dim, cfg.decoder_layers, True, tno_settings, name="decoder.layers")
+        self.layers = build_layers(cfg, dim, cfg.decoder_layers, True, tno_settings)
         # fairseq's usual final LayerNorm after a pre-norm stack
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
         if cfg.share_decoder_input_output_embed:
@@ -215,7 +216,9 @@ class TnnLanguageModel(FairseqLanguageModel):
     @classmethod
     def build_model(cls, cfg: TnnLmConfig, task):
         tno_settings = validate_block_config(cfg, "decoder_embed_dim", "decoder_layers", causal=True)
-        return cls(TnnDecoder(cfg, task.target_dictionary, tno_settings))
+        model = cls(TnnDecoder(cfg, task.target_dictionary, tno_settings))
+        compile_per_config(cfg, model.decoder.layers, "decoder.layers")
+        return model
 
 
 # The TNO part of a preset is its tno_type's Settings defaults (fairseq_tnn/modules/tno/), which hold

@@ -13,7 +13,8 @@ from fairseq.models import FairseqEncoder, FairseqEncoderModel, register_model, 
 from fairseq.models.transformer import Embedding
 from torch import nn
 
-from .blocks import build_layers, length_bucket
+from .blocks import build_layers
+from .compile import compile_per_config, length_bucket
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
@@ -90,8 +91,7 @@ class TnnEncoder(FairseqEncoder):
         self.embed_scale = 1.0 if cfg.no_scale_embedding else math.sqrt(dim)
         self.layernorm_embedding = nn.LayerNorm(dim) if cfg.layernorm_embedding else None
         self.dropout = nn.Dropout(cfg.dropout)
-        self.layers = build_layers(cfg, dim, cfg.encoder_layers, False, tno_settings, name="encoder.layers",
-                                   training_length=training_length)
+        self.layers = build_layers(cfg, dim, cfg.encoder_layers, False, tno_settings, training_length=training_length)
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
         self.lm_head = TnnLMHead(dim, self.embed_tokens.weight)
         # Compiled layers compile once per length: batches (whose length is their longest sample's in
@@ -184,7 +184,9 @@ class TnnMaskedLMModel(FairseqEncoderModel):
         # the task's block length: SKI's low rank keeps the scale it has there at every length (a checkpoint
         # keeps the one it was trained with)
         training_length = getattr(getattr(task, "cfg", None), "tokens_per_sample", None)
-        return cls(cfg, TnnEncoder(cfg, task.source_dictionary, tno_settings, training_length))
+        model = cls(cfg, TnnEncoder(cfg, task.source_dictionary, tno_settings, training_length))
+        compile_per_config(cfg, model.encoder.layers, "encoder.layers")
+        return model
 
     def forward(self, src_tokens, src_lengths=None, features_only: bool = False, return_all_hiddens: bool = False,
                 classification_head_name: Optional[str] = None, masked_tokens=None, **kwargs):

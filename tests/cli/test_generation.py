@@ -13,7 +13,7 @@ from fairseq.dataclass.configs import GenerationConfig
 from fairseq.sequence_generator import SequenceGenerator
 
 from helpers import ROOT
-from fairseq_tnn import patches
+from fairseq_tnn.patches.numpy2_compat_long import NUMPY_FOR_TOKEN_BLOCK
 from fairseq_tnn.models.build import build_arch, dictionary_of_size
 from fairseq_tnn.models.tnn_lm import TnnLanguageModel, decoding_length
 from fairseq_tnn.models.tnn_mlm import TnnMaskedLMModel
@@ -27,12 +27,13 @@ REL = 1e-5  # fp32
 def test_numpy_shim_is_narrow_and_still_needed():
     """Fails when fairseq's eos block index stops using the alias (then drop the shim) or moves."""
     assert "np.compat.long" in inspect.getsource(TokenBlockDataset._build_slice_indices), \
-        "fairseq's TokenBlockDataset no longer uses np.compat.long: remove the numpy shim in fairseq_tnn/patches.py"
+        ("fairseq's TokenBlockDataset no longer uses np.compat.long: remove the numpy shim, "
+         "fairseq_tnn/patches/numpy2_compat_long.py")
     if hasattr(numpy, "compat"):
         pytest.skip("numpy < 2 still has np.compat; the shim is not installed")
-    assert token_block_dataset.np is patches.NUMPY_FOR_TOKEN_BLOCK
+    assert token_block_dataset.np is NUMPY_FOR_TOKEN_BLOCK
     assert not hasattr(numpy, "compat")  # numpy itself untouched
-    assert patches.NUMPY_FOR_TOKEN_BLOCK.arange is numpy.arange
+    assert NUMPY_FOR_TOKEN_BLOCK.arange is numpy.arange
     ds = TokenBlockDataset([torch.tensor([5, 6, 2]), torch.tensor([7, 2])], [3, 2], block_size=None, pad=1, eos=2,
                            break_mode="eos")
     assert [ds[i].tolist() for i in range(len(ds))] == [[5, 6, 2], [7, 2]]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import USER_DIR, assert_compiled_matches_eager, cli, rel, run, wt103_presets
-from fairseq_tnn.models.blocks import compile_layers
+from fairseq_tnn.models.compile import compile_layers
 from fairseq_tnn.models.build import build_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

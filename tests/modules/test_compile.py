@@ -15,9 +15,9 @@ import torch
 from torch._dynamo.utils import counters
 
 from helpers import LM_TRAIN, USER_DIR, assert_compiled_matches_eager, cli, lm_train_cmd, rel, run
-from fairseq_tnn.models.blocks import (COMPILE_RECOMPILE_LIMIT, TnnCompileError, compile_layers, compile_logger,
-                                       eager_layers, is_compiled)
-from fairseq_tnn.models import blocks
+from fairseq_tnn.models import compile as compiling
+from fairseq_tnn.models.compile import (COMPILE_RECOMPILE_LIMIT, TnnCompileError, compile_error, compile_layers,
+                                        compile_logger, is_compiled)
 from fairseq_tnn.models.build import build_arch
 from fairseq_tnn.models.config import compile_mode
 
@@ -61,7 +61,7 @@ def test_compiled_layer_equals_eager(kind):
         assert rel(pc.grad, pe.grad) < 1e-5, name
     assert 1 <= counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
     # compiled, not fallen back to eager
-    assert compiled.tnn_compile_error is None and is_compiled(compiled)
+    assert compile_error(compiled) is None and is_compiled(compiled)
     assert_nothing_private_set(compiled)
     # the compiled module has the eager module's parameter names: checkpoints are interchangeable
     assert list(compiled.state_dict()) == list(eager.state_dict())
@@ -84,7 +84,7 @@ def test_compiled_layer_takes_a_planned_kernel_length():
             ye, yc = eager(x[:, :n], None, length), compiled(x[:, :n], None, length)
             assert rel(yc, ye) < 1e-5, (n, length)
         assert rel(eager(x[:, :20], None, 40), eager(x[:, :20])) > 1e-4  # the argument matters
-    assert compiled.tnn_compile_error is None
+    assert compile_error(compiled) is None
 
 
 @pytest.mark.slow
@@ -145,9 +145,9 @@ def test_many_lengths_compile_past_torchs_default_limit(takes_limit, monkeypatch
     """Eleven lengths compile eleven graphs, which the layers share, none run eagerly, though torch's
     process-wide recompile_limit (8) is left as it is: the layers' limit is torch.compile's argument, or on a
     torch whose torch.compile has none, dynamo's setting patched for the layers' calls only."""
-    if takes_limit and not blocks.TORCH_COMPILE_TAKES_LIMIT:
+    if takes_limit and not compiling.TORCH_COMPILE_TAKES_LIMIT:
         pytest.skip("this torch's torch.compile takes no recompile_limit argument")
-    monkeypatch.setattr(blocks, "TORCH_COMPILE_TAKES_LIMIT", takes_limit)
+    monkeypatch.setattr(compiling, "TORCH_COMPILE_TAKES_LIMIT", takes_limit)
     torch._dynamo.reset()
     settings = torch_settings()
     assert torch._dynamo.config.recompile_limit < 11 <= COMPILE_RECOMPILE_LIMIT
@@ -165,12 +165,14 @@ def test_many_lengths_compile_past_torchs_default_limit(takes_limit, monkeypatch
 
 
 def test_a_copy_of_a_compiled_stack_runs_its_own_parameters():
-    """copy.deepcopy (fairseq's --ema) of compiled layers: the copies' compiled forwards call the copies."""
+    """copy.deepcopy (fairseq's --ema) of compiled layers: the copies' compiled forwards call the copies, and the
+    copied stack falls back (or not) on its own."""
     layers = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)])
     compile_layers(layers, "fallback", "decoder.layers")
     copied = copy.deepcopy(layers)
     for layer, original in zip(copied, layers):
-        assert is_compiled(layer) and layer.forward.layer is layer and layer.forward.stack is copied
+        assert is_compiled(layer) and layer.forward.layer is layer
+        assert layer.forward.stack is copied[0].forward.stack is not original.forward.stack
         assert layer.forward.compiled is original.forward.compiled  # the class's compiled function, shared
 
 
@@ -223,6 +225,7 @@ def eager_and_fallback(arch):
 def check_falls_back(caplog, error_pattern):
     settings = torch_settings()
     eager, compiled, layers = eager_and_fallback("tnn_lm_tiny")
+    forwards = [vars(layer)["forward"] for layer in layers]
     tokens = torch.randint(4, 50, (2, 24))
     with caplog.at_level(logging.WARNING, logger=compile_logger.name):
         for _ in range(2):  # the second call runs eagerly at once: no second warning
@@ -240,9 +243,11 @@ def check_falls_back(caplog, error_pattern):
     assert re.search(r"--tnn-compile: compiling decoder\.layers\.0 failed: .*" + error_pattern + r".*Running eagerly "
                      r"from now on .*: decoder\.layers\.0, decoder\.layers\.1 \(2 of 2 layers of decoder\.layers",
                      warnings[0]), warnings
-    assert eager_layers(layers, "decoder.layers") == ["decoder.layers.0", "decoder.layers.1"]
-    # eager again: the class's forward, nothing of the compiled call left on the layers
-    assert not any(is_compiled(layer) or "forward" in vars(layer) for layer in layers)
+    [error] = {compile_error(layer) for layer in layers}  # both layers run eagerly, for the one reason
+    assert error.startswith("compiling decoder.layers.0 failed: ") and error in warnings[0]
+    # the stack runs eagerly, decided by the stack: no layer rewired its sibling
+    assert not any(is_compiled(layer) for layer in layers)
+    assert [vars(layer)["forward"] for layer in layers] == forwards
     assert_nothing_private_set(compiled)
     assert torch_settings() == settings
 
@@ -311,7 +316,7 @@ def test_fairseq_train_continues_eagerly_when_compilation_fails(data_bin, tmp_pa
     in train.log, names the layer, the error and the layers that run eagerly; the training completes."""
     log = train_without_cxx(data_bin, tmp_path, "--tnn-compile")
     train_log = (tmp_path / "train.log").read_text()  # fairseq writes its log file's lines unformatted
-    assert ("WARNING | fairseq_cli.train.fairseq_tnn.models.blocks | --tnn-compile: compiling decoder.layers.0 failed"
+    assert ("WARNING | fairseq_cli.train.fairseq_tnn.models.compile | --tnn-compile: compiling decoder.layers.0 failed"
             in log), log[-3000:]
     for text in (log, train_log):
         assert re.search(r"--tnn-compile: compiling decoder\.layers\.0 failed: InductorError: InvalidCxxCompiler: No "

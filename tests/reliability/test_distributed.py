@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import cli, lm_args, mlm_args, run
-from fairseq_tnn import patches
+from fairseq_tnn.patches.broadcast_unpickle import broadcast_object_slow
 from fairseq_tnn.distributed import launch
 
 # 2 ranks x 4 sequences x 64 tokens per update, or 1 rank x 4 x 64 x --update-freq 2. fairseq shuffles
@@ -258,7 +258,7 @@ def test_old_style_checkpoint_loads_and_weights_only_stays_on(two_procs, data_bi
     from fairseq_tnn import register
 
     register()  # as fairseq loading the plugin does (this module imports fairseq_tnn before fairseq)
-    assert distributed_utils._broadcast_object_slow is patches.broadcast_object_slow
+    assert distributed_utils._broadcast_object_slow is broadcast_object_slow
     # a pre-hydra checkpoint: the configuration as an argparse.Namespace under "args"
     state = torch.load(two_procs[3], map_location="cpu")
     state["args"] = options.parse_args_and_arch(options.get_training_parser(), input_args=[

@@ -1,19 +1,24 @@
-"""The fp16-grads-sync and fp16-params-sync patches (fairseq_tnn/patches.py): FP16Optimizer's syncs between
-the fp16 model and its flat fp32 master copy, one multi-tensor copy per direction, do exactly what fairseq's
-per-parameter loops do (the same flat layout and values), for the plugin's models only: fairseq's own models
-(transformer_lm) run fairseq's loops."""
+"""The fp16-grads-sync and fp16-params-sync patches (fairseq_tnn/patches/fp16_syncs.py): FP16Optimizer's syncs
+between the fp16 model and its flat fp32 master copy, one multi-tensor copy per direction, do exactly what
+fairseq's per-parameter loops do (the same flat layout and values), for the plugin's models and fairseq's own
+(transformer_lm) alike; unflattened master weights keep fairseq's code."""
+import re
+import sys
+
 import pytest
 import torch
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-from fairseq_tnn import patches, register
+from fairseq_tnn import register
+from fairseq_tnn.patches.base import resolve
+from helpers import ROOT, command_env, execute
 
 register()  # the plugin as fairseq loads it: the patches installed
 
 MIXIN = FP16Optimizer.__mro__[1]
 # the installed syncs (ours) and the fairseq methods they replaced
 SYNC_GRADS, SYNC_PARAMS = MIXIN._sync_fp16_grads_to_fp32, MIXIN._sync_fp32_params_to_fp16
-FAIRSEQ_SYNC_GRADS, FAIRSEQ_SYNC_PARAMS = (patches.resolve(f"fairseq.optim.fp16_optimizer:_FP16OptimizerMixin.{name}")
+FAIRSEQ_SYNC_GRADS, FAIRSEQ_SYNC_PARAMS = (resolve(f"fairseq.optim.fp16_optimizer:_FP16OptimizerMixin.{name}")
                                            for name in ("_sync_fp16_grads_to_fp32", "_sync_fp32_params_to_fp16"))
 
 
@@ -31,7 +36,6 @@ def model_params(seed: int):
     g = torch.Generator().manual_seed(seed)
     shapes = [(7, 3), (3,), (5, 2, 2), (1,), (4, 4)]
     params = torch.nn.ParameterList(torch.nn.Parameter(torch.randn(s, generator=g).half()) for s in shapes)
-    patches.mark_plugin_parameters(params)  # a model of the plugin's
     for i, p in enumerate(params):
         p.grad = None if i == 3 else torch.randn(p.shape, generator=g).half()  # one parameter got no gradient
     return list(params)
@@ -88,10 +92,9 @@ def half_model_params(model):
 
 
 @pytest.mark.parametrize("arch", ["transformer_lm", "tnn_lm_tiny"])
-def test_only_the_plugins_models_take_the_fast_path(monkeypatch, arch):
-    """fairseq's own transformer_lm (the benchmarks' baseline) syncs through fairseq's loops, untouched by the
-    speed patches (no multi-tensor copy at all); a model of the plugin's through one copy per direction; both
-    give fairseq's values."""
+def test_every_model_takes_the_fast_path_with_fairseqs_values(monkeypatch, arch):
+    """A model of the plugin's and fairseq's own transformer_lm (the benchmarks' baseline) alike sync through one
+    multi-tensor copy per direction, nothing in the model marked for it, and get fairseq's values."""
     import fairseq.models.transformer_lm  # noqa: F401  (registers fairseq's transformer_lm)
     from fairseq_tnn.models.build import build_arch
     sizes = dict(decoder_layers=1, decoder_embed_dim=8, decoder_ffn_embed_dim=16, decoder_attention_heads=2,
@@ -106,9 +109,19 @@ def test_only_the_plugins_models_take_the_fast_path(monkeypatch, arch):
     ours._needs_sync = theirs._needs_sync = True
     SYNC_GRADS(ours)
     SYNC_PARAMS(ours)
-    assert len(copies) == (2 if arch == "tnn_lm_tiny" else 0)
-    assert ("_tnn_flat_views" in ours.__dict__) == (arch == "tnn_lm_tiny")
+    assert len(copies) == 2
     FAIRSEQ_SYNC_GRADS(theirs)
     FAIRSEQ_SYNC_PARAMS(theirs)
     assert torch.equal(ours.fp32_params[None].grad, theirs.fp32_params[None].grad)
     assert all(torch.equal(a, b) for a, b in zip(ours.fp16_params, theirs.fp16_params))
+
+
+def test_the_benchmark_times_both_syncs_side_by_side():
+    """benchmarks/fp16_syncs.py (the figures in docs/training.md) runs as documented and reports fairseq's loops
+    and the plugin's copies for the same parameters."""
+    code, out, _ = execute([sys.executable, ROOT / "benchmarks/fp16_syncs.py", "--arch", "tnn_lm_tiny", "--rounds", 2],
+                           command_env(), 300, merge=True)
+    assert code == 0, out[-3000:]
+    assert re.search(r"tnn_lm_tiny, (\d+) parameters, device meta", out), out
+    for name in ("fairseq", "plugin"):
+        assert re.search(rf"^\| {name} \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out

@@ -1,9 +1,10 @@
-"""The plugin's patches to fairseq (fairseq_tnn/patches.py): each one's fingerprint is that of the installed
+"""The plugin's patches to fairseq (fairseq_tnn/patches/): each one's fingerprint is that of the installed
 fairseq's code (a fairseq whose patched code changed fails here, naming the patch to review), a changed or
 missing fairseq function is reported by a warning naming the patch, installing twice changes nothing, importing
 the plugin's ops and modules after fairseq installs nothing (registering does), the checkpoint loader's
 Namespace allowance holds during its own loads only, it reports damaged files (and only errors of reading them)
-as CheckpointReadError, and docs/design.md's table lists exactly the patches in the code."""
+as CheckpointReadError and a refused object as CheckpointRefusedError, and docs/design.md names exactly the
+patches in the code."""
 import argparse
 import atexit
 import json
@@ -12,6 +13,7 @@ import re
 import subprocess
 import sys
 
+import numpy
 import pytest
 import torch
 from fairseq import checkpoint_utils
@@ -19,6 +21,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar as progress_bar_module
 
 from fairseq_tnn import patches, register
+from fairseq_tnn.patches import base, checkpoint_loader, stop_prefetch_at_exit
 from helpers import ROOT
 
 register()  # the plugin as fairseq loads it (--user-dir): models, tasks and patches
@@ -26,31 +29,31 @@ BY_NAME = {p.name: p for p in patches.PATCHES}
 
 
 def bound(patch):
-    owner, name = patches._owner_and_name(patch.replaces)
+    owner, name = base.owner_and_name(patch.replaces)
     return getattr(owner, name)
 
 
 @pytest.mark.parametrize("patch", patches.PATCHES, ids=lambda p: p.name)
 def test_fingerprint_is_the_installed_fairseqs(patch):
-    found = patches.fingerprint(patches.resolve(patch.checks))
+    found = base.fingerprint(base.resolve(patch.checks))
     assert found == patch.fingerprint, (
         f"fairseq's {patch.checks} changed (fingerprint {found}, patch {patch.name} was written for "
         f"{patch.fingerprint}): check whether the fix is still needed and still right ({patch.why}), then update "
-        "its fingerprint and versions in fairseq_tnn/patches.py and docs/design.md")
+        "its fingerprint and versions in fairseq_tnn/patches/__init__.py")
 
 
 def test_the_plugin_installed_every_patch_and_installing_again_changes_nothing(monkeypatch):
     replaced = [p for p in patches.PATCHES if p.replaces and p.needed()]
-    assert all(getattr(bound(p), patches.MARK) == p.name for p in replaced)
+    assert all(getattr(bound(p), base.MARK) == p.name for p in replaced)
     before = {p.name: bound(p) for p in replaced}
-    exit_handlers = [patches.stop_background_consumers]  # atexit's list as the plugin left it (it has no getter)
+    exit_handlers = [stop_prefetch_at_exit.stop_background_consumers]  # atexit's list as the plugin left it (it has no getter)
     monkeypatch.setattr(atexit, "register", exit_handlers.append)
     monkeypatch.setattr(atexit, "unregister", lambda f: exit_handlers.remove(f) if f in exit_handlers else None)
     for _ in range(2):
         statuses = patches.install()
         assert all(statuses[p.name] == "already installed" for p in replaced), statuses
         assert {p.name: bound(p) for p in replaced} == before
-        assert exit_handlers == [patches.stop_background_consumers]  # registered once however often installed
+        assert exit_handlers == [stop_prefetch_at_exit.stop_background_consumers]  # registered once however often installed
     assert set(statuses.values()) <= {"already installed", "installed", "not needed"}
 
 
@@ -108,7 +111,7 @@ def test_a_changed_fairseq_function_warns_naming_the_patch_and_keeps_fairseqs_co
         assert patch.install() == "skipped"
     assert progress_bar_module.progress_bar is fake_progress_bar
     [record] = caplog.records
-    for part in (patch.name, patch.checks, patches.fingerprint(fake_progress_bar), patch.fingerprint,
+    for part in (patch.name, patch.checks, base.fingerprint(fake_progress_bar), patch.fingerprint,
                  "not installed: fairseq's own code runs"):
         assert part in record.getMessage()
 
@@ -127,7 +130,7 @@ def test_a_changed_loader_warns_and_the_wrapper_still_applies(monkeypatch, caplo
     assert checkpoint_utils.load_checkpoint_to_cpu.fairseq_tnn_original is changed_loader
     empty = tmp_path / "checkpoint_last.pt"
     empty.write_bytes(b"")
-    with pytest.raises(patches.CheckpointReadError, match=f"cannot read checkpoint {empty} .*EOFError"):
+    with pytest.raises(checkpoint_loader.CheckpointReadError, match=f"cannot read checkpoint {empty} .*EOFError"):
         checkpoint_utils.load_checkpoint_to_cpu(str(empty))
 
 
@@ -142,7 +145,7 @@ def test_missing_fairseq_code_warns_and_is_skipped(monkeypatch, caplog):
 
 def test_a_patch_with_an_unknown_mismatch_policy_is_refused():
     with pytest.raises(ValueError, match="patch x: on_mismatch='warn'; allowed: 'skip', 'apply'"):
-        patches.Patch(name="x", why="", versions="", checks="m:f", fingerprint="", on_mismatch="warn",
+        base.Patch(name="x", why="", versions="", checks="m:f", fingerprint="", on_mismatch="warn",
                       action=lambda: None)
 
 
@@ -151,7 +154,7 @@ def test_namespace_is_allowed_in_fairseqs_checkpoint_loads_only(tmp_path):
     torch.save({"args": argparse.Namespace(arch="tnn_lm_tiny")}, old)
     with pytest.raises(Exception, match="Unsupported global"):
         torch.load(old)  # weights_only stays on everywhere else
-    assert patches._checkpoint_loader(torch.load)(old)["args"].arch == "tnn_lm_tiny"
+    assert checkpoint_loader.checkpoint_loader(torch.load)(old)["args"].arch == "tnn_lm_tiny"
     with pytest.raises(Exception, match="Unsupported global"):
         torch.load(old)
     assert argparse.Namespace not in torch.serialization.get_safe_globals()
@@ -161,8 +164,8 @@ def test_an_unreadable_checkpoint_names_the_older_ones(tmp_path):
     for name in ("checkpoint_1_10.pt", "checkpoint_last.pt"):
         torch.save({"model": {}}, tmp_path / name)
     (tmp_path / "checkpoint_last.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(patches.CheckpointReadError, match=r"--restore-file \S*checkpoint_1_10\.pt"):
-        patches._checkpoint_loader(torch.load)(str(tmp_path / "checkpoint_last.pt"))
+    with pytest.raises(checkpoint_loader.CheckpointReadError, match=r"--restore-file \S*checkpoint_1_10\.pt"):
+        checkpoint_loader.checkpoint_loader(torch.load)(str(tmp_path / "checkpoint_last.pt"))
 
 
 def damaged(kind: str, good: bytes) -> bytes:
@@ -181,8 +184,24 @@ def test_a_damaged_file_is_a_checkpoint_read_error_through_fairseqs_loader(tmp_p
     path = tmp_path / "checkpoint_last.pt"
     path.write_bytes(damaged(kind, good.read_bytes()))
     damage = f"(?s)cannot read checkpoint {path} .*truncated or corrupted"
-    with pytest.raises(patches.CheckpointReadError, match=damage):
+    with pytest.raises(checkpoint_loader.CheckpointReadError, match=damage) as info:
         checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    assert type(info.value) is checkpoint_loader.CheckpointReadError  # not an object refused by weights_only
+
+
+def test_an_object_weights_only_refuses_is_named_not_called_damage(tmp_path):
+    """A readable checkpoint holding a numpy scalar, which torch.load(weights_only=True) refuses: the error names
+    the refused global and the way to load a trusted file, and does not call the file damaged. The CLI's
+    message, and that its advice loads the file: tests/reliability/test_reliability.py."""
+    patches.install()
+    path = tmp_path / "checkpoint_last.pt"
+    torch.save({"model": {}, "extra_state": {"val_loss": numpy.float64(3.5)}}, path)
+    with pytest.raises(checkpoint_loader.CheckpointRefusedError) as info:
+        checkpoint_utils.load_checkpoint_to_cpu(str(path))
+    message = str(info.value)
+    assert re.search(r"holds an object made by numpy\S*\.scalar, which torch\.load refuses", message), message
+    assert "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1" in message and "trust" in message
+    assert "truncated" not in message and "corrupted" not in message and "--restore-file" not in message
 
 
 def test_errors_after_the_file_was_read_are_fairseqs_own(tmp_path):
@@ -194,23 +213,22 @@ def test_errors_after_the_file_was_read_are_fairseqs_own(tmp_path):
     torch.save({"model": {}, "cfg": {"model": {"_name": "tnn_lm", "decoder_layers": 2}}}, path)
     with pytest.raises(ConfigKeyError, match="Missing key no_such_option") as info:
         checkpoint_utils.load_checkpoint_to_cpu(str(path), arg_overrides={"model": {"no_such_option": {"x": 1}}})
-    assert not patches.raised_reading(info.value) and "cannot read checkpoint" not in str(info.value)
+    assert not checkpoint_loader.raised_reading(info.value) and "cannot read checkpoint" not in str(info.value)
     with pytest.raises(FileNotFoundError, match="gone.pt"):
         checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "gone.pt"))
 
 
 def design_table():
-    """{patch name: its row's cells} from docs/design.md's "Patches to fairseq" section."""
+    """{patch name: its module} from the table of docs/design.md's "Patches to fairseq" section."""
     text = (ROOT / "docs/design.md").read_text()
     section = text.split("\n## Patches to fairseq\n", 1)[1].split("\n## ", 1)[0]
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in section.splitlines()
-            if re.match(r"\| `[\w-]+` \|", line)]
-    return {re.fullmatch(r"`([\w-]+)`", row[0]).group(1): row for row in rows}
+            if re.match(r"\| `[\w-]+`", line)]
+    return {name: row[1].strip("`") for row in rows for name in re.findall(r"`([\w-]+)`", row[0])}
 
 
-def test_the_design_docs_table_lists_exactly_the_patches():
+def test_the_design_docs_table_names_exactly_the_patches_and_their_modules():
     table = design_table()
     assert sorted(table) == sorted(BY_NAME), "docs/design.md's 'Patches to fairseq' table and PATCHES differ"
-    for name, row in table.items():
-        when_changed = row[-1]
-        assert when_changed.startswith({"skip": "skipped", "apply": "applied"}[BY_NAME[name].on_mismatch]), (name, row)
+    for name, module in table.items():
+        assert (ROOT / "fairseq_tnn/patches" / module).is_file(), (name, module)

@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 
+import numpy
 import pytest
 import torch
 
@@ -142,6 +143,30 @@ def test_a_bad_model_override_is_fairseqs_error_not_a_damaged_checkpoint(data_bi
     assert "cannot read checkpoint" not in str(info.value)
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": str(data_bin)})
     assert [type(m).__name__ for m in models] == ["TnnLanguageModel"]
+
+
+def test_a_checkpoint_weights_only_refuses_is_named_with_the_users_options(data_bin, finished_run, tmp_path):
+    """A valid checkpoint holding a numpy scalar (as other fairseq versions can write), which torch.load refuses
+    with weights_only=True: fairseq-eval-lm names the refused global and what the user can do, and does not call
+    the file damaged; following its advice for a trusted file scores it as the same checkpoint without the scalar."""
+    state = torch.load(finished_run / "checkpoint_last.pt", weights_only=False)
+    state["extra_state"]["val_loss"] = numpy.float64(4.25)
+    path = tmp_path / "checkpoint_numpy.pt"
+    torch.save(state, path)
+
+    def eval_lm(checkpoint, **kwargs):
+        return run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", "tnn_language_modeling",
+                    "--path", checkpoint, "--tokens-per-sample", TPS, "--gen-subset", "valid"], **kwargs)
+
+    log = eval_lm(path, expect_ok=False)
+    assert re.search(r"CheckpointRefusedError: cannot load checkpoint \S*checkpoint_numpy\.pt: it holds an object made "
+                     r"by numpy\S*\.scalar, which torch\.load refuses with weights_only=True", log), log[-3000:]
+    assert "only if you trust the file" in log and "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1" in log, log[-3000:]
+    assert "truncated" not in log and "corrupted" not in log
+    trusted = eval_lm(path, env={"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"})
+    original = eval_lm(finished_run / "checkpoint_last.pt")
+    ppl = [re.search(r"Perplexity: ([0-9.]+)", log).group(1) for log in (trusted, original)]
+    assert ppl[0] == ppl[1]
 
 
 def test_checkpoint_from_before_an_option_existed_still_loads(data_bin, finished_run, tmp_path):

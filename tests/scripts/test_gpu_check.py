@@ -141,8 +141,8 @@ def test_report_fails_a_compiled_run_fallen_back_to_eager_and_compiled_eager_dis
     (out / "run.json").write_text(json.dumps({"command": "bash scripts/gpu_check.sh", "started": "now", "seconds": 9,
                                               "device": "cuda", "quick": False, "only": None}))
     (out / "environment.json").write_text(json.dumps({"gpus": ["NVIDIA H100 80GB HBM3"], "torch": "2.13", "driver": "580"}))
-    warning = ("2026-01-01 | WARNING | fairseq_tnn.models.blocks | --tnn-compile: compiling decoder.layers.0 failed: "
-               "BackendCompilerFailed: no Triton. Running eagerly from now on")
+    warning = ("2026-01-01 | WARNING | fairseq_cli.train.fairseq_tnn.models.compile | --tnn-compile: compiling "
+               "decoder.layers.0 failed: BackendCompilerFailed: no Triton. Running eagerly from now on")
     write_train_log(out / "train/a-compiled", 5.00, warning=warning)
     write_train_log(out / "train/a-eager", 5.01)
     write_train_log(out / "train/b-compiled", 5.00)

@@ -1,0 +1,107 @@
+"""The plugin's fixes of fairseq 0.12: one module each, and the table of them, :data:`PATCHES`, that
+:func:`install` walks.
+
+:func:`install` runs when the plugin registers its models and tasks with fairseq
+(``fairseq_tnn.plugin.register``: ``--user-dir``, importing ``fairseq_tnn.models`` / ``.tasks``, or
+``fairseq_tnn.register()``); importing the package ``fairseq_tnn``, its ops or its modules changes nothing.
+Each row (a :class:`~.base.Patch`) names the fairseq code the fix was written against and that code's
+fingerprint (a sha256 of its source). Before a fix rebinds anything, the fingerprint of the installed code is
+checked; when it differs (another fairseq release, a fairseq that fixed the bug itself) a warning names the fix,
+the code and both fingerprints, and the fix is skipped or still applied, as its ``on_mismatch`` says. Installing
+again changes nothing. Each fix's module says why in full; tests/reliability/test_patches.py checks the
+fingerprints against the installed fairseq.
+"""
+from . import (broadcast_unpickle, checkpoint_loader, fp16_syncs, numpy2_compat_long, progress_bar_log_file,
+               stop_prefetch_at_exit)
+from .base import Patch
+
+FAIRSEQ = "fairseq 0.12.3.1 (fairseq-fixed)"
+
+PATCHES = (
+    Patch(
+        name="broadcast-unpickle",
+        why="resuming a multi-process run with torch >= 2.6: fairseq's receiving ranks torch.load the broadcast "
+            "checkpoint with weights_only=True and refuse its OmegaConf config; they unpickle what their own "
+            "job's rank sent with weights_only=False",
+        versions=f"{FAIRSEQ}; torch >= 2.6; any numpy",
+        checks="fairseq.distributed.utils:_broadcast_object_slow",
+        fingerprint="d76415381eb2472c",
+        on_mismatch="skip",
+        replaces="fairseq.distributed.utils:_broadcast_object_slow",
+        replacement=lambda original: broadcast_unpickle.broadcast_object_slow,
+    ),
+    Patch(
+        name="checkpoint-loader",
+        why="old-style checkpoints (an argparse.Namespace config) load with torch >= 2.6, with Namespace "
+            "allowed during fairseq's checkpoint loads only; a checkpoint torch.load cannot read is named, with "
+            "the older ones to --restore-file from, and one whose object weights_only refuses, with that object "
+            "and what the user can do",
+        versions=f"{FAIRSEQ}; torch >= 2.6 (Namespace, refused objects), any torch (damaged files); any numpy",
+        checks="fairseq.checkpoint_utils:load_checkpoint_to_cpu",
+        fingerprint="58ce6e637a5284ee",
+        on_mismatch="apply",  # it only wraps the call: any loader still gets the allowlist and the clear error
+        replaces="fairseq.checkpoint_utils:load_checkpoint_to_cpu",
+        replacement=checkpoint_loader.checkpoint_loader,
+    ),
+    Patch(
+        name="progress-bar-log-file",
+        why="fairseq adds a --log-file handler per progress bar (one per epoch), writing epoch k's lines k "
+            "times; the file gets one handler",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.logging.progress_bar:progress_bar",
+        fingerprint="607974d1f80a77ab",
+        on_mismatch="skip",
+        replaces="fairseq.logging.progress_bar:progress_bar",
+        replacement=progress_bar_log_file.one_file_handler,
+    ),
+    Patch(
+        name="numpy2-compat-long",
+        why="TokenBlockDataset's eos block index (every prompt, --sample-break-mode eos) uses np.compat.long, "
+            "which numpy 2 removed; that one module's np is numpy plus the alias",
+        versions=f"{FAIRSEQ}; any torch; numpy >= 2",
+        checks="fairseq.data.token_block_dataset:TokenBlockDataset._build_slice_indices",
+        fingerprint="4fc566fde3f632fe",
+        on_mismatch="apply",  # numpy plus one alias changes nothing for code that no longer uses it
+        replaces="fairseq.data.token_block_dataset:np",
+        replacement=lambda original: numpy2_compat_long.NUMPY_FOR_TOKEN_BLOCK,
+        needed=numpy2_compat_long.needed,
+    ),
+    Patch(
+        name="stop-prefetch-at-exit",
+        why="a data-prefetch thread still running at interpreter exit can abort the finished process (exit "
+            "134); an atexit handler stops and drains each one",
+        versions=f"{FAIRSEQ}; torch 2.x (seen with 2.13); any numpy",
+        checks="fairseq.data.iterators:BackgroundConsumer",
+        fingerprint="d67f79570225f44d",
+        on_mismatch="skip",
+        action=stop_prefetch_at_exit.register_at_exit,
+    ),
+    Patch(
+        name="fp16-grads-sync",
+        why="--fp16 with flat master weights: the gradients' copy into the fp32 master copy as one "
+            "torch._foreach_copy_ per device instead of one copy per parameter (the same values; host-bound GPU "
+            "training)",
+        versions=f"{FAIRSEQ}; torch >= 2.1 (_foreach_copy_); any numpy",
+        checks="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp16_grads_to_fp32",
+        fingerprint="d36b84abf6260889",
+        on_mismatch="skip",
+        replaces="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp16_grads_to_fp32",
+        replacement=fp16_syncs.grads_sync,
+    ),
+    Patch(
+        name="fp16-params-sync",
+        why="--fp16 with flat master weights: the master weights' copy back into the fp16 model as one "
+            "torch._foreach_copy_ per device instead of one copy per parameter (the same values)",
+        versions=f"{FAIRSEQ}; torch >= 2.1 (_foreach_copy_); any numpy",
+        checks="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp32_params_to_fp16",
+        fingerprint="015196491a1f430a",
+        on_mismatch="skip",
+        replaces="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp32_params_to_fp16",
+        replacement=fp16_syncs.params_sync,
+    ),
+)
+
+
+def install() -> dict:
+    """Check and install every patch of :data:`PATCHES` (idempotent); returns {name: what happened}."""
+    return {patch.name: patch.install() for patch in PATCHES}

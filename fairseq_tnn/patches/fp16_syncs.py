@@ -1,0 +1,57 @@
+"""``--fp16``: FP16Optimizer's two syncs between the fp16 model and its flat fp32 master weights as one
+multi-tensor copy each (the ``fp16-grads-sync`` and ``fp16-params-sync`` rows of the table in ``__init__``).
+
+FP16Optimizer keeps the fp32 master weights and their gradients in one flat tensor per device, so Adam and
+gradient clipping see one parameter. Its two syncs with the fp16 model, the gradients before every step and the
+weights after it, copy parameter by parameter in a Python loop: 2 x 171 copies per update for tnn_lm_wt103, each a
+kernel launch on a GPU, where training is bound by the host launching work (docs/performance.md). With flat master
+weights (fairseq's default) these are one ``torch._foreach_copy_`` per direction and device over cached views of
+the flat tensors: the same copies, in the same order and dtypes, for any model. ``benchmarks/fp16_syncs.py``
+measures the host time of both, side by side; ``--fp16-no-flatten-grads`` runs fairseq's own code.
+"""
+import torch
+
+
+def _flat(optimizer) -> bool:
+    """Whether ``optimizer`` keeps flat master weights (a dict device -> flat tensor: fairseq's default)."""
+    return optimizer.has_flat_params and isinstance(optimizer.fp32_params, dict)
+
+
+def _flat_views(optimizer, key: str, flat: torch.Tensor, params) -> list:
+    """Views of ``flat`` shaped like ``params``, laid end to end (FP16Optimizer's flat layout), cached on
+    the optimizer for as long as ``flat`` keeps its storage."""
+    cache = optimizer.__dict__.setdefault("_tnn_flat_views", {})
+    hit = cache.get(key)
+    if hit is None or hit[0] != flat.data_ptr() or len(hit[1]) != len(params):
+        views, offset = [], 0
+        for p in params:
+            views.append(flat[offset: offset + p.numel()].view_as(p))
+            offset += p.numel()
+        hit = cache[key] = (flat.data_ptr(), views)
+    return hit[1]
+
+
+def grads_sync(original):
+    def _sync_fp16_grads_to_fp32(self):
+        if not (self._needs_sync and _flat(self)):
+            return original(self)
+        with torch.no_grad():
+            for device, flat in self.fp32_params.items():
+                params = [p for p in self.fp16_params if p.requires_grad and p.device.index == device]
+                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                torch._foreach_copy_(_flat_views(self, f"grad{device}", flat.grad, params), grads)
+        self._needs_sync = False
+
+    return _sync_fp16_grads_to_fp32
+
+
+def params_sync(original):
+    def _sync_fp32_params_to_fp16(self):
+        if not _flat(self):
+            return original(self)
+        with torch.no_grad():
+            for device, flat in self.fp32_params.items():
+                params = [p for p in self.fp16_params if p.device.index == device]
+                torch._foreach_copy_(params, _flat_views(self, f"param{device}", flat, params))
+
+    return _sync_fp32_params_to_fp16
