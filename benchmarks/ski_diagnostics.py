@@ -74,8 +74,8 @@ def parts(tno, x: torch.Tensor):
     """The band's and the low-rank part's outputs of a SKI-TNO, channel-major x (d, b, n)."""
     n = x.shape[-1]
     knots = tno.lowrank_knots(n)
-    band = ski_tno(x, tno.conv_weight, None, tno.decay, layout="dbn")
-    low = ski_tno(x, torch.zeros_like(tno.conv_weight), knots, tno.decay, layout="dbn") if knots is not None else None
+    band = ski_tno(x, tno.conv_weight, None, tno.warp_decay, layout="dbn")
+    low = ski_tno(x, torch.zeros_like(tno.conv_weight), knots, tno.warp_decay, layout="dbn") if knots is not None else None
     return band, low
 
 
@@ -90,9 +90,9 @@ def init_and_step(mode: str, n: int, dim: int, seed: int = 0) -> Dict:
     ((band + low) * g).sum().backward()
     with torch.no_grad():
         # one Adam step of size lr at step 1: every parameter moves by lr * sign(its gradient)
-        step_band = ski_tno(x, LR * tno.conv_weight.grad.sign(), None, tno.decay, layout="dbn")
+        step_band = ski_tno(x, LR * tno.conv_weight.grad.sign(), None, tno.warp_decay, layout="dbn")
         step_knots = LR * tno.knots.grad.sign() * tno.lowrank_scale(n)
-        step_low = ski_tno(x, torch.zeros_like(tno.conv_weight), step_knots, tno.decay, layout="dbn")
+        step_low = ski_tno(x, torch.zeros_like(tno.conv_weight), step_knots, tno.warp_decay, layout="dbn")
     return {"mode": mode, "n": n, "dim": dim, "band_rms": rms(band), "lowrank_rms": rms(low),
             "band_neighbour_corr": neighbour_correlation(band), "lowrank_neighbour_corr": neighbour_correlation(low),
             "grad_taps_rms": rms(tno.conv_weight.grad), "grad_knots_rms": rms(tno.knots.grad),

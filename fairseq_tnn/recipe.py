@@ -1,5 +1,5 @@
 """The training recipes, in one place: the paper's Wikitext-103 recipe (causal and masked) with its environment
-knobs, and the small recipes of the tests, the benchmarks and configs/tnn_lm_sample.yaml.
+knobs, and the small recipes of the tests and the benchmarks.
 
 Standard library only and no package-relative import: the shell scripts run this file directly, without the
 plugin installed and without importing torch or fairseq. A recipe is a dict {option: value} in command-line
@@ -12,7 +12,6 @@ From Python (``from fairseq_tnn import recipe``):
     recipe.TEST_CAUSAL, TEST_MASKED, NO_LR_SCHEDULE   the tests' tiny recipes (tests/helpers.py)
     recipe.benchmark(kind, arch, tokens_per_sample)   benchmarks/trainer.py's recipe
     recipe.QUALITY                                    benchmarks/quality.py's recipe
-    recipe.SAMPLE                                     configs/tnn_lm_sample.yaml's recipe as fairseq-train options
     recipe.fairseq_options(recipe, overrides)         {name: value} -> ["--name", "value", ...]
 From bash (scripts/recipe.sh): ``python fairseq_tnn/recipe.py [--prog NAME] presets | paper ...`` prints bash
 assignments (values quoted) to eval; an error is "NAME: error: ..." on stderr and exit status 2.
@@ -108,17 +107,6 @@ QUALITY = {**ADAM, "lr": "1e-3", "lr_scheduler": "inverse_sqrt", "warmup_updates
            "weight_decay": "0.01", "dropout": "0.1", "max_update": "300", "seed": "1",
            "validate_interval_updates": "50", "validate_interval": "1000000", "log_format": "simple",
            "log_interval": "50", "num_workers": "0", "cpu": False}
-
-# configs/tnn_lm_sample.yaml as fairseq-train options (a yaml cannot import this file:
-# tests/scripts/test_recipe.py checks that the two say the same)
-SAMPLE = {
-    "cpu": True, "log_format": "simple", "log_interval": "10", "seed": "1", **CAUSAL_TASK, "tokens_per_sample": "128",
-    "arch": "tnn_lm", "decoder_embed_dim": "64", "decoder_layers": "2", "rpe_dim": "16", "rpe_layers": "2",
-    "glu_dim": "64", "dropout": "0.0", "share_decoder_input_output_embed": True, "batch_size": "8",
-    "num_workers": "0", "max_update": "20", "lr": "0.003", "clip_norm": "1.0", **ADAM, "weight_decay": "0.01",
-    "lr_scheduler": "inverse_sqrt", "warmup_updates": "10", "warmup_init_lr": "1e-07",
-    "save_dir": "checkpoints/tnn_lm_sample", "no_epoch_checkpoints": True,
-}
 
 
 class RecipeError(ValueError):

@@ -131,7 +131,7 @@ def layer_kernels(tno, n: int, channels):
             from fairseq_tnn.ops.ski import band_dense, ski_lowrank_dense
             band = band_dense(n, tno.conv_weight[ch].double())
             knots = tno.lowrank_knots(n)  # f at length n (--ski-lowrank); None: the band alone
-            lowrank = (ski_lowrank_dense(n, knots[:, ch].double(), tno.decay) if knots is not None
+            lowrank = (ski_lowrank_dense(n, knots[:, ch].double(), tno.warp_decay) if knots is not None
                        else torch.zeros_like(band))
             matrix = band + lowrank
             mid = (n - 1) // 2

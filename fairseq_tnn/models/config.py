@@ -2,75 +2,52 @@
 
 Every TNN hyperparameter is a declared field with help text, so fairseq copies it into
 ``cfg.model``, shows it in ``--help`` and lets the command line and ``--model-overrides`` win over
-the arch presets. ``TnnBlockConfig`` writes out ``--tno-type`` and the settings of every TNO type
-of fairseq_tnn/modules/tno/, each ``None`` unless given, meaning the chosen type's default. Each
-default, help text and check is written once, in the type's ``Settings`` dataclass: the fields here
-take their help from it at import (``tno_help``), and tests/models/test_tno_config.py checks that
-they match the ``Settings`` fields one for one. Setting one that the chosen ``--tno-type`` does not
-use is an error. A model resolves its TNO's settings once (``validate_block_config``) and gives the
-checked ``Settings`` to every layer.
+the arch presets. A TNO type's settings are written once, in its ``Settings`` dataclass
+(fairseq_tnn/modules/tno/: each setting's default, help, choices and check): ``TnnBlockConfig`` is
+``TnnLayerConfig`` plus ``--tno-type`` and one field per setting of the package's TNO types, made from
+those dataclasses, each ``None`` unless given, meaning the chosen type's default. Setting one that the
+chosen ``--tno-type`` does not use is an error. A model resolves its TNO's settings once
+(``validate_block_config``) and gives the checked ``Settings`` to every layer.
 """
 import dataclasses
-import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.activations import ACTIVATIONS
 from ..modules.norm import NORM_CHOICES
-from ..modules.tno import TNO_TYPES, tno_class, tno_settings
-from ..modules.tno.base import InvalidSetting, TnoSettings, option, require
-from ..modules.tno.ski import LOWRANK_MODES
-
-logger = logging.getLogger(__name__)
+from ..modules.tno import TNO_TYPES, TnoSettings, tno_class
+from ..modules.tno.base import require
 
 ACTIVATION_CHOICES = ChoiceEnum(sorted(ACTIVATIONS))
 NORM_TYPE_CHOICES = ChoiceEnum(list(NORM_CHOICES))
 NORM_POSITION_CHOICES = ChoiceEnum(["pre", "post"])
-# The TNO types of fairseq_tnn/modules/tno/, the --tno-type choices: a new type adds its name here and its
-# settings to TnnBlockConfig (docs/design.md#adding-a-tno-type)
-TNO_TYPE_NAMES = ["tnn", "fd", "ski"]
-TNO_TYPE_CHOICES = ChoiceEnum(TNO_TYPE_NAMES)
-SKI_LOWRANK_CHOICES = ChoiceEnum(LOWRANK_MODES)
+# The --tno-type choices: the types fairseq_tnn/modules/tno/__init__.py imports, in its order
+TNO_TYPE_NAMES = list(TNO_TYPES)
 
 
-def _settings_fields(tno_type: str) -> Dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(TNO_TYPES[tno_type].Settings)}
+# {setting: {TNO type: its Settings field}}: every setting of the package's types, once (tnn and fd share the RPE's)
+TNO_SETTINGS: Dict[str, Dict[str, dataclasses.Field]] = {}
+for _name in TNO_TYPE_NAMES:
+    for _f in dataclasses.fields(TNO_TYPES[_name].Settings):
+        TNO_SETTINGS.setdefault(_f.name, {})[_name] = _f
 
 
-def _aliases(tno_type: str) -> Dict[str, str]:
-    """{old option name: settings field} of one TNO type."""
-    return {f.metadata["alias"]: f.name for f in _settings_fields(tno_type).values() if "alias" in f.metadata}
-
-
-def tno_field_users() -> Dict[str, List[str]]:
-    """Every TNO settings field (and alias) of the registered types -> the types it applies to."""
-    users: Dict[str, List[str]] = {}
-    for tno_type in TNO_TYPES:
-        for name in [*_settings_fields(tno_type), *_aliases(tno_type)]:
-            users.setdefault(name, []).append(tno_type)
-    return users
-
-
-def tno_help(name: str) -> str:
-    """The help of the config field ``name`` from the TNO types' ``Settings``: the types that use it, its help
-    and their defaults, e.g. "[tnn, fd] hidden [norm, act, linear] blocks of the RPE MLP (default 6 tnn, 3 fd)",
-    and the types whose deprecated name for another field it is."""
-    owners = {t: _settings_fields(t)[name] for t in TNO_TYPE_NAMES if name in _settings_fields(t)}
-    parts = []
-    if owners:
-        defaults = {t: f.default for t, f in owners.items()}
-        if len(set(map(repr, defaults.values()))) == 1:
-            default_text = f"default {next(iter(defaults.values()))}"
-        else:
-            default_text = "default " + ", ".join(f"{v} {t}" for t, v in defaults.items())
-        help_text = next(iter(owners.values())).metadata["help"]
-        parts.append(f"[{', '.join(owners)}] {help_text} ({default_text})")
-    for t in TNO_TYPE_NAMES:
-        if name in _aliases(t):
-            parts.append(f"[{t}] deprecated name of {option(_aliases(t)[name])}")
-    return "; ".join(parts)
+def tno_option(by_type: Dict[str, dataclasses.Field]):
+    """The config field of one TNO setting: None (the chosen type's default), its help saying which types use it
+    and their defaults, e.g. "[tnn, fd] hidden [norm, act, linear] blocks of the RPE MLP (default 6 tnn, 3 fd)";
+    an enum of its choices where it has them (fairseq's parser and hydra then refuse other values)."""
+    first = next(iter(by_type.values()))
+    defaults = {t: f.default for t, f in by_type.items()}
+    if len(set(map(repr, defaults.values()))) == 1:
+        default_text = f"default {first.default}"
+    else:
+        default_text = "default " + ", ".join(f"{v} {t}" for t, v in defaults.items())
+    choices = first.metadata.get("choices")
+    kind = ChoiceEnum(choices) if choices else first.type
+    help_text = f"[{', '.join(by_type)}] {first.metadata['help']} ({default_text})"
+    return Optional[kind], field(default=None, metadata={"help": help_text})
 
 
 @dataclass
@@ -103,25 +80,15 @@ class TnnLayerConfig(FairseqDataclass):
             "argparse_const": "fallback"})
 
 
-@dataclass
-class TnnBlockConfig(TnnLayerConfig):
-    """TnnLayerConfig plus --tno-type and the settings of every TNO type (None: the chosen type's default; their
-    help, defaults and checks are the types' Settings)."""
-
-    tno_type: TNO_TYPE_CHOICES = field(default="tnn", metadata={
-        "help": "Toeplitz neural operator: " + ", ".join(TNO_TYPES[t].summary for t in TNO_TYPE_NAMES)})
-    # tnn, fd: the RPE MLP
-    rpe_dim: Optional[int] = field(default=None, metadata={"help": tno_help("rpe_dim")})
-    rpe_layers: Optional[int] = field(default=None, metadata={"help": tno_help("rpe_layers")})
-    rpe_activation: Optional[ACTIVATION_CHOICES] = field(default=None, metadata={"help": tno_help("rpe_activation")})
-    rpe_norm_type: Optional[NORM_TYPE_CHOICES] = field(default=None, metadata={"help": tno_help("rpe_norm_type")})
-    # tnn; for ski, the deprecated name of ski_warp_decay (older commands and checkpoints)
-    decay: Optional[float] = field(default=None, metadata={"help": tno_help("decay")})
-    # ski
-    ski_rank: Optional[int] = field(default=None, metadata={"help": tno_help("ski_rank")})
-    ski_taps: Optional[int] = field(default=None, metadata={"help": tno_help("ski_taps")})
-    ski_warp_decay: Optional[float] = field(default=None, metadata={"help": tno_help("ski_warp_decay")})
-    ski_lowrank: Optional[SKI_LOWRANK_CHOICES] = field(default=None, metadata={"help": tno_help("ski_lowrank")})
+TnnBlockConfig = dataclasses.make_dataclass(
+    "TnnBlockConfig",
+    [("tno_type", ChoiceEnum(TNO_TYPE_NAMES), field(default="tnn", metadata={
+        "help": "Toeplitz neural operator: " + ", ".join(TNO_TYPES[t].summary for t in TNO_TYPE_NAMES)})),
+     *[(name, *tno_option(by_type)) for name, by_type in TNO_SETTINGS.items()]],
+    bases=(TnnLayerConfig,),
+    namespace={"__doc__": "TnnLayerConfig plus --tno-type and the settings of every TNO type (None: the chosen "
+                          "type's default; their help, defaults and checks are the types' Settings)."})
+TnnBlockConfig.__module__ = __name__
 
 
 COMPILE_MODES = ("fallback", "strict")
@@ -170,67 +137,34 @@ def validate_block_config(cfg, embed_dim_field: str, layers_field: str, causal: 
 
 
 def resolve_tno_settings(cfg, causal: bool) -> TnoSettings:
-    """The checked settings of ``cfg.tno_type`` from a model config (those not given: the type's defaults).
-
-    Refuses a setting of another TNO type. A deprecated option name (``--decay`` for SKI's
-    ``--ski-warp-decay``) sets its field, with a warning, so old commands and checkpoints still work; an
-    error about its value names it as the user spelled it."""
+    """The checked settings of ``cfg.tno_type`` from a model config (those not given: the type's defaults);
+    a setting of another TNO type is refused."""
     tno_type = str(cfg.tno_type)
-    tno_class(tno_type)
-    fields, aliases = _settings_fields(tno_type), _aliases(tno_type)
-    for name, users in tno_field_users().items():
+    cls = tno_class(tno_type)
+    own = [f.name for f in dataclasses.fields(cls.Settings)]
+    for name, users in TNO_SETTINGS.items():
         value = getattr(cfg, name, None)
-        require(value is None or name in fields or name in aliases, name, value,
+        require(value is None or name in own, name, value,
                 f"it applies to --tno-type {' or '.join(users)} only, not {tno_type}")
-    values = {name: getattr(cfg, name) for name in fields if getattr(cfg, name, None) is not None}
-    spelled = {}  # settings field -> the deprecated name it was given by
-    for old, target in aliases.items():
-        value = getattr(cfg, old, None)
-        if value is None:
-            continue
-        if target in values and values[target] != value:
-            raise ValueError(f"{option(old)}={value!r} and {option(target)}={values[target]!r} disagree: for "
-                             f"--tno-type {tno_type}, {option(old)} is the deprecated name of {option(target)}; "
-                             f"pass {option(target)} alone")
-        logger.warning(f"{option(old)} for --tno-type {tno_type} is deprecated: it is now {option(target)} (same "
-                       f"meaning); using {option(target)}={value!r}")
-        values[target] = value
-        spelled[target] = old
-    try:
-        return tno_settings(tno_type, causal, **values)
-    except InvalidSetting as err:
-        if err.name not in spelled:
-            raise
-        old = spelled[err.name]
-        raise InvalidSetting(old, err.value, f"{err.allowed} ({option(old)} is the deprecated name of "
-                                             f"{option(err.name)})") from None
+    return cls.checked_settings(causal, **{name: getattr(cfg, name) for name in own
+                                           if getattr(cfg, name, None) is not None})
 
 
 def set_defaults(args, **preset):
     """Arch presets: fill in every value the user did not give (command line wins).
 
-    A preset names its ``tno_type`` and may override some of its settings; the rest of its TNO part
-    is that type's ``Settings`` defaults. Only the settings of the final ``--tno-type`` are filled
-    (from the preset where it has the field, else that type's defaults), so e.g. ``--arch
-    tnn_lm_wt103 --tno-type fd`` works and keeps the preset's RPE size. A type registered from outside the
-    package is built with its ``Settings`` defaults (the model config has no fields for its settings)."""
+    A preset names its ``tno_type`` and the settings where it departs from that type's ``Settings``
+    defaults. Only the settings of the final ``--tno-type`` are filled: from the preset where it has
+    the setting, else from its own type's defaults, else from the final type's; so e.g. ``--arch
+    tnn_lm_wt103 --tno-type fd`` keeps the preset's RPE of 6 layers."""
     own = preset.get("tno_type", "tnn")
-    final = str(getattr(args, "tno_type", None) or own)
-    users = tno_field_users()
-    tno_part = {**dataclasses.asdict(TNO_TYPES[own].Settings()), **{k: v for k, v in preset.items() if k in users}}
     for key, value in preset.items():
-        if key not in users and getattr(args, key, None) is None:
+        if key not in TNO_SETTINGS and getattr(args, key, None) is None:
             setattr(args, key, value)
-    if final not in TNO_TYPE_NAMES:
-        # unknown: refused by name when the model is built; a type registered from outside fairseq_tnn/modules/tno/
-        # (build_arch(..., tno_type=NAME)) has no config fields for its settings, so it runs with their defaults
-        for name in _settings_fields(final) if final in TNO_TYPES else ():
-            value = getattr(args, name, None)
-            require(value is None or name in TnnBlockConfig.__dataclass_fields__, name, value,
-                    f"--tno-type {final} is not one of the model config's types ({', '.join(TNO_TYPE_NAMES)}), so "
-                    f"its settings are not options: it takes their defaults")
-        return
-    aliased = {target for old, target in _aliases(final).items() if getattr(args, old, None) is not None}
-    for name, f in _settings_fields(final).items():
-        if getattr(args, name, None) is None and name not in aliased:
-            setattr(args, name, tno_part.get(name, f.default))
+    final = str(getattr(args, "tno_type", None) or own)
+    if final not in TNO_TYPES:
+        return  # refused by name when the model is built
+    inherited = {**dataclasses.asdict(TNO_TYPES[own].Settings()), **{k: v for k, v in preset.items() if k in TNO_SETTINGS}}
+    for f in dataclasses.fields(TNO_TYPES[final].Settings):
+        if getattr(args, f.name, None) is None:
+            setattr(args, f.name, inherited.get(f.name, f.default))

@@ -221,8 +221,8 @@ class TnnLanguageModel(FairseqLanguageModel):
         return model
 
 
-# The TNO part of a preset is its tno_type's Settings defaults (fairseq_tnn/modules/tno/), which hold
-# the published values (TNN: RPE 64 x 6, decay 0.99; FD: RPE 64 x 3), plus the overrides a preset names.
+# The TNO part of a preset is its tno_type's Settings defaults (fairseq_tnn/modules/tno/, the published values)
+# plus the overrides a preset names (config.set_defaults).
 LM_BASE = dict(
     decoder_embed_dim=512, decoder_layers=7, norm_position="pre", norm_type="simplermsnorm", expand_ratio=3,
     gtu_activation="silu", glu_activation="silu", tno_type="tnn", dropout=0.1, share_decoder_input_output_embed=True,

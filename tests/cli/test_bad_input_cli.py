@@ -9,8 +9,8 @@ import pytest
 from helpers import LM_TRAIN, cli, mlm_train_cmd, run
 
 CASES = [
-    (["--arch", "tnn_lm_tiny", "--decay", "1.5"], "--decay=1.5"),
-    (["--arch", "tnn_lm_tiny", "--expand-ratio", "-3"], "--expand-ratio=-3"),
+    (["--arch", "tnn_lm_tiny", "--decay", "1.01"], "--decay=1.01"),
+    (["--arch", "tnn_lm_tiny", "--expand-ratio", "0"], "--expand-ratio=0"),
     (["--arch", "tnn_mlm_tiny"], "not a causal language model"),
 ]
 

@@ -16,24 +16,33 @@ def n_trainable(model):
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def test_wt103_parameter_count():
-    """Published: 48.68M (Qin et al.; the SKI paper's Table 1).
+def paper_lm_parameters(rpe_layers, vocab=50264, dim=512, layers=7, expand_ratio=3):
+    """The trainable parameters of Qin et al.'s causal LM, by hand from its architecture
+    (docs/references.md#published-configurations): tied embeddings; per layer a GTU (W_u, W_v: dim -> d1,
+    W_o: d1 -> dim), its TNO's RPE MLP (Linear(1 -> 64), rpe_layers x Linear(64 -> 64), Linear(64 -> d1)) and a
+    GLU of width dim (W_1, W_2, W_3), every Linear with a bias, SimpleRMSNorm without parameters; the final
+    LayerNorm."""
+    def linear(n_in, n_out):
+        return n_in * n_out + n_out
 
-    Our trainable count is 48,666,624. The authors' code also stores its fixed
-    decay as a frozen per-channel tensor (1 x d1 = 1536 values per layer, 7
-    layers) that fairseq's "num. model params" counts; with it the total is
-    48,677,376 = 48.68M. The SKI paper's 3-layer-RPE TNN (48.59M) and FD-TNN
-    (48.58M) differ by the same 10,752, which FD-TNN lacks. We keep lambda a
-    plain float (it is never trained).
-    """
-    model = build("tnn_lm_wt103", vocab=50264)
-    trainable = n_trainable(model)
-    assert trainable == 48_666_624
-    frozen_decay_in_authors_code = 7 * 3 * 512
-    assert round((trainable + frozen_decay_in_authors_code) / 1e6, 2) == 48.68
-    assert abs(trainable / 1e6 - 48.68) < 0.015
-    model3 = build("tnn_lm_wt103_rpe3", vocab=50264)
-    assert round((n_trainable(model3) + frozen_decay_in_authors_code) / 1e6, 2) == 48.59  # SKI paper, Table 1
+    d1 = expand_ratio * dim
+    gtu = 2 * linear(dim, d1) + linear(d1, dim)
+    rpe = linear(1, 64) + rpe_layers * linear(64, 64) + linear(64, d1)
+    glu = 3 * linear(dim, dim)
+    return vocab * dim + layers * (gtu + rpe + glu) + 2 * dim
+
+
+@pytest.mark.parametrize("arch,rpe_layers,published", [
+    ("tnn_lm_wt103", 6, 48.68), ("tnn_lm_wt103_rpe3", 3, 48.59), ("fd_tnn_lm_wt103", 3, 48.58)])
+def test_wt103_parameter_count(arch, rpe_layers, published):
+    """The count by hand, and the published figures (millions; Qin et al., the SKI paper's Table 1). The TNN
+    figures also count the fixed decay that the authors' code stores as a frozen per-channel tensor (1 x d1 per
+    layer, 7 x 1536 values; this plugin keeps lambda a float): the three figures are the hand counts with it
+    for TNN, without it for FD-TNN (which has no decay), each to the published rounding."""
+    expected = paper_lm_parameters(rpe_layers)
+    assert n_trainable(build(arch, vocab=50264)) == expected
+    authors_decay_tensor = 0 if arch.startswith("fd_") else 7 * 3 * 512
+    assert round((expected + authors_decay_tensor) / 1e6, 2) == published
 
 
 def test_presets_can_be_overridden():
@@ -143,36 +152,6 @@ def test_post_norm_and_layernorm_options_build_and_run():
     torch.testing.assert_close(layer(x), F.layer_norm(y + glu.out_proj(F.silu(a) * b), (64,)))
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("decoder_embed_dim", 0, "--decoder-embed-dim=0"),
-    ("decoder_layers", -1, "--decoder-layers=-1"),
-    ("expand_ratio", 0, "--expand-ratio=0"),
-    ("rpe_dim", 0, "--rpe-dim=0"),
-    ("rpe_layers", -2, "--rpe-layers=-2"),
-    ("glu_dim", 0, "--glu-dim=0"),
-    ("decay", 0.0, r"--decay=0.0.*\(0, 1\]"),
-    ("decay", 1.5, r"--decay=1.5"),
-    ("dropout", 1.0, "--dropout=1.0"),
-    ("tno_type", "foo", "--tno-type='foo'"),
-    ("gtu_activation", "swishy", "--gtu-activation='swishy'"),
-    ("rpe_activation", "nope", "--rpe-activation='nope'"),
-    ("norm_type", "batchnorm", "--norm-type='batchnorm'"),
-])
-def test_bad_hyperparameters_are_refused_by_name(field, value, match):
-    with pytest.raises(ValueError, match=match):
-        build("tnn_lm_tiny", vocab=40, **{field: value})
-
-
-def test_type_specific_fields_follow_the_final_tno_type():
-    model = build("tnn_lm_wt103", vocab=50, decoder_layers=1, tno_type="fd")
-    tno = model.decoder.layers[0].gtu.tno
-    assert type(tno).__name__ == "FdTno" and len(tno.rpe.linears) == 6  # preset RPE depth, no decay
-    ski = build("ski_tnn_mlm_tiny", vocab=50)
-    tno = ski.encoder.layers[0].gtu.tno
-    assert tno.knots.shape == (16, 192) and tno.conv_weight.shape == (192, 5) and tno.decay == 0.99
-    assert not hasattr(tno, "rpe")  # SKI-TNN has no RPE MLP
-
-
 def ski_operator_without_interpolation(n, conv_weight, knots, decay):
     """SKI's per-channel Toeplitz matrix (d, n, n) when W is the identity, by hand: T[i, j] = band tap
     conv_weight[j - i + (m - 1) / 2] for |i - j| <= (m - 1) / 2, plus f(sign(i - j) decay^|i - j|), f the
@@ -209,20 +188,5 @@ def test_ski_on_sequences_shorter_than_the_rank():
         x = torch.randn(2, n, weight.shape[0], dtype=torch.float64)
         with torch.no_grad():
             y = tno.double()(x)
-        t = ski_operator_without_interpolation(n, weight, knots, tno.decay)
+        t = ski_operator_without_interpolation(n, weight, knots, tno.warp_decay)
         torch.testing.assert_close(y, torch.einsum("cij,bjc->bic", t, x), rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize("arch,overrides,match", [
-    ("ski_tnn_mlm_tiny", dict(ski_rank=1), "--ski-rank=1"),
-    ("ski_tnn_mlm_tiny", dict(ski_taps=4), "--ski-taps=4.*odd"),
-    ("ski_tnn_mlm_tiny", dict(decay=1.0), r"--decay=1.0.*\(0, 1\) for --tno-type ski"),
-    ("ski_tnn_mlm_tiny", dict(decay=-0.5), "--decay=-0.5"),
-    ("ski_tnn_mlm_tiny", dict(rpe_layers=3), "--rpe-layers=3.*applies to --tno-type tnn or fd only"),
-    ("fd_tnn_mlm_tiny", dict(decay=0.9), "--decay=0.9.*applies to --tno-type tnn or ski only"),
-    ("fd_tnn_lm_tiny", dict(ski_rank=8), "--ski-rank=8"),
-    ("tnn_lm_tiny", dict(tno_type="ski"), "causal model"),
-])
-def test_bad_tno_settings_are_refused_by_name(arch, overrides, match):
-    with pytest.raises(ValueError, match=match):
-        build(arch, vocab=40, **overrides)

@@ -14,7 +14,7 @@ SETTINGS = dict(ski_rank=8, ski_taps=5, ski_warp_decay=0.9)
 
 
 def reference(tno, x, knots):
-    return ski_tno_ref(x, tno.conv_weight, knots, tno.decay)
+    return ski_tno_ref(x, tno.conv_weight, knots, tno.warp_decay)
 
 
 def random_knots(tno):

@@ -1,6 +1,5 @@
-"""The TNO interface: one registry, one settings dataclass per type (defaults, checks), ``build_tno``
-from plain values, and a new type registered from outside the package working like the built-in ones."""
-import dataclasses
+"""The TNO interface: ``build_tno`` from plain values (the defaults filled, the values checked), a checked
+``Settings`` instance, and what a ``SpectralTno`` inherits."""
 import sys
 from dataclasses import dataclass, field
 
@@ -8,56 +7,28 @@ import pytest
 import torch
 
 from helpers import assert_on
-from fairseq_tnn.modules.tno import TNO_TYPES, FdTno, SkiTno, SpectralTno, TnnTno, build_tno, register_tno, tno_settings
+from fairseq_tnn.modules.tno import FdTno, SpectralTno, TnnTno, build_tno, register_tno, tno_settings
 from fairseq_tnn.modules.tno.base import TnoSettings, require
 from fairseq_tnn.ops.toeplitz import kernel_spectrum, next_fast_len, toeplitz_ref
 
 
-def test_the_registered_types_and_their_published_defaults():
-    assert TNO_TYPES == {"tnn": TnnTno, "fd": FdTno, "ski": SkiTno}
-    assert dataclasses.asdict(TnnTno.Settings()) == dict(rpe_dim=64, rpe_layers=6, rpe_activation="relu",
-                                                        rpe_norm_type="simplermsnorm", decay=0.99)
-    assert dataclasses.asdict(FdTno.Settings()) == dict(rpe_dim=64, rpe_layers=3, rpe_activation="relu",
-                                                       rpe_norm_type="simplermsnorm")
-    assert dataclasses.asdict(SkiTno.Settings()) == dict(ski_rank=32, ski_taps=17, ski_warp_decay=0.99, ski_lowrank="mean")
-    for cls in TNO_TYPES.values():
-        assert all(f.metadata.get("help") for f in dataclasses.fields(cls.Settings)), cls
-
-
-def test_what_each_type_declares_for_decoding():
-    assert TnnTno.supports_incremental and not TnnTno.kernel_depends_on_length
-    assert FdTno.supports_incremental and FdTno.kernel_depends_on_length
-    assert not SkiTno.supports_causal and not SkiTno.supports_incremental
-
-
 def test_build_tno_takes_plain_values_and_fills_the_defaults():
+    """Missing settings are the published ones (docs/references.md#published-configurations): RPE 64 wide,
+    SKI's m = 17 taps and lambda = 0.99."""
     tno = build_tno("tnn", 8, True, rpe_layers=2)
-    assert tno.settings == TnnTno.Settings(rpe_layers=2) and len(tno.rpe.linears) == 2 and tno.rpe.out.out_features == 8
+    assert len(tno.rpe.linears) == 2 and tno.rpe.proj.out_features == 64 and tno.rpe.out.out_features == 8
     ski = build_tno("ski", 8, False, ski_rank=4)
-    assert ski.knots.shape == (8, 8) and ski.conv_weight.shape == (8, 17) and ski.decay == 0.99
+    assert ski.knots.shape == (8, 8) and ski.conv_weight.shape == (8, 17) and ski.warp_decay == 0.99
     # or a checked Settings instance, as a model passes the one it resolved to every layer
     settings = tno_settings("fd", True, rpe_layers=1)
     assert FdTno(8, True, settings).settings is settings
     with pytest.raises(TypeError, match="FdTno takes a FdSettings instance or plain values, not TnnSettings"):
         FdTno(8, True, TnnTno.Settings())
-
-
-@pytest.mark.parametrize("tno_type,causal,values,match", [
-    ("tnn", True, dict(rpe_dim=0), r"--rpe-dim=0 is invalid: must be an integer >= 1"),
-    ("tnn", True, dict(decay=1.5), r"--decay=1.5 is invalid: lambda must be in \(0, 1\] for --tno-type tnn"),
-    ("fd", False, dict(rpe_activation="swishy"), r"--rpe-activation='swishy' is invalid: must be one of"),
-    ("fd", False, dict(decay=0.9), r"--tno-type fd has no setting --decay \(its settings: --rpe-dim"),
-    ("ski", False, dict(ski_taps=4), r"--ski-taps=4 is invalid: m must be an odd integer"),
-    ("ski", False, dict(ski_warp_decay=1.0), r"--ski-warp-decay=1.0 is invalid: lambda must be in \(0, 1\)"),
-    ("ski", True, dict(), r"--tno-type='ski' is invalid for a causal model: SKI-TNO is bidirectional only.*"
-                          r"use --tno-type tnn or fd"),
-    ("fourier", False, dict(), r"--tno-type='fourier' is invalid: must be one of \['fd', 'ski', 'tnn'\]"),
-])
-def test_bad_settings_are_refused_by_name(tno_type, causal, values, match):
-    with pytest.raises(ValueError, match=match):
-        tno_settings(tno_type, causal, **values)
-    with pytest.raises(ValueError, match=match):
-        build_tno(tno_type, 4, causal, **values)
+    # plain values are checked as options are (tests/models/test_bad_options.py), and only the type's own
+    with pytest.raises(ValueError, match=r"--tno-type fd has no setting --decay \(its settings: --rpe-dim"):
+        build_tno("fd", 4, False, decay=0.9)
+    with pytest.raises(ValueError, match=r"--tno-type='fourier' is invalid: must be one of \['fd', 'ski', 'tnn'\]"):
+        build_tno("fourier", 4, False)
 
 
 @dataclass
@@ -69,7 +40,7 @@ class ToySettings(TnoSettings):
 
 
 class ToyTno(SpectralTno):
-    """A fourth type, as a user would add one: a fixed exponential kernel lambda^|t|, no parameters."""
+    """A fixed exponential kernel lambda^|t|, no parameters."""
 
     name = "toy"
     summary = "toy (fixed lambda^|t|)"
@@ -85,29 +56,24 @@ class ToyTno(SpectralTno):
         return kernel_spectrum(*self.kernel(n, device), size, layout="dbn"), size
 
 
-@pytest.fixture
-def toy_registered():
-    register_tno(ToyTno)
-    yield
-    del TNO_TYPES["toy"]
-
-
-def test_a_new_type_is_one_class_and_one_registration(toy_registered, device):
-    """On every device (the `device` fixture); the other tests of this file check settings: CPU only."""
-    tno = build_tno("toy", 3, False, toy_decay=0.25).to(device)
+def test_a_spectral_tno_is_the_toeplitz_matrix_of_its_kernel(device):
+    """A SpectralTno gives spectrum and kernel and inherits the FFT forward and incremental decoding: the forward
+    of a fixed exponential kernel is the dense Toeplitz product. On every device (the `device` fixture); the
+    other tests of this file: CPU only."""
+    tno = ToyTno(3, False, toy_decay=0.25).to(device)
     x = torch.randn(2, 6, 3, dtype=torch.float64, device=device)
     pos, neg = tno.kernel(6, device)
     y = tno(x)
     assert_on(device, y, pos, neg)
     torch.testing.assert_close(y, toeplitz_ref(x, pos.t(), neg.t()))
     # a SpectralTno decodes incrementally with its causal kernel
-    causal = build_tno("toy", 3, True, toy_decay=0.25).to(device)
+    causal = ToyTno(3, True, toy_decay=0.25).to(device)
     assert causal.supports_incremental and not causal.kernel_depends_on_length
     torch.testing.assert_close(causal.decoding_kernel(6, device), pos)
     with pytest.raises(ValueError, match=r"--toy-decay=2.0 is invalid: must be in \(0, 1\)"):
-        build_tno("toy", 3, True, toy_decay=2.0)
+        ToyTno(3, True, toy_decay=2.0)
     with pytest.raises(ValueError, match="registered twice"):
-        register_tno(type("OtherToy", (ToyTno,), {}))
+        register_tno(type("OtherTnn", (TnnTno,), {}))
 
 
 def test_ops_and_modules_import_without_fairseq():

@@ -193,3 +193,16 @@ def test_report_of_tests_stopped_at_their_limit_names_the_failures_from_the_log(
     md = (tmp_path / "report.md").read_text()
     assert "### tests: timed out" in md and "- `tests/ops/test_fd.py::test_b[cuda]`" in md
     assert "no junit XML (pytest did not finish)" in md
+
+
+def test_environment_knobs_are_refused_as_their_flags_are(tmp_path):
+    """The same refusals from LIMITS / ONLY / QUICK / OUT as from --limit / --only / --quick / --out, before any work."""
+    for env, message in (({"LIMITS": "tests=soon"}, "LIMITS / --limit 'tests=soon' is invalid: must be PART=SECONDS"),
+                         ({"ONLY": "tests,bench"}, "ONLY / --only 'tests,bench': unknown part 'bench'"),
+                         ({"QUICK": "yes"}, "QUICK must be 0 or 1 (--quick sets 1), not 'yes'")):
+        proc = gpu_check("--cpu", env={"OUT": str(tmp_path / "new"), **env}, timeout=300)
+        assert proc.returncode == 2 and message in proc.stderr and proc.stdout == "", (env, proc.stderr)
+    (tmp_path / "old").mkdir()
+    proc = gpu_check(env={"OUT": str(tmp_path / "old"), "CPU": "1"}, timeout=300)
+    assert proc.returncode == 2 and f"--out {tmp_path / 'old'} already exists" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]

@@ -115,37 +115,3 @@ def test_every_named_anchor_exists():
     assert named > 20, named
     broken = [m for f in files for m in missing_anchors(f.read_text(), f)]
     assert not broken, "anchors named but not a heading of their page:\n" + "\n".join(broken)
-
-
-def test_the_exceptions_are_still_named():
-    text = "\n".join(f.read_text() for f in sources())
-    named = {p for _, p in mentions(text)}
-    assert not set(NOT_IN_THE_REPOSITORY) - named, "unused entries in NOT_IN_THE_REPOSITORY"
-
-
-def test_a_missing_path_is_reported_with_its_line():
-    # The paths are built from pieces so that this file itself names none that is missing.
-    gone_test, gone_doc = "tests/ops/" + "test_gone.py", "docs/" + "gone.md"
-    text = (f"See `fairseq_tnn/ops/ski.py` and `tests/ops/test_fd.py::test_x`,\n"
-            f"then `{gone_test}::test_y` and [a page]({gone_doc}#anchor).\n"
-            "Modules: fairseq_tnn/ops/" + "{toeplitz,fd,gone}.py; configs: configs/experiments/<preset>.yaml.\n")
-    source = ROOT / "synthetic.md"
-    assert [p for _, p in mentions(text)] == [
-        "fairseq_tnn/ops/ski.py", "tests/ops/test_fd.py", gone_test, gone_doc, "fairseq_tnn/ops/toeplitz.py",
-        "fairseq_tnn/ops/fd.py", "fairseq_tnn/ops/" + "gone.py", "configs/experiments/<preset>.yaml"]
-    assert missing(text, source) == [f"synthetic.md:2: {gone_test}", f"synthetic.md:2: {gone_doc}",
-                                     "synthetic.md:3: fairseq_tnn/ops/" + "gone.py"]
-    # A placeholder that matches nothing is missing too; a node id relative to tests/ counts only inside tests/.
-    nowhere = "configs/" + "nowhere/<preset>.yaml"
-    assert missing(nowhere, source) == [f"synthetic.md:1: {nowhere}"]
-    assert missing("scripts/test_docs.py::test_x", ROOT / "tests" / "scripts" / "x.py") == []
-    assert missing("scripts/test_docs.py::test_x", source) == ["synthetic.md:1: scripts/test_docs.py"]
-
-
-def test_a_missing_anchor_is_reported_with_its_line():
-    # Named with its page or linked from a page (here docs/evaluation.md), an anchor must be one of its headings.
-    page = ROOT / "docs" / "evaluation.md"
-    gone = "docs/evaluation.md" + "#no-such-heading"
-    text = f"[the demo](evaluation.md#the-demo), docs/setup.md#tests, {gone}; [here](#" + "nowhere)\n"
-    assert missing_anchors(text, page) == [f"docs/evaluation.md:1: {gone}",
-                                           "docs/evaluation.md:1: docs/evaluation.md" + "#nowhere"]

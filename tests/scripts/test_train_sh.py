@@ -1,26 +1,16 @@
-"""scripts/train.sh and the recipe it shares (scripts/recipe.sh): dry runs checked flag by flag against the
-paper's recipe for every preset, the environment knobs, refusals of bad settings and of existing runs, the
-presets being fairseq's registered archs, and a real run on CPU (conftest's train_sh_run)."""
+"""scripts/train.sh and the recipe it shares (scripts/recipe.sh, fairseq_tnn/recipe.py): dry runs checked flag
+by flag against the paper's recipe for every preset, the environment knobs, refusals of bad settings and of
+existing runs, and a real run on CPU (conftest's train_sh_run)."""
 import json
 import os
 import shlex
 
 import pytest
 
-from helpers import (ROOT, SCRIPTS, USER_DIR, arch_presets, cli, dry_train, flags, ok, script_env, sh,
+from helpers import (SCRIPTS, USER_DIR, cli, dry_train, flags, ok, script_env, sh,
                      wt103_presets)
 
 CAUSAL = wt103_presets("tnn_lm")
-
-
-def test_recipe_presets_are_the_registered_archs():
-    """scripts/recipe.sh's preset lists (what train.sh and train.sbatch accept, kept in bash so that a dry run
-    starts no Python) are the archs registered in fairseq for tnn_lm and tnn_mlm, in registration order."""
-    out, _ = ok(["bash", "-c", 'ROOT="$1"; source "$ROOT/scripts/recipe.sh"; echo "$TNN_CAUSAL_PRESETS"; '
-                 'echo "$TNN_MASKED_PRESETS"', "recipe", ROOT])
-    causal, masked = out.splitlines()
-    assert causal.split() == arch_presets("tnn_lm"), "scripts/recipe.sh: TNN_CAUSAL_PRESETS is not the registry's list"
-    assert masked.split() == arch_presets("tnn_mlm"), "scripts/recipe.sh: TNN_MASKED_PRESETS is not the registry's list"
 
 
 @pytest.mark.parametrize("preset,nproc,batch,update_freq", [
@@ -56,7 +46,8 @@ def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, ba
         "--no-epoch-checkpoints": [], "--seed": ["1"],
     }
     expect.update({"--warmup-init-lr": ["1e-07"]} if causal else
-                  {"--adam-eps": ["1e-06"], "--total-num-update": ["50000"], "--skip-invalid-size-inputs-valid-test": []})
+                  {"--adam-eps": ["1e-06"], "--total-num-update": ["50000"], "--skip-invalid-size-inputs-valid-test": [],
+                   "--oversized-blocks": ["drop"]})
     for key, value in expect.items():
         assert f.get(key) == value, (key, f.get(key), value)
     assert "--cpu" not in f
@@ -78,6 +69,16 @@ def test_train_dry_run_cpu_env_overrides_and_extra_args_last(data_bin, tmp_path)
     assert "--tnn-compile" not in f and "--bf16-autocast" not in f  # CPU: eager fp32 unless asked
     assert argv[-2:] == ["--max-epoch", "1"]
     assert not (tmp_path / "smoke").exists()  # a dry run creates nothing
+
+
+def test_train_dry_run_masked_knobs(data_bin, tmp_path):
+    """MAX_UPDATE is also the masked schedule's length, an empty knob is its default, OVERSIZED=error refuses
+    long lines (--oversized-blocks error)."""
+    env = {"CPU": "1", "NPROC": "1", "MAX_UPDATE": "7", "LR": "", "SEED": "3", "SEQS_PER_UPDATE": "8",
+           "BATCH_PER_GPU": "2", "OVERSIZED": "error", "SAVE_ROOT": str(tmp_path)}
+    f = flags(dry_train("ski_tnn_mlm_tiny", data_bin, **env))
+    assert f["--max-update"] == f["--total-num-update"] == ["7"] and f["--lr"] == ["5e-4"] and f["--seed"] == ["3"]
+    assert f["--update-freq"] == ["4"] and f["--oversized-blocks"] == ["error"]
 
 
 @pytest.mark.parametrize("env,present,absent", [
@@ -132,12 +133,16 @@ def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_pa
 
 
 @pytest.mark.parametrize("env,message", [
-    ({"NPROC": "3"}, "SEQS_PER_UPDATE=128 is not divisible by BATCH_PER_GPU=8 x 3 processes"),
-    ({"NPROC": "1", "BATCH_PER_GPU": "0"}, "must be positive integers"),
+    ({"NPROC": "3"}, "SEQS_PER_UPDATE=128 is not divisible by BATCH_PER_GPU=8 x 3 processes = 24; change BATCH_PER_GPU"),
+    ({"NPROC": "1", "BATCH_PER_GPU": "0"}, "SEQS_PER_UPDATE (128), BATCH_PER_GPU (0) and the number of processes (1) "
+                                           "must be positive integers"),
     ({"NPROC": "x"}, "NPROC must be a positive integer"),
-    ({"NPROC": "1", "PRECISION": "fp8"}, "PRECISION must be"),
-    ({"NPROC": "1", "TNN_COMPILE": "yes"}, "TNN_COMPILE must be 0 or 1"),
-    ({"CPU": "1", "PRECISION": "fp16"}, "CPU=1 trains in fp32 or bf16"),
+    ({"NPROC": "1", "PRECISION": "fp8"}, "PRECISION must be fp16, bf16 or fp32, not 'fp8'"),
+    ({"NPROC": "1", "TNN_COMPILE": "yes"}, "TNN_COMPILE must be 0 or 1 (--tnn-compile), or strict (--tnn-compile "
+                                           "strict), not 'yes'"),
+    ({"CPU": "1", "PRECISION": "fp16"}, "CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16"),
+    ({"CPU": "yes", "NPROC": "1"}, "CPU must be 0 (train on GPUs) or 1 (train on the CPU), not 'yes'"),
+    ({"NPROC": "1", "OVERSIZED": "maybe", "BATCH_PER_GPU": "0"}, "OVERSIZED must be drop or error, not 'maybe'"),  # first
 ])
 def test_train_rejects_bad_settings(data_bin, env, message):
     rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_wt103", data_bin], {"DRY_RUN": "1", **env})

@@ -10,9 +10,8 @@ Every TNO type has the same interface (``base.Tno``) and is built by ``build_tno
   asymmetric SKI low-rank part W A W^T with an inverse time warp; bidirectional only.
 
 A new type is one module beside these (a ``Tno`` subclass decorated with ``@register_tno``, with
-its ``Settings`` dataclass), its name in the import line below, and its name and one field per setting
-in the model config (``TNO_TYPE_NAMES`` and ``TnnBlockConfig`` in fairseq_tnn/models/config.py, which
-a test checks against the ``Settings``); the validation and the presets use the ``Settings``.
+its ``Settings`` dataclass) and its name in the import line below: the model config makes its
+``--tno-type`` choice and its options from the registered types (fairseq_tnn/models/config.py).
 """
 from . import tnn, fd, ski  # noqa: F401,I001  (the registered TNO types, in this order: each module registers its class)
 from .base import TNO_TYPES, SpectralTno, Tno, TnoSettings, build_tno, register_tno, tno_class, tno_settings

@@ -5,9 +5,8 @@ is a ``Tno`` subclass in a module of its own, with
 
 - ``name``: its ``--tno-type`` value, and ``summary``: one line for that option's help;
 - ``Settings``: a dataclass of its hyperparameters, each field with its default and ``help`` (and
-  ``choices`` where the values are names). The fairseq model config declares one field per setting
-  and takes its help from here (fairseq_tnn/models/config.py, checked against these by a test), so a
-  default or a help text is written once, here;
+  ``choices`` where the values are names). The fairseq model config makes one option of each setting
+  from these (fairseq_tnn/models/config.py), so a default, a help text or a check is written once, here;
 - ``Settings.check``: the validation, errors naming the option (``require``);
 - ``supports_causal``: False for a bidirectional-only operator (refused for a causal model);
 - ``supports_incremental``: True where ``decoding_kernel(n)`` gives the causal time kernel that
@@ -41,19 +40,10 @@ def option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-class InvalidSetting(ValueError):
-    """An option's value refused: ``--name=value is invalid: allowed``, with ``name`` (the settings field),
-    ``value`` and ``allowed`` kept for a caller that knows the option by another name (a deprecated alias)."""
-
-    def __init__(self, name: str, value, allowed: str):
-        super().__init__(f"{option(name)}={value!r} is invalid: {allowed}")
-        self.name, self.value, self.allowed = name, value, allowed
-
-
 def require(ok: bool, name: str, value, allowed: str) -> None:
-    """Raise ``InvalidSetting`` (a ValueError: ``--name=value is invalid: allowed``) unless ``ok``."""
+    """Raise a ValueError ``--name=value is invalid: allowed`` unless ``ok``."""
     if not ok:
-        raise InvalidSetting(name, value, allowed)
+        raise ValueError(f"{option(name)}={value!r} is invalid: {allowed}")
 
 
 def is_int(value, minimum: int) -> bool:
@@ -63,8 +53,7 @@ def is_int(value, minimum: int) -> bool:
 @dataclass
 class TnoSettings:
     """Hyperparameters of one TNO type. Field metadata: ``help`` (required), ``choices`` (optional
-    list of allowed names), ``alias`` (optional: an older option name that still sets this field,
-    with a deprecation message)."""
+    list of allowed names)."""
 
     def check(self) -> None:
         """Refuse invalid values with ``require`` (an error naming the option, the value and what is allowed)."""
@@ -89,7 +78,7 @@ class RpeSettings(TnoSettings):
     """The settings of a TNO whose coefficients come from an RPE MLP (``fairseq_tnn.modules.rpe.Rpe``)."""
 
     rpe_dim: int = field(default=64, metadata={"help": RPE_HELP["rpe_dim"]})
-    rpe_layers: int = field(default=6, metadata={"help": RPE_HELP["rpe_layers"]})
+    rpe_layers: int = field(default=6, metadata={"help": RPE_HELP["rpe_layers"]})  # Qin et al.'s; FD's: FdSettings
     rpe_activation: str = field(default="relu", metadata={"help": RPE_HELP["rpe_activation"],
                                                           "choices": sorted(ACTIVATIONS)})
     rpe_norm_type: str = field(default="simplermsnorm", metadata={"help": RPE_HELP["rpe_norm_type"],

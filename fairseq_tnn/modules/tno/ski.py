@@ -21,8 +21,7 @@ class SkiSettings(TnoSettings):
     ski_taps: int = field(default=17, metadata={"help": "m, taps of the sparse depthwise conv, odd"})
     ski_warp_decay: float = field(default=0.99, metadata={
         "help": "lambda of the inverse time warp sign(t) lambda^|t| that maps the inducing points' lags into "
-                "[-1, 1], in (0, 1)",
-        "alias": "decay"})
+                "[-1, 1], in (0, 1)"})
     ski_lowrank: str = field(default="mean", metadata={
         "help": "the low-rank part W A W^T x: 'mean' scales A by 1/h, h = (n-1)/(r-1) the spacing of the inducing "
                 "points at the training length n (the task's --tokens-per-sample, kept in the checkpoint), so that at "
@@ -47,7 +46,7 @@ class SkiTno(Tno):
 
     ``conv_weight`` (d, m) are the m centred taps of the sparse part; ``knots`` (2r, d) are the
     values of the piecewise-linear f on [-1, 1] (r knots per side, f(0) = 0), evaluated at
-    x(t) = sign(t) lambda^|t| of the inducing-point lags (lambda: ``decay``). When a sequence is
+    x(t) = sign(t) lambda^|t| of the inducing-point lags (lambda: ``warp_decay``). When a sequence is
     shorter than r the rank drops to n (W becomes the identity). W A W^T is only approximately
     Toeplitz, so this TNO has no ``kernel``: the dense matrices are ``ops.ski.ski_tno_ref``'s.
 
@@ -80,7 +79,7 @@ class SkiTno(Tno):
                  training_length: Optional[int] = None, **values):
         super().__init__(dim, causal, settings, **values)
         s = self.settings
-        self.decay = s.ski_warp_decay
+        self.warp_decay = s.ski_warp_decay
         self.lowrank = s.ski_lowrank
         # N(0, 1), as the SKI authors draw them (measured better than U(+-m^-1/2), for SKI and its band alone:
         # docs/design.md#initialisation)
@@ -117,7 +116,7 @@ class SkiTno(Tno):
 
     def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
         n = seq_shape(x, layout)[0]
-        return ski_tno(x, self.conv_weight, self.lowrank_knots(n), self.decay, layout=layout)
+        return ski_tno(x, self.conv_weight, self.lowrank_knots(n), self.warp_decay, layout=layout)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "version"
