@@ -37,7 +37,7 @@ def header_layout():
 # (nodes, tasks per node, GPUs per node): the header's, two nodes, fewer tasks than GPUs, fewer GPUs, and one task
 # per node, where fairseq itself spawns a process per GPU and sets the world size to nodes x GPUs
 # (fairseq/distributed/utils.py, _infer_slurm_init), whatever --distributed-world-size says.
-LAYOUTS = [header_layout(), (2, 8, 8), (1, 4, 8), (1, 2, 2), (1, 1, 8), (2, 1, 8), (1, 1, 1)]
+LAYOUTS = [header_layout(), (2, 8, 8), (1, 4, 8), (1, 4, 4), (1, 2, 2), (1, 1, 8), (2, 1, 8), (1, 1, 1)]
 
 
 @pytest.mark.parametrize("preset", sorted(PAPER_TOKENS_PER_UPDATE))

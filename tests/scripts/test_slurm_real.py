@@ -176,6 +176,7 @@ def test_requeue_resumes_from_checkpoint_last_and_keeps_both_attempts_in_the_log
     # the second: the script resumes (RESUME=1), fairseq loads checkpoint_last.pt (update 3) and goes on
     assert "RESUME=1: continuing the run" in second and "update-freq 2, restart 1; logs in" in second
     assert re.search(r"Loaded checkpoint \S*/requeued/checkpoint_last\.pt \(epoch 1 @ 3 updates\)", second), second
+    assert len((root / "requeued" / "command.txt").read_text().splitlines()) == 2  # a line per attempt
     resumed = train_inner(second)
     assert [u for u, _, _ in resumed] == UPDATES[3:]
     assert_same_losses(resumed, train_inner(one_task[1]), "requeued")
