@@ -111,7 +111,7 @@ start() {
   mkdir -p "$STATE_DIR"
   : > "$STARTED"
   if ! munge_answers; then
-    [[ -f /etc/munge/munge.key ]] || { mungekey --create > /dev/null 2>&1 || mungekey -c; chown munge:munge /etc/munge/munge.key; }
+    [[ -f /etc/munge/munge.key ]] || { mungekey --create && chown munge:munge /etc/munge/munge.key; }  # Debian's makes one
     install -d -o munge -g munge -m 0755 /run/munge
     start_daemon munged /run/munge/munged.pid runuser -u munge -- munged
     munge_answers || die "munged started but munge -n | unmunge fails (/var/log/munge/munged.log)"
