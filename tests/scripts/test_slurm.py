@@ -117,6 +117,7 @@ def test_sbatch_outside_slurm_refuses(data_bin):
     (["tnn_lm_wt103", "--ddp-backend=pytorch_ddp"], {}, "--ddp-backend=pytorch_ddp is set by this script"),
     (["tnn_lm_wt103"], {"SLURM_NTASKS_PER_NODE": "16"}, "--ntasks-per-node=16 but 8 GPU(s) visible"),
     (["tnn_lm_wt103"], {"CUDA_VISIBLE_DEVICES": ""}, "no GPU visible on this node"),
+    (["tnn_lm_wt103"], {"CPU": "yes"}, "CPU must be 0 (train on GPUs) or 1 (train on the CPU), not 'yes'"),
     (["tnn_lm_wt103"], {"SLURM_NTASKS_PER_NODE": "", "SLURM_NNODES": "2", "SLURM_NTASKS": "7"},
      "7 tasks on 2 nodes: give every node the same number"),
 ])
