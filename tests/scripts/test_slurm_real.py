@@ -165,6 +165,9 @@ def test_requeue_resumes_from_checkpoint_last_and_keeps_both_attempts_in_the_log
         assert time.monotonic() < deadline and jobs(job)[0]["JobState"] not in DONE, out.read_text()[-3000:]
         time.sleep(0.5)
     subprocess.run(["scontrol", "requeue", job], check=True)
+    while jobs(job)[0]["Restarts"] == "0":  # until the controller has taken the requeue (at once, in practice)
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
     (record,) = wait(job)
     log = out.read_text()
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", (record, log[-3000:])
