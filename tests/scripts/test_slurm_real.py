@@ -54,8 +54,10 @@ def no_cluster():
 
 
 def sbatch(script, args, options, env, out_dir):
-    """sbatch <options> <script> <args> from the repository root, as a user submits; the job's id."""
-    cmd = ["sbatch", "--parsable", f"--output={out_dir}/slurm-%x-%j.out", *options, str(script), *map(str, args)]
+    """sbatch <options> <script> <args> from the repository root, as a user submits; the job's id. The job's
+    log goes to out_dir; a job that an interrupted test run leaves behind ends within 15 minutes."""
+    cmd = ["sbatch", "--parsable", f"--output={out_dir}/slurm-%x-%j.out", "--time=15", *options, str(script),
+           *map(str, args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=script_env(env), timeout=60)
     assert proc.returncode == 0, (cmd, proc.stderr)
     return proc.stdout.strip().split(";")[0]
