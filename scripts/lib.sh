@@ -8,6 +8,8 @@
 #   usage_error [LINE...]     $usage (the caller sets it) and any LINEs on stderr, then exit 2
 #   quote_cmd ARG...          the command line, quoted so that it can be pasted into a shell
 #   is_pos_int VALUE          true for 1, 2, ... (no sign, no leading zero)
+#   count_gpus                the number of GPUs this process may use: those CUDA_VISIBLE_DEVICES lists if it is
+#                             set (as SLURM sets it for a job's GPUs), else nvidia-smi's, else 0
 #   fairseq_env               sets FAIRSEQ_BIN [<repo>/.venv/bin], the directory of the fairseq commands
 #                             ($FAIRSEQ_BIN/fairseq-train, fairseq-preprocess, ...), and PYTHON [$FAIRSEQ_BIN/python];
 #                             refuses FAIRSEQ_PREPROCESS, which no script reads any more
@@ -40,6 +42,16 @@ quote_cmd() {
 }
 
 is_pos_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
+
+count_gpus() {
+  if [[ -n "${CUDA_VISIBLE_DEVICES+x}" ]]; then
+    local ids="${CUDA_VISIBLE_DEVICES//,/ }"; set -- $ids; echo "$#"
+  elif command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true  # grep -c prints 0 itself
+  else
+    echo 0
+  fi
+}
 
 fairseq_env() {
   [[ -z "${FAIRSEQ_PREPROCESS+set}" ]] \

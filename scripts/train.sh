@@ -43,15 +43,6 @@ PRESET="$1"; DATA="$2"; shift 2
 [[ -n "$(recipe_kind "$PRESET")" ]] || { echo "$usage" >&2; recipe_check_preset "$PRESET"; }
 
 CPU="${CPU:-0}"
-count_gpus() {
-  if [[ -n "${CUDA_VISIBLE_DEVICES+x}" ]]; then
-    local ids="${CUDA_VISIBLE_DEVICES//,/ }"; set -- $ids; echo "$#"
-  elif command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true  # grep -c prints 0 itself
-  else
-    echo 0
-  fi
-}
 if [[ -z "${NPROC:-}" ]]; then
   if [[ "$CPU" == 1 ]]; then NPROC=1; else NPROC="$(count_gpus)"; (( NPROC >= 1 )) || NPROC=1; fi
 fi

@@ -1,4 +1,4 @@
-"""What every user-facing script (scripts/*.sh, scripts/slurm/*.sbatch, scripts/*.py) shares: bash syntax and
+"""What every user-facing script (scripts/*.sh, scripts/slurm/*, scripts/*.py) shares: bash syntax and
 strict mode, scripts/lib.sh's helpers sourced rather than copied, --help on the Python scripts, and a usage
 message with exit status 2 on wrong arguments."""
 import re
@@ -11,7 +11,7 @@ from helpers import ROOT, SCRIPTS, SLURM, ok, sh
 
 LIBRARIES = [SCRIPTS / "lib.sh", SCRIPTS / "recipe.sh"]  # sourced, not run
 BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIPTS / "eval_extrapolation.sh",
-                *LIBRARIES, *sorted(SLURM.glob("*.sbatch")), SCRIPTS / "demo.sh",
+                *LIBRARIES, *sorted(SLURM.glob("*.sbatch")), SLURM / "local_cluster.sh", SCRIPTS / "demo.sh",
                 SCRIPTS / "preprocess.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh", SCRIPTS / "make_sample_data.sh",
                 SCRIPTS / "gpu_check.sh"]
 PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
@@ -30,7 +30,7 @@ def test_bash_syntax_and_strict_mode(script):
 def test_every_script_uses_the_shared_helpers():
     """scripts/lib.sh holds die, say, usage_error, quote_cmd and is_pos_int; every script that uses one sources it
     (directly or through recipe.sh) and none defines its own copy."""
-    scripts = sorted({*SCRIPTS.glob("*.sh"), *SLURM.glob("*.sbatch")})
+    scripts = sorted({*SCRIPTS.glob("*.sh"), *SLURM.glob("*.sh"), *SLURM.glob("*.sbatch")})
     assert set(scripts) == set(BASH_SCRIPTS)  # a new script is checked here too
     users = []
     for script in scripts:
@@ -66,7 +66,8 @@ def test_python_scripts_compile_and_have_help(script):
     ["train.sh"], ["train.sh", "tnn_lm_tiny"], ["train.sh", "no_such_preset", "data-bin"],
     ["eval_extrapolation.sh"], ["prepare-wikitext-103.sh", "a", "b"], ["prepare-wikitext-103.sh", "--help"],
     ["preprocess.sh"], ["preprocess.sh", "data/sample"], ["preprocess.sh", "/no/such/dir", "/tmp/x"],
-    ["demo.sh", "--fast"], ["setup.sh", "x"], ["make_sample_data.sh", "x"],
+    ["demo.sh", "--fast"], ["setup.sh", "x"], ["make_sample_data.sh", "x"], ["slurm/local_cluster.sh"],
+    ["slurm/local_cluster.sh", "restart"],
 ], ids=lambda c: " ".join(c) or "none")
 def test_wrong_arguments_print_usage_and_fail(cmd):
     rc, out, err = sh(["bash", SCRIPTS / cmd[0], *cmd[1:]])

@@ -1,5 +1,6 @@
-"""scripts/slurm/train.sbatch and extrapolation.sbatch, run as SLURM would run them (DRY_RUN=1, SLURM_*
-variables set): train.sh's recipe under srun for every preset, requeued jobs, refusals outside SLURM."""
+"""scripts/slurm/train.sbatch and extrapolation.sbatch run with bash and DRY_RUN=1, SLURM's variables set by
+hand: the layouts that cannot run here (nodes of 8 GPUs) at the paper's tokens per update, the command next to
+train.sh's, and the refusals made before any work. tests/scripts/test_slurm_real.py runs them under a real SLURM."""
 import re
 import shlex
 import shutil
@@ -10,21 +11,45 @@ from helpers import ROOT, SCRIPTS, SLURM, USER_DIR, cli, dry_train, flags, ok, s
 
 CAUSAL = wt103_presets("tnn_lm")
 EXPERIMENTS = CAUSAL + wt103_presets("tnn_mlm")
+TRAIN_SBATCH = SLURM / "train.sbatch"
+# docs/references.md#published-configurations: sequences x tokens per update, causal and masked
+PAPER_TOKENS_PER_UPDATE = {"fd_tnn_lm_wt103": 128 * 512, "ski_tnn_mlm_wt103": 512 * 512}
 
 
 def sbatch_header(path):
     return dict(re.findall(r"^#SBATCH --([a-z-]+)=(\S+)", path.read_text(), re.M))
 
 
-TRAIN_SBATCH = SLURM / "train.sbatch"
+def slurm_env(nodes, tasks, gpus, **env):
+    """The variables SLURM sets in a job of `nodes` nodes x `tasks` tasks, with `gpus` GPUs per node."""
+    return {"DRY_RUN": "1", "SLURM_NNODES": str(nodes), "SLURM_NTASKS_PER_NODE": str(tasks), "SLURM_JOB_ID": "4242",
+            "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), **env}
 
 
-def test_one_sbatch_script_for_every_preset():
-    assert sorted(p.name for p in SLURM.iterdir()) == ["extrapolation.sbatch", "train.sbatch"]
+EIGHT_GPUS = dict(gpus=8)
+
+
+def header_layout():
     head = sbatch_header(TRAIN_SBATCH)
-    assert head == {"job-name": "fairseq-tnn", "nodes": "1", "ntasks-per-node": "8", "gpus-per-node": "8",
-                    "cpus-per-task": "8", "time": "2-00:00:00", "output": "slurm-%x-%j.out"}
-    assert re.search(r"^#SBATCH --requeue$", TRAIN_SBATCH.read_text(), re.M)
+    return int(head["nodes"]), int(head["ntasks-per-node"]), int(head["gpus-per-node"])
+
+
+# (nodes, tasks per node, GPUs per node): the header's, two nodes, fewer tasks than GPUs, fewer GPUs, and one task
+# per node, where fairseq itself spawns a process per GPU and sets the world size to nodes x GPUs
+# (fairseq/distributed/utils.py, _infer_slurm_init), whatever --distributed-world-size says.
+LAYOUTS = [header_layout(), (2, 8, 8), (1, 4, 8), (1, 4, 4), (1, 2, 2), (1, 1, 8), (2, 1, 8), (1, 1, 1)]
+
+
+@pytest.mark.parametrize("preset", sorted(PAPER_TOKENS_PER_UPDATE))
+@pytest.mark.parametrize("nodes,tasks,gpus", LAYOUTS)
+def test_every_layout_trains_at_the_papers_tokens_per_update(data_bin, tmp_path, preset, nodes, tasks, gpus):
+    env = slurm_env(nodes, tasks, gpus, DATA=str(data_bin), SAVE_ROOT=str(tmp_path))
+    out, err = ok(["bash", TRAIN_SBATCH, preset], env)
+    f = flags(shlex.split(out)[3:])
+    processes = nodes * gpus if tasks == 1 else nodes * tasks
+    tokens = int(f["--batch-size"][0]) * int(f["--update-freq"][0]) * processes * int(f["--tokens-per-sample"][0])
+    assert tokens == PAPER_TOKENS_PER_UPDATE[preset], (out, err)
+    assert f["--distributed-world-size"] == [str(processes)] and "--cpu" not in f
 
 
 @pytest.mark.parametrize("args,message", [
@@ -42,8 +67,7 @@ def test_sbatch_refuses_a_missing_or_unknown_preset_before_any_work(tmp_path, ar
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_sbatch_dry_run_is_train_sh_recipe_under_srun(data_bin, tmp_path, experiment):
-    env = {"DRY_RUN": "1", "DATA": str(data_bin), "SAVE_ROOT": str(tmp_path), "SLURM_NNODES": "2",
-           "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "4242"}
+    env = slurm_env(2, 8, **EIGHT_GPUS, DATA=str(data_bin), SAVE_ROOT=str(tmp_path))
     out, _ = ok(["bash", TRAIN_SBATCH, experiment, "--max-epoch", "3"], env)
     argv = shlex.split(out)
     assert argv[:3] == ["srun", "--kill-on-bad-exit=1", cli("fairseq-train")], argv
@@ -61,7 +85,7 @@ def test_sbatch_root_from_submit_dir_when_slurm_runs_a_spool_copy(data_bin, tmp_
     spool.mkdir(parents=True)
     shutil.copy(TRAIN_SBATCH, spool / "slurm_script")
     env = {"DRY_RUN": "1", "DATA": str(data_bin), "SAVE_ROOT": str(tmp_path / "ck"), "SLURM_NNODES": "1",
-           "SLURM_NTASKS": "8", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(ROOT)}
+           "SLURM_NTASKS": "8", "SLURM_JOB_ID": "7", "SLURM_SUBMIT_DIR": str(ROOT), "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
     out, _ = ok(["bash", spool / "slurm_script", "fd_tnn_lm_wt103"], env)
     f = flags(shlex.split(out)[3:])
     assert f["--user-dir"] == [USER_DIR] and f["--distributed-world-size"] == ["8"] and f["--update-freq"] == ["2"]
@@ -73,12 +97,11 @@ def test_sbatch_requeued_job_continues_its_run_and_a_new_job_refuses_it(data_bin
     run_dir = tmp_path / "tnn_lm_wt103"
     run_dir.mkdir()
     (run_dir / "checkpoint_last.pt").write_bytes(b"precious")
-    env = {"DRY_RUN": "1", "DATA": str(data_bin), "SAVE_ROOT": str(tmp_path), "SLURM_NNODES": "1",
-           "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "5"}
+    env = slurm_env(1, 8, **EIGHT_GPUS, DATA=str(data_bin), SAVE_ROOT=str(tmp_path))
     rc, out, err = sh(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], env)
     assert rc == 1 and "already exists; refusing to overwrite it" in err and out == ""
-    out, err = ok(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], {**env, "SLURM_RESTART_COUNT": "1"})
-    assert "RESUME=1: continuing the run" in err and out.startswith("srun ")
+    out, err = ok(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], {**env, "SLURM_RESTART_COUNT": "1", "FORCE": "1"})
+    assert "RESUME=1: continuing the run" in err and "deleting" not in err and out.startswith("srun ")
     assert (run_dir / "checkpoint_last.pt").read_bytes() == b"precious"
 
 
@@ -87,18 +110,29 @@ def test_sbatch_outside_slurm_refuses(data_bin):
     assert rc == 2 and "not inside a SLURM job" in err and out == ""
 
 
-def test_extrapolation_array_dry_run():
+@pytest.mark.parametrize("args,env,message", [
+    (["tnn_lm_wt103", "data-bin/sample"], {}, "'data-bin/sample' is not a fairseq-train option: extra arguments go "
+                                              "to fairseq-train and the data comes from DATA (DATA=data-bin/sample"),
+    (["tnn_lm_wt103", "--distributed-world-size", "4"], {}, "--distributed-world-size is set by this script"),
+    (["tnn_lm_wt103", "--ddp-backend=pytorch_ddp"], {}, "--ddp-backend=pytorch_ddp is set by this script"),
+    (["tnn_lm_wt103"], {"SLURM_NTASKS_PER_NODE": "16"}, "--ntasks-per-node=16 but 8 GPU(s) visible"),
+    (["tnn_lm_wt103"], {"CUDA_VISIBLE_DEVICES": ""}, "no GPU visible on this node"),
+    (["tnn_lm_wt103"], {"CPU": "yes"}, "CPU must be 0 (train on GPUs) or 1 (train on the CPU), not 'yes'"),
+    (["tnn_lm_wt103"], {"SLURM_NTASKS_PER_NODE": "", "SLURM_NNODES": "2", "SLURM_NTASKS": "7"},
+     "7 tasks on 2 nodes: give every node the same number"),
+])
+def test_sbatch_refuses_a_bad_submission_before_any_work(data_bin, tmp_path, args, env, message):
+    env = {**slurm_env(1, 8, **EIGHT_GPUS, DATA=str(data_bin), SAVE_ROOT=str(tmp_path / "ck")), "DRY_RUN": "0", **env}
+    rc, out, err = sh(["bash", TRAIN_SBATCH, *args], env)
+    assert rc == 2 and message in err and out == "", (rc, out, err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_extrapolation_array_refusals():
     script = SLURM / "extrapolation.sbatch"
-    assert sbatch_header(script)["array"] == "0-5"
-    prog = str(SCRIPTS / "eval_extrapolation.sh")
-    out, _ = ok(["bash", script, "A=a.pt", "B=b.pt"], {"DRY_RUN": "1", "SLURM_ARRAY_TASK_ID": "3"})
-    assert shlex.split(out) == ["srun", "--ntasks=1", "--kill-on-bad-exit=1", "env", "LENGTHS=4096", "TABLE=0", "REPORT=0",
-                                "bash", prog, "A=a.pt", "B=b.pt"]
-    out, _ = ok(["bash", script, "A=a.pt"], {"DRY_RUN": "1", "SLURM_ARRAY_TASK_ID": "0"})
-    assert "LENGTHS=512" in shlex.split(out) and "TABLE=1" in shlex.split(out)
-    out, _ = ok(["bash", script, "A=a.pt"], {"DRY_RUN": "1", "REPORT_ONLY": "1"})
-    assert shlex.split(out) == ["env", "LENGTHS=512 1024 2048 4096 8192 14336", "REPORT_ONLY=1", "bash", prog, "A=a.pt"]
     rc, _, err = sh(["bash", script, "A=a.pt"], {"DRY_RUN": "1", "SLURM_ARRAY_TASK_ID": "6"})
-    assert rc == 2 and "only 6 LENGTHS" in err
+    assert rc == 2 and "array task 6 but only 6 LENGTHS" in err and "use --array=0-5" in err
+    rc, _, err = sh(["bash", script, "A=a.pt"], {"DRY_RUN": "1"})
+    assert rc == 2 and "not an array task" in err
     rc, _, err = sh(["bash", script], {"DRY_RUN": "1", "SLURM_ARRAY_TASK_ID": "0"})
     assert rc == 2 and "usage:" in err

@@ -1,0 +1,223 @@
+"""scripts/slurm/*.sbatch under a real SLURM, submitted with sbatch as docs/training.md#slurm and
+docs/evaluation.md tell a user to, on CPU with the tiny causal preset and data/sample: one task; two tasks on one
+node (gloo ranks) with the losses and parameters of the one-task run at the same tokens per update; a job
+requeued after its first checkpoint that resumes from checkpoint_last.pt, ends as the uninterrupted run, and
+keeps both attempts in its log; the extrapolation array and its report job (--dependency=afterok).
+
+They need a cluster that answers `sinfo` (CI starts one: .ci/run runs scripts/slurm/local_cluster.sh), with
+at least 2 CPUs on a node; without one they are skipped, except under CI=true, where they fail."""
+import json
+import os
+import re
+import subprocess
+import time
+
+import pytest
+import torch
+
+from helpers import ROOT, SLURM, script_env, split_tokens
+
+pytestmark = pytest.mark.slow
+
+# The tiny causal recipe through train.sbatch's knobs: 6 updates of 8 sequences x 64 tokens, a checkpoint and a
+# validation every 3. One task: --batch-size 4 --update-freq 2; two tasks: --batch-size 4 each, --update-freq 1.
+TRAIN = {"CPU": "1", "MAX_UPDATE": "6", "TOKENS_PER_SAMPLE": "64", "SEQS_PER_UPDATE": "8", "BATCH_PER_GPU": "4",
+         "LR": "0.003", "WARMUP_UPDATES": "2", "LOG_INTERVAL": "1", "NUM_WORKERS": "0",
+         "VALIDATE_INTERVAL_UPDATES": "3", "SAVE_INTERVAL_UPDATES": "3"}
+UPDATES = list(range(1, 7))
+# The header's GPUs and tasks overridden for a CPU partition, as docs/training.md#slurm says
+CPU_TASKS = ["--gpus-per-node=0", "--cpus-per-task=1"]
+DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+        "PREEMPTED"}
+# Installed as sitecustomize in the requeued job: its first attempt stops (sleeps) before it writes
+# TNN_HOLD_WRITES, so that the test requeues it after the checkpoint at update 3 and before the run ends.
+HOLD = """
+import os, sys, time
+
+def _hold(event, args):
+    if (event == "open" and os.environ["TNN_HOLD_WRITES"] in str(args[0]) and "w" in str(args[1])
+            and os.environ.get("SLURM_RESTART_COUNT", "0") == "0"):
+        while True:
+            time.sleep(60)
+
+sys.addaudithook(_hold)
+"""
+
+
+def no_cluster():
+    """Why no SLURM cluster answers here, or None when `sinfo` works."""
+    try:
+        proc = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"sinfo: {error}"
+    return None if proc.returncode == 0 else f"sinfo failed: {proc.stderr.strip()}"
+
+
+def sbatch(script, args, options, env, out_dir):
+    """sbatch <options> <script> <args> from the repository root, as a user submits; the job's id. The job's
+    log goes to out_dir; a job that an interrupted test run leaves behind ends within 15 minutes."""
+    cmd = ["sbatch", "--parsable", f"--output={out_dir}/slurm-%x-%j.out", "--time=15", *options, str(script),
+           *map(str, args)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=script_env(env), timeout=60)
+    assert proc.returncode == 0, (cmd, proc.stderr)
+    return proc.stdout.strip().split(";")[0]
+
+
+def jobs(job):
+    """scontrol's record of a job (of each task of an array job): [{field: value}]."""
+    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, check=True).stdout
+    return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in out.splitlines() if line.strip()]
+
+
+def wait(job, timeout=300):
+    """Until the job (every task of an array) has ended; its records."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = jobs(job)
+        if records and all(r["JobState"] in DONE for r in records):
+            return records
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job], check=False)
+            pytest.fail(f"job {job} did not end within {timeout} s: {records}")
+        time.sleep(1)
+
+
+def log_of(out_dir, job):
+    return (out_dir / f"slurm-fairseq-tnn-{job}.out").read_text()
+
+
+def train_inner(log):
+    """[(update, loss, bsz)] of the training lines of a log, in order (rank 0's: the others log warnings only)."""
+    out = []
+    for line in log.splitlines():
+        if "| train_inner |" in line:
+            stats = json.loads(line.split("| train_inner |", 1)[1])
+            out.append((int(stats["num_updates"]), float(stats["loss"]), int(stats["bsz"])))
+    return out
+
+
+def assert_same_losses(got, want, what):
+    want = {update: loss for update, loss, _ in want}
+    for update, loss, bsz in got:
+        # fairseq logs losses rounded to 3 decimals: one rounding step is ~1e-4 of a loss of ~12
+        assert bsz == 8 and loss == pytest.approx(want[update], abs=1.1e-3), (what, update, got, want)
+
+
+def assert_same_parameters(a, b, rtol):
+    a, b = (torch.load(path, map_location="cpu")["model"] for path in (a, b))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=rtol, atol=1e-6, msg=name)
+
+
+@pytest.fixture(scope="module")
+def submitted(data_bin, tmp_path_factory):
+    """The training jobs, submitted together (they share the node's CPUs): the two-task one first, then the one-
+    task run and the run to requeue (held before its checkpoint at update 6 until test_requeue requeues it;
+    submitted with FORCE=1, which a requeued job must not take as "delete the run and start over")."""
+    why = no_cluster()
+    if why:
+        message = (f"no SLURM cluster answers ({why}); `bash scripts/slurm/local_cluster.sh start` (as root) starts "
+                   "one on this machine")
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {message}")
+        pytest.skip(message)
+    root = tmp_path_factory.mktemp("slurm")
+    hook = root / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HOLD)
+    train = SLURM / "train.sbatch"
+
+    def submit(name, tasks, **env):
+        env = {**TRAIN, "DATA": str(data_bin), "SAVE_ROOT": str(root), "RUN_NAME": name, **env}
+        return name, sbatch(train, ["tnn_lm_tiny"], [*CPU_TASKS, f"--ntasks-per-node={tasks}"], env, root)
+
+    held = str(root / "requeued" / "checkpoint_1_6.pt")
+    ids = dict([submit("two", 2), submit("one", 1),
+                submit("requeued", 1, FORCE="1", TNN_HOLD_WRITES=held,
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))])
+    yield root, ids
+    subprocess.run(["scancel", *ids.values()], check=False)  # whatever a failed test left
+
+
+@pytest.fixture(scope="module")
+def one_task(submitted):
+    root, ids = submitted
+    (record,) = wait(ids["one"])
+    log = log_of(root, ids["one"])
+    assert record["JobState"] == "COMPLETED", log[-3000:]
+    return root / "one", log
+
+
+def test_one_task_on_cpu_trains_and_saves(one_task):
+    run_dir, log = one_task
+    assert "train.sbatch: tnn_lm_tiny: 1 node(s) x 1 CPU task(s), update-freq 2" in log
+    assert "training on 1 devices" in log and "Traceback" not in log
+    assert [u for u, _, _ in train_inner(log)] == UPDATES
+    assert {"checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_1_3.pt", "checkpoint_1_6.pt", "train.log",
+            "command.txt"} <= {p.name for p in run_dir.iterdir()}
+    assert (run_dir / "command.txt").read_text().startswith("srun --kill-on-bad-exit=1 ")
+
+
+def test_requeue_resumes_from_checkpoint_last_and_keeps_both_attempts_in_the_log(submitted, one_task):
+    root, ids = submitted
+    job, out = ids["requeued"], root / f"slurm-fairseq-tnn-{ids['requeued']}.out"
+    deadline = time.monotonic() + 300
+    while f"Saving checkpoint to {root / 'requeued' / 'checkpoint_1_6.pt'}" not in (out.read_text() if out.exists() else ""):
+        assert time.monotonic() < deadline and jobs(job)[0]["JobState"] not in DONE, out.read_text()[-3000:]
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    while jobs(job)[0]["Restarts"] == "0":  # until the controller has taken the requeue (at once, in practice)
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    (record,) = wait(job)
+    log = out.read_text()
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", (record, log[-3000:])
+
+    first, marker, second = log.partition(f"*** JOB {job} ON ")
+    assert marker and "CANCELLED AT" in second.splitlines()[0] and "DUE TO JOB REQUEUE" in second.splitlines()[0]
+    # the first attempt, kept: its updates 1 to 6 (held before it wrote the checkpoint at 6)
+    assert "update-freq 2; logs in" in first and [u for u, _, _ in train_inner(first)] == UPDATES
+    # the second: the script resumes (RESUME=1), fairseq loads checkpoint_last.pt (update 3) and goes on
+    assert "RESUME=1: continuing the run" in second and "update-freq 2, restart 1; logs in" in second
+    assert re.search(r"Loaded checkpoint \S*/requeued/checkpoint_last\.pt \(epoch 1 @ 3 updates\)", second), second
+    assert len((root / "requeued" / "command.txt").read_text().splitlines()) == 2  # a line per attempt
+    resumed = train_inner(second)
+    assert [u for u, _, _ in resumed] == UPDATES[3:]
+    assert_same_losses(resumed, train_inner(one_task[1]), "requeued")
+    assert_same_parameters(root / "requeued" / "checkpoint_last.pt", one_task[0] / "checkpoint_last.pt", rtol=1e-6)
+
+
+def test_two_tasks_on_one_node_train_as_one_task_at_the_same_tokens_per_update(submitted, one_task):
+    root, ids = submitted
+    (record,) = wait(ids["two"])
+    log = log_of(root, ids["two"])
+    assert record["JobState"] == "COMPLETED", log[-3000:]
+    assert "train.sbatch: tnn_lm_tiny: 1 node(s) x 2 CPU task(s), update-freq 1" in log
+    assert "distributed init (rank 0)" in log and "distributed init (rank 1)" in log
+    assert "training on 2 devices" in log and "Traceback" not in log
+    two = train_inner(log)
+    assert [u for u, _, _ in two] == UPDATES
+    assert_same_losses(two, train_inner(one_task[1]), "two tasks")
+    # the parameters after 6 updates agree to round-off (all-reduce vs. accumulation order)
+    assert_same_parameters(root / "two" / "checkpoint_last.pt", one_task[0] / "checkpoint_last.pt", rtol=1e-4)
+
+
+def test_extrapolation_array_and_its_report_job(one_task, data_bin, tmp_path):
+    """docs/evaluation.md's two sbatch lines, with a CPU partition's header overrides and two lengths."""
+    script = SLURM / "extrapolation.sbatch"
+    model = f"tiny={one_task[0] / 'checkpoint_best.pt'}"
+    env = {"CPU": "1", "DATA": str(data_bin), "LENGTHS": "64 128", "RESULTS_ROOT": str(tmp_path), "NUM_WORKERS": "0"}
+    array = sbatch(script, [model], ["--array=0-1", *CPU_TASKS], env, tmp_path)
+    report = sbatch(script, [model], [f"--dependency=afterok:{array}", "--array=0", *CPU_TASKS],
+                    {**env, "REPORT_ONLY": "1"}, tmp_path)
+    tasks, (reported,) = wait(array), wait(report)
+    assert sorted(r["JobState"] for r in tasks) == ["COMPLETED", "COMPLETED"], tasks
+    assert reported["JobState"] == "COMPLETED", reported
+    out = tmp_path / "extrapolation"
+    assert sorted(p.name for p in (out / "raw" / "tiny").iterdir()) == ["test.L128.cw0.log", "test.L64.cw0.log",
+                                                                        "valid.L64.cw0.log"]
+    results = json.loads((out / "extrapolation.json").read_text())["results"]
+    tokens = split_tokens(data_bin, "test")
+    assert [(r["length"], r["evaluated_tokens"]) for r in results] == [(64, tokens), (128, tokens)]
+    assert {"extrapolation.md", "extrapolation.png", "table.md"} <= {p.name for p in out.iterdir()}
