@@ -308,17 +308,18 @@ def next_steps(dest, bpe, tokens_per_sample):
         flags = f"--bpe gpt2 --gpt2-encoder-json {rel}/encoder.json --gpt2-vocab-bpe {rel}/vocab.bpe"
         hub = f'bpe="gpt2", gpt2_encoder_json="{rel}/encoder.json", gpt2_vocab_bpe="{rel}/vocab.bpe"'
     ckpt = "checkpoints/tnn_lm_tiny/checkpoint_best.pt"
+    tps = min(128, tokens_per_sample)  # a CPU smoke run's block
+    lengths = " ".join(str(tps * f) for f in (1, 2, 4, 8))
     return "\n".join([
-        "next steps (from the repository root; the training run is a CPU smoke run):",
-        f"  CPU=1 MAX_UPDATE=300 TOKENS_PER_SAMPLE={tokens_per_sample} SEQS_PER_UPDATE=16 BATCH_PER_GPU=16 LR=0.003 "
-        f"WARMUP_UPDATES=50 bash scripts/train.sh tnn_lm_tiny {rel}",
-        f"  CPU=1 DATA={rel} LENGTHS=\"{tokens_per_sample} {2 * tokens_per_sample} {4 * tokens_per_sample}\" "
-        f"bash scripts/eval_extrapolation.sh {ckpt}",
+        "next steps, a CPU smoke run (from the repository root; scripts/train.sh's header has the full recipe):",
+        f"  CPU=1 MAX_UPDATE=300 TOKENS_PER_SAMPLE={tps} SEQS_PER_UPDATE=16 BATCH_PER_GPU=16 LR=0.003 "
+        f"WARMUP_UPDATES=50 NUM_WORKERS=0 bash scripts/train.sh tnn_lm_tiny {rel}",
+        f"  CPU=1 DATA={rel} LENGTHS=\"{lengths}\" bash scripts/eval_extrapolation.sh {ckpt}",
         f"  echo 'The first words' | .venv/bin/fairseq-interactive {rel} --user-dir fairseq_tnn "
         f"--task tnn_language_modeling --path {ckpt} --cpu {flags} --beam 1 --sampling --sampling-topk 10 "
-        "--max-len-b 40",
-        f"  fairseq-generate: the same {flags}",
-        f"  Python: TnnLanguageModel.from_pretrained(\"checkpoints/tnn_lm_tiny\", \"checkpoint_best.pt\", "
+        "--seed 1 --max-len-b 40",
+        f"  fairseq-generate and fairseq-interactive decode text with: {flags}",
+        f"  from Python: TnnLanguageModel.from_pretrained(\"checkpoints/tnn_lm_tiny\", \"checkpoint_best.pt\", "
         f"\"{rel}\", {hub})",
     ])
 
