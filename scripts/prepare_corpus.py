@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import math
+import re
 import os
 import shutil
 import subprocess
@@ -183,10 +184,10 @@ def read_lines(path):
             yield line.rstrip("\r\n")
 
 
-def split_single_file(src, text_dir, sizes):
-    """Write the split of src: its first sizes["train"] lines to train.txt, the next sizes["valid"] to
-    valid.txt, the rest to test.txt (whole lines, in order)."""
-    outs = {s: open(Path(text_dir) / f"{s}.txt.tmp", "w", encoding="utf-8", newline="\n") for s in SPLITS}
+def split_single_file(src, out_dir, sizes):
+    """Write the split of src into out_dir: its first sizes["train"] lines to train.txt, the next
+    sizes["valid"] to valid.txt, the rest to test.txt (whole lines, in order)."""
+    outs = {s: open(Path(out_dir) / f"{s}.txt", "w", encoding="utf-8", newline="\n") for s in SPLITS}
     try:
         for i, line in enumerate(read_lines(src)):
             split = "train" if i < sizes["train"] else "valid" if i < sizes["train"] + sizes["valid"] else "test"
@@ -194,32 +195,29 @@ def split_single_file(src, text_dir, sizes):
     finally:
         for f in outs.values():
             f.close()
-    for s in SPLITS:
-        os.replace(Path(text_dir) / f"{s}.txt.tmp", Path(text_dir) / f"{s}.txt")
 
 
-def train_sentencepiece(train_txt, text_dir, vocab_size, max_sentences, train_lines):
+def train_sentencepiece(work, vocab_size, max_sentences, train_lines):
+    """Train on work/train.txt, from inside work (the trainer's spec, input name and model prefix, is stored
+    in spm.model, so absolute or temporary paths would make the file differ between runs)."""
     import sentencepiece as spm
 
-    # Train inside a temporary folder on a link named train.txt: the trainer's spec (input name, model
-    # prefix) is stored in spm.model, so absolute or temporary paths would make the file differ between runs.
-    with tempfile.TemporaryDirectory(dir=text_dir, prefix=".spm-") as tmp:
-        os.symlink(Path(train_txt).resolve(), Path(tmp) / "train.txt")
-        settings = dict(SPM_SETTINGS)
-        if train_lines > max_sentences:
-            settings["input_sentence_size"] = max_sentences
-        cwd = os.getcwd()
-        os.chdir(tmp)
-        try:
-            spm.SentencePieceTrainer.train(input="train.txt", model_prefix="spm", vocab_size=vocab_size,
-                                           minloglevel=2, **settings)
-        except RuntimeError as e:
-            raise CorpusError(f"sentencepiece cannot make {vocab_size} pieces from {train_txt}: "
-                              f"{str(e).strip().splitlines()[-1]} (set VOCAB_SIZE lower, or use a bigger corpus)")
-        finally:
-            os.chdir(cwd)
-        for name in TOKENIZER_FILES["sentencepiece"]:
-            os.replace(Path(tmp) / name, Path(text_dir) / name)
+    settings = dict(SPM_SETTINGS)
+    if train_lines > max_sentences:
+        settings["input_sentence_size"] = max_sentences
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        spm.SentencePieceTrainer.train(input="train.txt", model_prefix="spm", vocab_size=vocab_size, minloglevel=2,
+                                       **settings)
+    except RuntimeError as e:
+        most = re.search(r"<= (\d+)", str(e))
+        raise CorpusError(f"sentencepiece cannot make {vocab_size:,} pieces from the train split"
+                          + (f": it makes at most {int(most.group(1)):,}; set VOCAB_SIZE to that or less"
+                             if most else f": {str(e).strip().splitlines()[-1]}")
+                          + ", or use a bigger corpus") from None
+    finally:
+        os.chdir(cwd)
 
 
 def encode_sentencepiece(model, src, dst, workers, what):
@@ -393,13 +391,12 @@ def prepare(args):
     inputs = {str(st.path.resolve()): st.sha256 for st in checked}
     if single:
         whole = checked[0]
-        say(f"{src}: {whole.lines:,} lines, {whole.words:,} words, {whole.bytes:,} bytes")
         sizes = split_sizes(whole.lines, args.valid_percent, args.test_percent)
         if sizes["train"] < 1:
             raise CorpusError(f"{src}: {whole.lines} lines are too few to split into train, valid "
                               f"({args.valid_percent:g}%) and test ({args.test_percent:g}%)")
         train = vocabulary_stats(src, sizes["train"])
-        what = f"the train split (the first {sizes['train']:,} lines of {src})"
+        what = f"the train split (lines 1-{sizes['train']:,} of {src})"
     else:
         train = vocabulary_stats(texts["train"], checked[0].lines)
         what = f"the train split ({texts['train']})"
@@ -418,9 +415,9 @@ def prepare(args):
             raise CorpusError(f"{how} is too small: {what} has {len(train.chars)} distinct characters, so "
                               f"sentencepiece needs at least {least} pieces; set VOCAB_SIZE to {least} or more")
         if vocab > most:
-            raise CorpusError(f"the corpus is too small for {how}: {what} ({train.words:,} words, "
-                              f"{len(train.word_types):,} distinct) makes at most {most} BPE pieces; set VOCAB_SIZE "
-                              f"below {most}, or use a bigger corpus")
+            raise CorpusError(f"the corpus is too small for {how}: {what} has {train.words:,} words "
+                              f"({len(train.word_types):,} distinct), which make at most {most:,} BPE pieces; set "
+                              f"VOCAB_SIZE below {most}, or use a bigger corpus")
     key = {"input": inputs, "bpe": args.bpe, "vocab_size": vocab,
            "split_percent": [args.valid_percent, args.test_percent] if single else None,
            "spm_sentences": args.spm_sentences if args.bpe == "sentencepiece" else None,
@@ -446,39 +443,54 @@ def prepare(args):
             print(next_steps(dest, args.bpe, args.tokens_per_sample))
             return
 
-    # 4. the work; a step that a run with the same key completed is skipped
-    text_dir.mkdir(parents=True, exist_ok=True)
+    # 4. the work; a step that a run with the same key completed is skipped. The split and the tokenizer are
+    # made in a private folder and moved into TEXT_DIR together: a vocabulary that sentencepiece finds too large
+    # only while training leaves TEXT_DIR as it was.
+    if single:
+        say(f"{src}: {whole.lines:,} lines, {whole.words:,} words, {whole.bytes:,} bytes")
     done = set(t_stamp.get("done", [])) if t_same and not args.force else set()
+    todo = [step for step in ("split",) * single + ("tokenizer",) * (args.bpe == "sentencepiece") if step not in done]
+    for step in sorted(set(("split", "tokenizer")) & done):
+        say(f"{step} present in {text_dir}")
+    if todo:
+        text_dir.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=text_dir.parent, prefix=f".{text_dir.name}.work-"))
+        try:
+            made = []
+            if "split" in todo:
+                split_single_file(src, work, sizes)
+                made += [f"{s}.txt" for s in SPLITS]
+                first = 0
+                for s in SPLITS:
+                    say(f"{s}: lines {first + 1:,}-{first + sizes[s]:,} of {src} ({sizes[s]:,} lines, "
+                        f"{(work / f'{s}.txt').stat().st_size:,} bytes) -> {texts[s]}")
+                    first += sizes[s]
+            if "tokenizer" in todo:
+                if "split" not in todo:
+                    os.symlink(texts["train"].resolve(), work / "train.txt")
+                say(f"training sentencepiece BPE, {vocab:,} pieces, on {texts['train']}")
+                t0 = time.monotonic()
+                train_sentencepiece(work, vocab, args.spm_sentences, train.lines)
+                say(f"trained {text_dir / 'spm.model'} in {time.monotonic() - t0:.1f} s")
+                made += list(TOKENIZER_FILES["sentencepiece"])
+            text_dir.mkdir(parents=True, exist_ok=True)
+            for name in made:
+                os.replace(work / name, text_dir / name)
+        finally:
+            shutil.rmtree(work)
+    done.update(todo)
 
     def mark(step):
-        if step:
-            done.add(step)
+        done.add(step)
         write_json_atomic(text_dir / STAMP, {"key": key, "done": sorted(done)})
 
-    mark(None)
-    if single and "split" in done:
-        say(f"split present in {text_dir}")
-    elif single:
-        split_single_file(src, text_dir, sizes)
-        mark("split")
-        first = 0
-        for s in SPLITS:
-            say(f"{s}: lines {first + 1:,}-{first + sizes[s]:,} of {src} ({sizes[s]:,} lines, "
-                f"{texts[s].stat().st_size:,} bytes) -> {texts[s]}")
-            first += sizes[s]
+    if todo:
+        mark(todo[-1])
     bpes = {s: text_dir / f"{s}.bpe" for s in SPLITS}
-    if args.bpe == "sentencepiece":
-        if "tokenizer" in done:
-            say(f"sentencepiece model present: {text_dir / 'spm.model'}")
-        else:
-            say(f"training sentencepiece BPE, {vocab:,} pieces, on {texts['train']}")
-            t0 = time.monotonic()
-            train_sentencepiece(texts["train"], text_dir, vocab, args.spm_sentences, train.lines)
-            say(f"trained {text_dir / 'spm.model'} in {time.monotonic() - t0:.1f} s")
-            mark("tokenizer")
     if "encode" in done:
         say(f"encoded splits present in {text_dir}")
     else:
+        text_dir.mkdir(parents=True, exist_ok=True)
         if args.bpe == "sentencepiece":
             for s in SPLITS:
                 encode_sentencepiece(text_dir / "spm.model", texts[s], bpes[s], args.workers,
