@@ -17,6 +17,7 @@ import json
 import math
 import re
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -294,9 +295,9 @@ def install(tmp_dest, dest, ours):
 
 
 # ---------------------------------------------------------------- the command
-def next_steps(dest, bpe, tokens_per_sample):
+def next_steps(dest, bpe, tokens_per_sample, prompt):
     """The commands that train, evaluate and generate from dest (fairseq's generation CLIs need the
-    tokenizer named: --bpe is not read from the data directory)."""
+    tokenizer named: --bpe is not read from the data directory); prompt: the start of a line of the corpus."""
     root = Path(__file__).resolve().parents[1]
     rel = os.path.relpath(dest, root) if Path(dest).resolve().is_relative_to(root) else str(dest)
     if bpe == "sentencepiece":
@@ -313,7 +314,7 @@ def next_steps(dest, bpe, tokens_per_sample):
         f"  CPU=1 MAX_UPDATE=300 TOKENS_PER_SAMPLE={tps} SEQS_PER_UPDATE=16 BATCH_PER_GPU=16 LR=0.003 "
         f"WARMUP_UPDATES=50 NUM_WORKERS=0 bash scripts/train.sh tnn_lm_tiny {rel}",
         f"  CPU=1 DATA={rel} LENGTHS=\"{lengths}\" bash scripts/eval_extrapolation.sh {ckpt}",
-        f"  echo 'The first words' | .venv/bin/fairseq-interactive {rel} --user-dir fairseq_tnn "
+        f"  echo {shlex.quote(prompt)} | .venv/bin/fairseq-interactive {rel} --user-dir fairseq_tnn "
         f"--task tnn_language_modeling --path {ckpt} --cpu {flags} --beam 1 --sampling --sampling-topk 10 "
         "--seed 1 --max-len-b 40",
         f"  fairseq-generate and fairseq-interactive decode text with: {flags}",
@@ -440,7 +441,7 @@ def prepare(args):
                               "destination)")
         if d_same and all((dest / f).exists() for f in d_ours):
             say(f"{dest} is already prepared from this input with these settings (FORCE=1 redoes it)")
-            print(next_steps(dest, args.bpe, args.tokens_per_sample))
+            print(next_steps(dest, args.bpe, args.tokens_per_sample, first_words(texts["valid"])))
             return
 
     # 4. the work; a step that a run with the same key completed is skipped. The split and the tokenizer are
@@ -521,7 +522,18 @@ def prepare(args):
         n_dict = sum(1 for _ in f)
     say(f"done: {dest} ({n_dict:,} dictionary entries + 4 special symbols; the tokenizer, "
         f"{' and '.join(TOKENIZER_FILES[args.bpe])}, beside them)")
-    print(next_steps(dest, args.bpe, args.tokens_per_sample))
+    print(next_steps(dest, args.bpe, args.tokens_per_sample, first_words(texts["valid"])))
+
+
+def first_words(path, n=4):
+    """The first n words of the first line of path that has as many (a prompt from the corpus itself)."""
+    best = []
+    for line in read_lines(path):
+        words = line.split()
+        if len(words) >= n:
+            return " ".join(words[:n])
+        best = best or words
+    return " ".join(best)
 
 
 def sha256_file(path):
