@@ -75,6 +75,7 @@ def run(text, out, env):
     for step, _ in STEPS:
         seconds[step] = ends[step] - before
         before = ends[step]
+    seconds["total"] = ends["total"]
     return seconds, encoded, "".join(lines) + stdout
 
 

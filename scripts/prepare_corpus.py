@@ -526,14 +526,15 @@ def prepare(args):
 
 
 def first_words(path, n=4):
-    """The first n words of the first line of path that has as many (a prompt from the corpus itself)."""
-    best = []
+    """A prompt from the corpus itself: the first n words of the first line of path that starts with n words
+    of letters and has at least 2n words (prose, not a heading or a list of names), else of its first line."""
+    fallback = None
     for line in read_lines(path):
         words = line.split()
-        if len(words) >= n:
+        if len(words) >= 2 * n and all(w.strip(".,;:!?\"'()").isalpha() for w in words[:n]):
             return " ".join(words[:n])
-        best = best or words
-    return " ".join(best)
+        fallback = fallback or words[:n]
+    return " ".join(fallback or [])
 
 
 def sha256_file(path):

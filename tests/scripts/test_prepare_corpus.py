@@ -248,3 +248,20 @@ def test_the_printed_next_steps_train_evaluate_and_generate(tmp_path, small_text
     assert rc == 0, gen
     texts = [line.split("\t")[2] for line in gen.splitlines() if line.startswith("D-0\t")]
     assert len(texts) == 1 and texts[0].startswith(echo[1]) and len(texts[0]) > len(echo[1]), gen
+
+
+def test_the_benchmark_reports_what_the_command_made(tmp_path, small_text):
+    """benchmarks/prepare_corpus.py on a small text: its token count is the encoded files', its steps add up to
+    the whole, and its prediction scales the text-linear steps by 540 MB over the text's size."""
+    import sys
+
+    out = tmp_path / "bench"
+    ok([sys.executable, ROOT / "benchmarks" / "prepare_corpus.py", "--text", small_text, "--vocab-size", "600",
+        "--workers", "2", "--out", out])
+    r = json.loads((out / "prepare-corpus.json").read_text())
+    pieces = sum(len(line.split()) for s in SPLITS for line in (out / "text" / f"{s}.bpe").read_text("utf-8").splitlines())
+    assert r["tokens"] == pieces and r["lines"] == 1200 and r["vocab_size"] == 600 and r["bytes"] == small_text.stat().st_size
+    steps = ("check", "split", "train", "encode", "binarise")
+    assert sum(r["seconds"][s] for s in steps) == pytest.approx(r["seconds"]["total"], abs=1.0)
+    assert r["predicted_wt103_seconds"]["encode"] == pytest.approx(r["seconds"]["encode"] * 540e6 / r["bytes"])
+    assert "| total |" in (out / "prepare-corpus.md").read_text()
