@@ -84,7 +84,7 @@ def main(argv=None):
     p.add_argument("--text", help="one UTF-8 text file (default: this machine's /usr/share/doc/*/copyright)")
     p.add_argument("--out", default=os.path.join(ROOT, "results", "prepare-corpus"))
     p.add_argument("--vocab-size", type=int, default=0, help="VOCAB_SIZE (default: the command's rule)")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="WORKERS")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="WORKERS (default: every CPU)")
     p.add_argument("--force", action="store_true", help="replace an existing --out")
     args = p.parse_args(argv)
     if os.path.exists(args.out) and os.listdir(args.out):
@@ -112,7 +112,7 @@ def main(argv=None):
     result = {
         "text": source, "bytes": size, "lines": n_lines, "tokens": n_tokens, "vocab_size": vocab,
         "workers": args.workers, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-        "seconds": seconds, "encode_tokens_per_s": n_tokens / sum(e[2] for e in encoded.values()),
+        "seconds": seconds, "encode_tokens_per_s": n_tokens / seconds["encode"],
         "bytes_per_s": size / seconds["total"],
         "predicted_wt103_seconds": predicted, "predicted_wt103_total_s": sum(predicted.values()),
     }

@@ -36,7 +36,7 @@
 #   VALID_PERCENT [5]  TEST_PERCENT [5]   of the lines of one input file
 #   TOKENS_PER_SAMPLE [512, scripts/train.sh's]   the training block the train split must hold
 #   SPM_SENTENCES [1000000]   sentencepiece trains on at most this many lines (the first) of the train split
-#   WORKERS [number of CPUs]   encoding threads (GPT-2: processes) and fairseq-preprocess workers
+#   WORKERS [the CPUs this process may use]   encoding threads (GPT-2: processes) and fairseq-preprocess workers
 #   FORCE [0]   1 redoes every step and replaces the files this command writes (nothing else) in TEXT_DIR and dest
 #   FAIRSEQ_BIN [<repo>/.venv/bin]   PYTHON [$FAIRSEQ_BIN/python]
 # Outputs: dest/{dict.txt,{train,valid,test}.{bin,idx},preprocess.log}, the tokenizer files, prepare-corpus.json
@@ -60,10 +60,11 @@ BPE="${BPE:-sentencepiece}"
 [[ "$BPE" == sentencepiece || "$BPE" == gpt2 ]] || die "BPE must be sentencepiece or gpt2, not '$BPE'" 2
 VOCAB_SIZE="${VOCAB_SIZE:-0}"
 [[ "$VOCAB_SIZE" == 0 ]] || is_pos_int "$VOCAB_SIZE" || die "VOCAB_SIZE must be a positive integer, not '$VOCAB_SIZE'" 2
-WORKERS="${WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+WORKERS="${WORKERS:-0}"  # 0: prepare_corpus.py counts the cores this process may run on (nproc obeys OMP_NUM_THREADS)
 TOKENS_PER_SAMPLE="${TOKENS_PER_SAMPLE:-512}"
 SPM_SENTENCES="${SPM_SENTENCES:-1000000}"
-for knob in WORKERS TOKENS_PER_SAMPLE SPM_SENTENCES; do
+[[ "$WORKERS" == 0 ]] || is_pos_int "$WORKERS" || die "WORKERS must be a positive integer, not '$WORKERS'" 2
+for knob in TOKENS_PER_SAMPLE SPM_SENTENCES; do
   is_pos_int "${!knob}" || die "$knob must be a positive integer, not '${!knob}'" 2
 done
 VALID_PERCENT="${VALID_PERCENT:-5}"; TEST_PERCENT="${TEST_PERCENT:-5}"

@@ -316,7 +316,7 @@ def next_steps(dest, bpe, tokens_per_sample, prompt):
         f"  CPU=1 DATA={rel} LENGTHS=\"{lengths}\" bash scripts/eval_extrapolation.sh {ckpt}",
         f"  echo {shlex.quote(prompt)} | .venv/bin/fairseq-interactive {rel} --user-dir fairseq_tnn "
         f"--task tnn_language_modeling --path {ckpt} --cpu {flags} --beam 1 --sampling --sampling-topk 10 "
-        "--seed 1 --max-len-b 40",
+        "--seed 1 --min-len 20 --max-len-b 40",
         f"  fairseq-generate and fairseq-interactive decode text with: {flags}",
         f"  from Python: TnnLanguageModel.from_pretrained(\"checkpoints/tnn_lm_tiny\", \"checkpoint_best.pt\", "
         f"\"{rel}\", {hub})",
@@ -337,7 +337,8 @@ def parse_args(argv=None):
     p.add_argument("--test-percent", type=float, default=5.0)
     p.add_argument("--tokens-per-sample", type=int, default=512, help="the training block; the train split must "
                                                                       "hold at least one")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--workers", type=int, default=0, help="encoding threads and fairseq-preprocess workers; 0 (the "
+                                                           "default): the CPUs this process may use")
     p.add_argument("--gpt2-dir", default=None, help="encoder.json, vocab.bpe and dict.txt of GPT-2 (--bpe gpt2)")
     p.add_argument("--fairseq-bin", default=None, help="the directory of fairseq-preprocess (scripts/preprocess.sh's "
                                                        "FAIRSEQ_BIN)")
@@ -346,6 +347,8 @@ def parse_args(argv=None):
 
 
 def check_settings(args):
+    if args.workers == 0:
+        args.workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     for name in ("spm_sentences", "tokens_per_sample", "workers"):
         if getattr(args, name) < 1:
             raise CorpusError(f"--{name.replace('_', '-')} must be a positive integer, not {getattr(args, name)}")
@@ -449,7 +452,10 @@ def prepare(args):
     # only while training leaves TEXT_DIR as it was.
     if single:
         say(f"{src}: {whole.lines:,} lines, {whole.words:,} words, {whole.bytes:,} bytes")
-    done = set(t_stamp.get("done", [])) if t_same and not args.force else set()
+    step_files = {"split": [f"{s}.txt" for s in SPLITS], "tokenizer": TOKENIZER_FILES["sentencepiece"],
+                  "encode": [f"{s}.bpe" for s in SPLITS]}
+    done = {step for step in (t_stamp.get("done", []) if t_same and not args.force else [])
+            if all((text_dir / f).is_file() for f in step_files[step])}  # a step whose files went is redone
     todo = [step for step in ("split",) * single + ("tokenizer",) * (args.bpe == "sentencepiece") if step not in done]
     for step in sorted(set(("split", "tokenizer")) & done):
         say(f"{step} present in {text_dir}")

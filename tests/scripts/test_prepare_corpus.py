@@ -104,7 +104,7 @@ def _umask():
 
 def test_an_interrupted_binarisation_leaves_nothing_complete_and_the_rerun_resumes(tmp_path, small_text):
     """fairseq-preprocess dies half way: dest does not appear (the work went to a temporary folder), and the
-    next run reuses the tokenizer and the encoded splits of the first."""
+    next run reuses the tokenizer and the encoded splits of the first; a step whose files are gone is redone."""
     fake = tmp_path / "fake-bin"
     fake.mkdir()
     (fake / "fairseq-preprocess").write_text('#!/bin/sh\nfor a; do [ "$prev" = --destdir ] && d="$a"; prev="$a"; done\n'
@@ -117,7 +117,12 @@ def test_an_interrupted_binarisation_leaves_nothing_complete_and_the_rerun_resum
     assert list((tmp_path / "data-bin").iterdir()) == []
     _, err = prepare(small_text, dest, text, {**env, "FAIRSEQ_BIN": str(BIN)})
     assert "split present" in err and "tokenizer present" in err and "encoded splits present" in err
+    assert "training sentencepiece" not in err and "encoding" not in err
     assert (dest / "dict.txt").read_text() != "half\n" and (dest / "train.bin").stat().st_size > 0
+    (text / "test.bpe").unlink()
+    shutil.rmtree(dest)
+    _, err = prepare(small_text, dest, text, env)
+    assert "tokenizer present" in err and "encoding test" in err and (text / "test.bpe").is_file()
 
 
 def test_gpt2_bpe_uses_the_gpt2_dictionary_and_keeps_the_encoder_beside_the_data(tmp_path, small_text):
