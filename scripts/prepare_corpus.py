@@ -139,13 +139,13 @@ def write_json_atomic(path, obj):
     os.replace(tmp, path)
 
 
-def foreign_files(d, ours, allowed=()):
-    """The entries of directory d, sorted, that are neither ours nor allowed (e.g. the input's own files)."""
+def foreign_files(d, allowed=()):
+    """The entries of directory d, sorted, other than the allowed ones (the input's own files)."""
     d = Path(d)
     if not d.is_dir():
         return []
     allowed = {Path(a).resolve() for a in allowed}
-    return sorted(p.name for p in d.iterdir() if p.name not in ours and p.resolve() not in allowed)
+    return sorted(p.name for p in d.iterdir() if p.resolve() not in allowed)
 
 
 def text_dir_files(bpe, single_file):
@@ -428,15 +428,19 @@ def prepare(args):
            "gpt2_dict_sha256": sha256_file(Path(args.gpt2_dir) / "dict.txt") if args.bpe == "gpt2" else None}
 
     # 3. the output directories: empty, or made from this input with these settings, or refused
+    for d, role in ((text_dir, "TEXT_DIR"), (dest, "the destination")):
+        if d.exists() and not d.is_dir():
+            raise CorpusError(f"{role} {d} is a file, not a directory")
     t_ours, d_ours = text_dir_files(args.bpe, single), dest_files(args.bpe)
     t_stamp, d_stamp = read_stamp(text_dir), read_stamp(dest)
     t_same = t_stamp is not None and t_stamp.get("key") == key
     d_same = d_stamp is not None and d_stamp.get("key") == key
     if not args.force:
         problems = []
-        if not t_same and foreign_files(text_dir, set(), [] if single else texts.values()):
-            problems.append(f"{text_dir} (TEXT_DIR) holds {describe(text_dir, t_stamp, [] if single else texts.values())}")
-        if not d_same and (dest.is_file() or foreign_files(dest, set())):
+        inputs_there = [src] if single else texts.values()  # the input may lie in TEXT_DIR
+        if not t_same and foreign_files(text_dir, inputs_there):
+            problems.append(f"{text_dir} (TEXT_DIR) holds {describe(text_dir, t_stamp, inputs_there)}")
+        if not d_same and foreign_files(dest):
             problems.append(f"{dest} holds {describe(dest, d_stamp)}")
         if problems:
             raise CorpusError("; ".join(problems) + "; refusing to overwrite (FORCE=1 replaces only the files "
@@ -554,7 +558,7 @@ def sha256_file(path):
 def describe(d, stamp, allowed=()):
     if stamp is not None:
         return f"data prepared from another input or with other settings ({Path(d) / STAMP})"
-    return "files this command did not write (" + ", ".join(foreign_files(d, set(), allowed)[:6]) + ")"
+    return "files this command did not write (" + ", ".join(foreign_files(d, allowed)[:6]) + ")"
 
 
 def main(argv=None):
