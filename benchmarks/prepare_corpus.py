@@ -11,10 +11,11 @@ splitting, training sentencepiece, encoding (lines, tokens and tokens per second
 (fairseq-preprocess). Writes ``prepare-corpus.json`` and ``prepare-corpus.md`` into ``--out``.
 
 The prediction for 540 MB scales each step by the corpus size in bytes, except sentencepiece's training, which
-reads at most SPM_SENTENCES lines (1,000,000 by default; Wikitext-103's train split has 1.8 million) and is
-scaled by the lines it reads: a linear model of steps that are linear in the text (reading, encoding,
-binarising) and a rough one for the training, whose cost also grows with the vocabulary (measure it at the
-vocabulary you will use with --vocab-size; the default rule gives Wikitext-103 32,000).
+reads at most SPM_SENTENCES lines (1,000,000 by default; Wikitext-103's train split has 1.8 million, so it
+would read about 1/1.8 of its bytes) and is scaled by the bytes it reads: a linear model of steps that are
+linear in the text (reading, encoding, binarising) and a rough one for the training, whose cost also grows
+with the vocabulary and the number of distinct words (measure it at the vocabulary you will use with
+--vocab-size; the default rule gives Wikitext-103 32,000).
 """
 import argparse
 import glob
@@ -30,6 +31,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WT103_BYTES = 540e6
 WT103_TRAIN_LINES = 1.8e6
+SPM_SENTENCES = 1000000  # prepare-corpus.sh's default
 STEPS = [  # (step, the progress line that ends it)
     ("check", re.compile(r": [\d,]+ lines, [\d,]+ words, [\d,]+ bytes$")),
     ("split", re.compile(r"training sentencepiece BPE")),
@@ -104,11 +106,13 @@ def main(argv=None):
     n_lines = sum(encoded[s][0] for s in encoded)
     n_tokens = sum(encoded[s][1] for s in encoded)
     vocab = int(re.search(r"training sentencepiece BPE, ([\d,]+) pieces", log).group(1).replace(",", ""))
-    train_lines = encoded["train"][0]
-    spm_lines = min(train_lines, 1000000)
+    spm_bytes = 0  # what sentencepiece read: the first SPM_SENTENCES lines of the train split
+    with open(os.path.join(args.out, "text", "train.txt"), "rb") as f:
+        for _, line in zip(range(SPM_SENTENCES), f):
+            spm_bytes += len(line)
     scale = WT103_BYTES / size
     predicted = {s: seconds[s] * scale for s in ("check", "split", "encode", "binarise")}
-    predicted["train"] = seconds["train"] * min(WT103_TRAIN_LINES, 1e6) / spm_lines
+    predicted["train"] = seconds["train"] * WT103_BYTES * min(1.0, SPM_SENTENCES / WT103_TRAIN_LINES) / spm_bytes
     result = {
         "text": source, "bytes": size, "lines": n_lines, "tokens": n_tokens, "vocab_size": vocab,
         "workers": args.workers, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
