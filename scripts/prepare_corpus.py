@@ -15,8 +15,8 @@ import argparse
 import hashlib
 import json
 import math
-import re
 import os
+import re
 import shlex
 import shutil
 import subprocess
