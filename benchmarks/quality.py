@@ -131,7 +131,7 @@ def parse_args(argv=None):
         if missing:
             p.error(f"--data={args.data} is invalid: it has no {', '.join(s + '.bpe' for s in missing)}")
     elif not os.path.isfile(os.path.join(args.data_bin, "dict.txt")):
-        p.error(f"--data-bin={args.data_bin} is invalid: it has no dict.txt (binarise with scripts/preprocess.sh)")
+        p.error(f"--data-bin={args.data_bin} is invalid: it has no dict.txt (binarise with scripts/prepare-corpus.sh or scripts/preprocess.sh)")
     if "FAIRSEQ_PREPROCESS" in os.environ:
         p.error("FAIRSEQ_PREPROCESS is set but no longer read: set FAIRSEQ_BIN to the directory of the fairseq "
                 "commands instead")

@@ -43,8 +43,9 @@ def encode_line(line: str) -> str:
     return " ".join(map(str, _encoder.encode(line.strip())))
 
 
-def encode_file(src: Path, dst: Path, keep_empty: bool, pool, chunksize: int = 256) -> tuple:
-    """Encode one file; return (lines written, empty lines dropped)."""
+def encode_file(src: Path, dst: Path, keep_empty: bool, pool, chunksize: int = 256, on_line=None) -> tuple:
+    """Encode one file; return (lines written, empty lines dropped). on_line(1, tokens) is called after each
+    line written (scripts/prepare_corpus.py's progress)."""
     tmp = dst.with_name(dst.name + ".part")
     written = dropped = 0
     with open(src, encoding="utf-8") as fin, open(tmp, "w", encoding="utf-8") as fout:
@@ -56,6 +57,8 @@ def encode_file(src: Path, dst: Path, keep_empty: bool, pool, chunksize: int = 2
                 continue
             fout.write(out + "\n")
             written += 1
+            if on_line is not None:
+                on_line(1, len(out.split()))
     tmp.replace(dst)
     return written, dropped
 

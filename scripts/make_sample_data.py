@@ -1,27 +1,32 @@
 #!/usr/bin/env python
-"""Helper for scripts/make_sample_data.sh: split the KJV dump, train sentencepiece, encode.
+"""Helper for scripts/make_sample_data.sh: the King James Bible's split by books, and its README.
 
 Not meant to be run on its own; see scripts/make_sample_data.sh for usage.
 
-Input: the output of `bible -f Gen1:1-Rev22:21` (one verse per line, each line
-"<BookAbbrev><chapter>:<verse> <text>"). Writes into --out-dir:
-{train,valid,test}.txt (verse text only, one verse per line, books in
-canonical order), spm.model / spm.vocab (BPE trained on train.txt),
-{train,valid,test}.bpe (space-separated pieces, line-aligned with the .txt
-files) and README.md.
+    make_sample_data.py split --kjv DUMP --out-dir DIR --train-books ... --valid-books ... --test-books ...
+    make_sample_data.py readme --kjv DUMP --out-dir DIR (same books) --text-deb DEB --reader-deb DEB
+
+The input is the output of `bible -f Gen1:1-Rev22:21` (one verse per line, each line
+"<BookAbbrev><chapter>:<verse> <text>"). `split` writes {train,valid,test}.txt into --out-dir (verse text
+only, one verse per line, books in canonical order); scripts/prepare-corpus.sh then trains sentencepiece on
+train.txt and encodes the splits (spm.model, spm.vocab, {train,valid,test}.bpe); `readme` writes README.md
+with the provenance and the counts of those files.
 """
 
 import argparse
-import hashlib
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 try:
     import sentencepiece as spm
 except ImportError:  # pragma: no cover - checked by the shell script too
     sys.exit("make_sample_data.py: error: sentencepiece is not importable by " + sys.executable)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prepare_corpus import SPM_SETTINGS, sha256_file as sha256  # noqa: E402  (SPM_SETTINGS: the sample's spm.model's)
 
 SPLITS = ("train", "valid", "test")
 
@@ -40,28 +45,7 @@ BOOK_NAMES = [
     "Revelation",
 ]
 
-# Fixed so that the build is deterministic: all sentences, no sampling or
-# shuffling, one thread, identity normalization (the text is plain ASCII; this
-# also keeps the NFKC table out of spm.model, saving ~240 KB).
-SPM_SETTINGS = dict(
-    model_type="bpe",
-    character_coverage=1.0,
-    normalization_rule_name="identity",
-    input_sentence_size=0,
-    shuffle_input_sentence=False,
-    num_threads=1,
-    max_sentence_length=8192,
-)
-
 REF_RE = re.compile(r"^(\d?[A-Za-z]+)(\d+):(\d+) (.+)$")
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def deb_field(deb, field):
@@ -101,30 +85,11 @@ def read_kjv(path):
     return books
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kjv", required=True, help="dump from `bible -f Gen1:1-Rev22:21`")
-    ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--train-books", required=True)
-    ap.add_argument("--valid-books", required=True)
-    ap.add_argument("--test-books", required=True)
-    ap.add_argument("--vocab-size", type=int, required=True)
-    ap.add_argument("--text-deb", required=True)
-    ap.add_argument("--reader-deb", required=True)
-    args = ap.parse_args()
-
-    books = read_kjv(args.kjv)
-    abbrevs = [b for b, _ in books]
-    full_name = dict(zip(abbrevs, BOOK_NAMES))
-    verses = dict(books)
-
-    split_books = {
-        "train": args.train_books.split(),
-        "valid": args.valid_books.split(),
-        "test": args.test_books.split(),
-    }
+def split_books(args, abbrevs, verses):
+    """{split: its books in canonical order}, checked against the dump."""
+    books = {"train": args.train_books.split(), "valid": args.valid_books.split(), "test": args.test_books.split()}
     seen = set()
-    for split, names in split_books.items():
+    for split, names in books.items():
         if not names:
             sys.exit(f"make_sample_data.py: error: no books given for {split}")
         for b in names:
@@ -133,59 +98,52 @@ def main():
             if b in seen:
                 sys.exit(f"make_sample_data.py: error: book {b!r} is in more than one split")
             seen.add(b)
-        # canonical order regardless of the order given
-        split_books[split] = sorted(names, key=abbrevs.index)
+        books[split] = sorted(names, key=abbrevs.index)  # canonical order regardless of the order given
+    return books
 
-    out = args.out_dir
-    os.makedirs(out, exist_ok=True)
-    for split in SPLITS:
-        with open(os.path.join(out, f"{split}.txt"), "w", encoding="ascii", newline="\n") as f:
-            for b in split_books[split]:
-                for _, _, text in verses[b]:
-                    f.write(text + "\n")
 
-    # Train with relative paths from inside out_dir: the trainer spec (input
-    # file name, model prefix) is stored in spm.model, so absolute temp paths
-    # would make the model file differ between runs.
-    cwd = os.getcwd()
-    os.chdir(out)
-    try:
-        spm.SentencePieceTrainer.train(
-            input="train.txt",
-            model_prefix="spm",
-            vocab_size=args.vocab_size,
-            minloglevel=2,
-            **SPM_SETTINGS,
-        )
-    finally:
-        os.chdir(cwd)
-
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "spm.model"))
+def counts(out, sp):
+    """Per split: bytes of the .txt and .bpe files, lines, words, sentencepiece tokens, unknown tokens."""
     stats = {}
     for split in SPLITS:
-        txt = os.path.join(out, f"{split}.txt")
-        bpe = os.path.join(out, f"{split}.bpe")
-        n_lines = n_words = n_tokens = n_unk = 0
-        with open(txt, encoding="ascii") as fin, open(bpe, "w", encoding="utf-8", newline="\n") as fout:
-            for line in fin:
-                line = line.rstrip("\n")
-                ids = sp.encode(line)
-                pieces = [sp.id_to_piece(i) for i in ids]
-                fout.write(" ".join(pieces) + "\n")
-                n_lines += 1
-                n_words += len(line.split())
-                n_tokens += len(pieces)
-                n_unk += sum(1 for i in ids if i == sp.unk_id())
-        stats[split] = dict(
-            txt_bytes=os.path.getsize(txt),
-            bpe_bytes=os.path.getsize(bpe),
-            lines=n_lines,
-            words=n_words,
-            tokens=n_tokens,
-            unk=n_unk,
-        )
+        txt, bpe = os.path.join(out, f"{split}.txt"), os.path.join(out, f"{split}.bpe")
+        with open(txt, encoding="ascii") as f:
+            lines = f.read().splitlines()
+        with open(bpe, encoding="utf-8") as f:
+            pieces = f.read().split()
+        stats[split] = dict(txt_bytes=os.path.getsize(txt), bpe_bytes=os.path.getsize(bpe), lines=len(lines),
+                            words=sum(len(line.split()) for line in lines), tokens=len(pieces),
+                            unk=sum(1 for p in pieces if sp.piece_to_id(p) == sp.unk_id()))
+    return stats
 
-    write_readme(args, out, split_books, full_name, verses, stats, sp)
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("stage", choices=("split", "readme"))
+    ap.add_argument("--kjv", required=True, help="dump from `bible -f Gen1:1-Rev22:21`")
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--train-books", required=True)
+    ap.add_argument("--valid-books", required=True)
+    ap.add_argument("--test-books", required=True)
+    ap.add_argument("--text-deb", help="readme: the bible-kjv-text package")
+    ap.add_argument("--reader-deb", help="readme: the bible-kjv package")
+    args = ap.parse_args()
+
+    books = read_kjv(args.kjv)
+    abbrevs = [b for b, _ in books]
+    verses = dict(books)
+    by_split = split_books(args, abbrevs, verses)
+    out = args.out_dir
+    if args.stage == "split":
+        os.makedirs(out, exist_ok=True)
+        for split in SPLITS:
+            with open(os.path.join(out, f"{split}.txt"), "w", encoding="ascii", newline="\n") as f:
+                for b in by_split[split]:
+                    for _, _, text in verses[b]:
+                        f.write(text + "\n")
+        return
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(out, "spm.model"))
+    write_readme(args, out, by_split, dict(zip(abbrevs, BOOK_NAMES)), verses, counts(out, sp), sp)
 
 
 def write_readme(args, out, split_books, full_name, verses, stats, sp):
@@ -213,7 +171,7 @@ def write_readme(args, out, split_books, full_name, verses, stats, sp):
         )
     total_unk = sum(s["unk"] for s in stats.values())
     settings = ", ".join(
-        f"{k}={v}" for k, v in [("vocab_size", args.vocab_size)] + list(SPM_SETTINGS.items())
+        f"{k}={v}" for k, v in [("vocab_size", sp.get_piece_size())] + list(SPM_SETTINGS.items())
     )
 
     text = f"""# Sample corpus: King James Bible (public domain)

@@ -6,7 +6,8 @@
 #   PYTHON=.venv/bin/python OUT_DIR=/tmp/sample bash scripts/make_sample_data.sh
 #
 # Environment variables (all optional):
-#   PYTHON       interpreter with `sentencepiece` importable (default: python)
+#   FAIRSEQ_BIN  the fairseq commands (default: <repo>/.venv/bin); PYTHON
+#                interpreter with `sentencepiece` importable (default: $FAIRSEQ_BIN/python)
 #   OUT_DIR      where to write the outputs (default: <repo>/data/sample)
 #   KJV_VERSION  Debian package version to fetch (default: 4.38, as in Debian
 #                bookworm); set to "" to take whatever apt offers (outputs may
@@ -25,9 +26,12 @@
 #      random-access format of the Bible Retrieval System (usr/lib/bible.data),
 #      so the matching `bible` reader from bible-kjv (same source package and
 #      version) is used to dump it: one verse per line.
-#   2. Runs scripts/make_sample_data.py, which splits by book, trains a
-#      sentencepiece BPE model on the train split, encodes all splits and
-#      writes README.md with provenance and counts.
+#   2. scripts/make_sample_data.py splits the verses by book into
+#      {train,valid,test}.txt; scripts/prepare-corpus.sh trains a sentencepiece
+#      BPE model of VOCAB_SIZE pieces on train.txt and encodes all splits (its
+#      binarised output is not kept: scripts/preprocess.sh makes data-bin/sample
+#      from data/sample); make_sample_data.py writes README.md with provenance
+#      and counts.
 #
 # Outputs (in OUT_DIR): {train,valid,test}.txt, {train,valid,test}.bpe,
 # spm.model, spm.vocab, README.md. The build is deterministic: rerunning it
@@ -35,8 +39,8 @@
 # files.
 #
 # Needs: apt-get and dpkg-deb (Debian/Ubuntu), network access to the apt
-# mirror, libreadline8 (a dependency of the `bible` binary), and a Python with
-# sentencepiece.
+# mirror, libreadline8 (a dependency of the `bible` binary), and the venv of
+# scripts/setup.sh (sentencepiece, fairseq-preprocess).
 set -euo pipefail
 
 export LC_ALL=C
@@ -45,7 +49,6 @@ export TZ=UTC
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
 OUT_DIR="${OUT_DIR:-$REPO_ROOT/data/sample}"
-PYTHON="${PYTHON:-python}"
 KJV_VERSION="${KJV_VERSION-4.38}"
 TRAIN_BOOKS="${TRAIN_BOOKS:-Ge Psa John Rom}"
 VALID_BOOKS="${VALID_BOOKS:-Dan}"
@@ -57,6 +60,7 @@ ROOT="$REPO_ROOT"
 source "$ROOT/scripts/lib.sh"
 usage="usage: bash scripts/make_sample_data.sh   (no arguments; settings are environment variables)"
 [[ $# -eq 0 ]] || usage_error
+fairseq_env
 if [[ -f "$OUT_DIR/train.bpe" && "${FORCE:-0}" != 1 ]]; then
     die "$OUT_DIR already holds a corpus; refusing to overwrite it (FORCE=1 rebuilds it, or set OUT_DIR)"
 fi
@@ -97,20 +101,18 @@ bible_bin="$WORK/root/usr/bin/bible"
 (cd "$(dirname "$data_file")" && "$bible_bin" -f -p . Gen1:1-Rev22:21) > "$WORK/kjv.txt" \
     || die "the bible reader failed (is libreadline8 installed?)"
 
-# --- 3. split, train sentencepiece, encode, write README ---------------------
-mkdir -p "$WORK/out"
-"$PYTHON" "$SCRIPT_DIR/make_sample_data.py" \
-    --kjv "$WORK/kjv.txt" \
-    --out-dir "$WORK/out" \
-    --train-books "$TRAIN_BOOKS" \
-    --valid-books "$VALID_BOOKS" \
-    --test-books "$TEST_BOOKS" \
-    --vocab-size "$VOCAB_SIZE" \
-    --text-deb "$text_deb" \
-    --reader-deb "$reader_deb"
+# --- 3. split by books; train sentencepiece and encode; write README ---------
+books=(--kjv "$WORK/kjv.txt" --out-dir "$WORK/out" --train-books "$TRAIN_BOOKS" --valid-books "$VALID_BOOKS"
+       --test-books "$TEST_BOOKS")
+"$PYTHON" "$SCRIPT_DIR/make_sample_data.py" split "${books[@]}"
+VOCAB_SIZE="$VOCAB_SIZE" TEXT_DIR="$WORK/out" FORCE=0 \
+    bash "$SCRIPT_DIR/prepare-corpus.sh" "$WORK/out" "$WORK/bin" > "$WORK/prepare-corpus.log" 2>&1 \
+    || { cat "$WORK/prepare-corpus.log" >&2; die "prepare-corpus.sh failed"; }
+"$PYTHON" "$SCRIPT_DIR/make_sample_data.py" readme "${books[@]}" --text-deb "$text_deb" --reader-deb "$reader_deb"
 
 mkdir -p "$OUT_DIR"
-for f in train.txt valid.txt test.txt train.bpe valid.bpe test.bpe spm.model spm.vocab README.md; do
+files=(train.txt valid.txt test.txt train.bpe valid.bpe test.bpe spm.model spm.vocab README.md)
+for f in "${files[@]}"; do
     cp "$WORK/out/$f" "$OUT_DIR/$f"
 done
-say "wrote $(cd "$WORK/out" && ls | tr '\n' ' ')to $OUT_DIR"
+say "wrote ${files[*]} to $OUT_DIR"

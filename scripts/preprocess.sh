@@ -5,7 +5,8 @@
 # per sentence), e.g. data/sample. Skips the work if <dest-dir>/dict.txt exists.
 # Knobs are environment variables (defaults in brackets): FORCE [0] (1 redoes an existing
 # <dest-dir>), WORKERS [2] (fairseq-preprocess --workers), FAIRSEQ_BIN [<repo>/.venv/bin]
-# (runs $FAIRSEQ_BIN/fairseq-preprocess).
+# (runs $FAIRSEQ_BIN/fairseq-preprocess), SRCDICT [] (a fixed dictionary, fairseq-preprocess --srcdict, e.g.
+# GPT-2's dict.txt; empty: built from train.bpe).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib.sh
@@ -14,6 +15,11 @@ usage="usage: bash scripts/preprocess.sh <text-dir> <dest-dir>"
 [[ $# -eq 2 ]] || usage_error
 SRC="$1"; DEST="$2"
 fairseq_env
+srcdict=()
+if [[ -n "${SRCDICT:-}" ]]; then
+  [[ -f "$SRCDICT" ]] || die "SRCDICT=$SRCDICT is not a file (a fairseq dict.txt)" 2
+  srcdict=(--srcdict "$SRCDICT")
+fi
 for split in train valid test; do
   [[ -f "$SRC/$split.bpe" ]] || usage_error "preprocess.sh: error: missing $SRC/$split.bpe"
 done
@@ -25,6 +31,6 @@ if [[ -f "$DEST/dict.txt" ]]; then
   # fairseq-preprocess refuses an existing dict.txt: remove just the files it writes
   for f in dict.txt preprocess.log {train,valid,test}.{bin,idx}; do rm -f "$DEST/$f"; done
 fi
-"$FAIRSEQ_BIN/fairseq-preprocess" --only-source \
+"$FAIRSEQ_BIN/fairseq-preprocess" --only-source "${srcdict[@]}" \
   --trainpref "$SRC/train.bpe" --validpref "$SRC/valid.bpe" --testpref "$SRC/test.bpe" \
   --destdir "$DEST" --workers "${WORKERS:-2}"

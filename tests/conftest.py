@@ -93,6 +93,7 @@ LONGEST_FIRST = [
     "tests/reliability/test_reliability.py",      # ~65 s
     "tests/reliability/test_distributed.py",      # ~65 s
     "tests/scripts/test_demo.py",                 # ~65 s
+    "tests/scripts/test_prepare_corpus.py",       # ~60 s
     "tests/cli/test_cli.py",                      # ~45 s
     "tests/scripts/test_eval_extrapolation.py",   # ~45 s
     "tests/scripts/test_benchmarks.py",           # ~40 s

@@ -4,6 +4,7 @@ recipes' fairseq-train options, the architecture presets from fairseq's registry
 relative-error and device helpers of the numeric tests."""
 import contextlib
 import io
+import json
 import logging
 import os
 import re
@@ -362,3 +363,20 @@ def ski_inputs(n, r, m, dtype, layout="bnd", d=3, b=2, seed=0, device="cpu"):
     conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
     knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
     return on(device, x, conv_weight, knots)
+
+
+def tiny_gpt2_bpe(dest):
+    """A GPT-2-format encoder.json / vocab.bpe: the 256 byte symbols plus a few merges; and a dict.txt."""
+    from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
+
+    byte_sym = bytes_to_unicode()
+    encoder = {byte_sym[b]: b for b in range(256)}
+    merges = [("t", "h"), ("\u0120", "th"), ("\u0120th", "e"), ("th", "e"), ("e", "r")]
+    for a, b in merges:
+        encoder[a + b] = len(encoder)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "encoder.json").write_text(json.dumps(encoder))
+    (dest / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    (dest / "dict.txt").write_text("".join(f"{i} {1000 - i}\n" for i in range(len(encoder))))
+    return encoder

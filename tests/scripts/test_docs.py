@@ -27,6 +27,14 @@ COVERAGE = [
      ["scripts/test_preprocess.py::test_preprocess_skips_a_binarised_dir_and_redoes_it_with_force"]),
     (r"^bash scripts/prepare-wikitext-103\.sh$", ["scripts/test_prepare_wikitext.py::test_prepare_runs_offline_from_manually_placed_files",
                                                   "scripts/test_prepare_wikitext.py::test_prepare_dry_run_prints_the_pipeline"]),
+    (r"^bash scripts/prepare-corpus\.sh ", ["scripts/test_prepare_corpus.py::test_one_file_is_split_and_fairseqs_data_decodes_back_to_it",
+                                            "scripts/test_prepare_corpus.py::test_the_sample_text_gives_the_committed_sample_byte_for_byte"]),
+    # the run on a corpus of one's own: the commands prepare-corpus.sh prints, which this test runs as printed
+    (r"^(CPU=1 MAX_UPDATE=300 .* bash scripts/train\.sh tnn_lm_tiny data-bin/debian-copyright$"
+     r"|CPU=1 DATA=data-bin/debian-copyright LENGTHS=\".*\" bash scripts/eval_extrapolation\.sh "
+     r"|echo .* \| \.venv/bin/fairseq-interactive data-bin/debian-copyright )",
+     ["scripts/test_prepare_corpus.py::test_the_printed_next_steps_train_evaluate_and_generate"]),
+    (r"^\.venv/bin/python benchmarks/prepare_corpus\.py ", ["scripts/test_prepare_corpus.py::test_the_benchmark_reports_what_the_command_made"]),
     (r"^(NPROC=1 |DRY_RUN=1 )?bash scripts/train\.sh \w+_wt103(_rpe3)? data-bin/wikitext-103$",
      ["scripts/test_train_sh.py::test_train_dry_run_recipe_flag_by_flag"]),
     (r"^CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$",

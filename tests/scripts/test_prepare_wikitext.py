@@ -1,15 +1,13 @@
 """scripts/prepare-wikitext-103.sh and scripts/gpt2_bpe_encode.py, offline: failing fast with the files to
 place by hand, the dry run's pipeline, GPT-2 BPE round trip, a full run from manually placed files."""
 import io
-import json
 import re
 import shlex
 import sys
 import time
 import zipfile
-from pathlib import Path
 
-from helpers import SCRIPTS, flags, ok, sh, split_tokens
+from helpers import SCRIPTS, flags, ok, sh, split_tokens, tiny_gpt2_bpe
 
 
 def test_prepare_offline_fails_fast_naming_files_and_places(tmp_path):
@@ -39,22 +37,6 @@ def test_prepare_dry_run_prints_the_pipeline(tmp_path):
     assert "--only-source" in f and f["--srcdict"] == [str(tmp_path / "gpt2_bpe/dict.txt")]
     assert f["--destdir"] == [str(tmp_path / "bin")] and f["--trainpref"] == [str(tmp_path / "wikitext-103-raw/wiki.train.bpe")]
     assert list(tmp_path.iterdir()) == []
-
-
-def tiny_gpt2_bpe(dest: Path):
-    """A GPT-2-format encoder.json / vocab.bpe: the 256 byte symbols plus a few merges; and a dict.txt."""
-    from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
-
-    byte_sym = bytes_to_unicode()
-    encoder = {byte_sym[b]: b for b in range(256)}
-    merges = [("t", "h"), ("\u0120", "th"), ("\u0120th", "e"), ("th", "e"), ("e", "r")]
-    for a, b in merges:
-        encoder[a + b] = len(encoder)
-    dest.mkdir(parents=True, exist_ok=True)
-    (dest / "encoder.json").write_text(json.dumps(encoder))
-    (dest / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-    (dest / "dict.txt").write_text("".join(f"{i} {1000 - i}\n" for i in range(len(encoder))))
-    return encoder
 
 
 def test_gpt2_bpe_encode_round_trip(tmp_path):

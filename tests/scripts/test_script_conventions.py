@@ -12,10 +12,12 @@ from helpers import ROOT, SCRIPTS, SLURM, ok, sh
 LIBRARIES = [SCRIPTS / "lib.sh", SCRIPTS / "recipe.sh"]  # sourced, not run
 BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIPTS / "eval_extrapolation.sh",
                 *LIBRARIES, *sorted(SLURM.glob("*.sbatch")), SLURM / "local_cluster.sh", SCRIPTS / "demo.sh",
-                SCRIPTS / "preprocess.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh", SCRIPTS / "make_sample_data.sh",
+                SCRIPTS / "preprocess.sh", SCRIPTS / "prepare-corpus.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh",
+                SCRIPTS / "make_sample_data.sh",
                 SCRIPTS / "gpu_check.sh"]
 PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
-              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py"]
+              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py", SCRIPTS / "prepare_corpus.py",
+              SCRIPTS / "make_sample_data.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
 
 
@@ -67,7 +69,8 @@ def test_python_scripts_compile_and_have_help(script):
     ["eval_extrapolation.sh"], ["prepare-wikitext-103.sh", "a", "b"], ["prepare-wikitext-103.sh", "--help"],
     ["preprocess.sh"], ["preprocess.sh", "data/sample"], ["preprocess.sh", "/no/such/dir", "/tmp/x"],
     ["demo.sh", "--fast"], ["setup.sh", "x"], ["make_sample_data.sh", "x"], ["slurm/local_cluster.sh"],
-    ["slurm/local_cluster.sh", "restart"],
+    ["slurm/local_cluster.sh", "restart"], ["prepare-corpus.sh"], ["prepare-corpus.sh", "a", "b", "c"],
+    ["prepare-corpus.sh", "--help"],
 ], ids=lambda c: " ".join(c) or "none")
 def test_wrong_arguments_print_usage_and_fail(cmd):
     rc, out, err = sh(["bash", SCRIPTS / cmd[0], *cmd[1:]])
