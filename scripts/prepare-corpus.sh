@@ -4,7 +4,7 @@
 #   bash scripts/prepare-corpus.sh <text-dir | text-file> [dest]
 # e.g.
 #   bash scripts/prepare-corpus.sh ~/corpus.txt                 # -> data-bin/corpus (text in data/corpus)
-#   bash scripts/prepare-corpus.sh data/mytext data-bin/mytext  # data/mytext holds train.txt valid.txt test.txt
+#   bash scripts/prepare-corpus.sh ~/mytext data-bin/mytext     # ~/mytext holds train.txt valid.txt test.txt
 #
 # Input: a directory with train.txt, valid.txt and test.txt, or one UTF-8 text file, split by lines, in order:
 # train = the first lines, valid = the next VALID_PERCENT, test = the last TEST_PERCENT (the sizes are printed).

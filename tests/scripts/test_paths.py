@@ -27,6 +27,9 @@ NOT_IN_THE_REPOSITORY = {
     "tests/junit.xml": "scripts/gpu_check.sh's tests part, relative to its report directory (results/gpu-check/)",
     "tests/pytest.log": "scripts/gpu_check.sh's tests part, relative to its report directory (results/gpu-check/)",
     "data/preprocess.log": "scripts/gpu_check.sh's data part, relative to its report directory (results/gpu-check/)",
+    "data/my-corpus": "the text splits scripts/prepare-corpus.sh writes for docs/data.md's example input",
+    "data/corpus": "the text splits scripts/prepare-corpus.sh writes for its header's example input",
+    "data/wikitext-103/gpt2_bpe": "the GPT-2 BPE files scripts/prepare-wikitext-103.sh downloads",
 }
 
 
