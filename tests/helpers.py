@@ -362,3 +362,15 @@ def ski_inputs(n, r, m, dtype, layout="bnd", d=3, b=2, seed=0, device="cpu"):
     conv_weight = torch.randn(d, m, generator=g, dtype=torch.float64).to(dtype)
     knots = torch.randn(2 * r, d, generator=g, dtype=torch.float64).to(dtype)
     return on(device, x, conv_weight, knots)
+
+
+def doc_blocks(page: Path, lang: str, section: str = "") -> list:
+    """The ```lang code blocks of a markdown page, or of its section whose heading is `section` (up to the next
+    heading of that level or above): the docs' code as written, for the tests that run it."""
+    text = page.read_text()
+    if section:
+        level = section.split(" ")[0]
+        start = text.index(f"\n{section}\n")
+        ends = [m.start() for m in re.finditer(rf"\n#{{1,{len(level)}}} ", text) if m.start() > start]
+        text = text[start:ends[0] if ends else len(text)]
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
