@@ -58,11 +58,11 @@ COVERAGE = [
     (r"^python scripts/plot_kernels\.py checkpoints/\S+ ", ["scripts/test_plot_kernels.py::test_checkpoint_figures_and_json"]),
     (r"^python scripts/plot_kernels\.py --init-study ",
      ["scripts/test_plot_kernels.py::test_init_study_reproduces_the_smoothness_and_decay_figures"]),
-    (r"^\.venv/bin/python benchmarks/run\.py (?!--device)", ["scripts/test_benchmarks.py::test_quick_benchmark_writes_json_markdown_and_plots"]),
-    (r"^\.venv/bin/python benchmarks/memory\.py ", ["scripts/test_benchmarks.py::test_memory_accounting_of_every_configuration"]),
-    (r"^\.venv/bin/python benchmarks/ski_diagnostics\.py ", ["scripts/test_quality.py::test_diagnostics_command_writes_its_tables"]),
-    (r"^\.venv/bin/python benchmarks/quality\.py ", ["scripts/test_quality.py::test_quality_quick_trains_every_model_through_fairseq"]),
-    (r"^(\.venv/bin/)?python3? benchmarks/run\.py --device ",
+    (r"^python benchmarks/run\.py (?!--device)", ["scripts/test_benchmarks.py::test_quick_benchmark_writes_json_markdown_and_plots"]),
+    (r"^python benchmarks/memory\.py ", ["scripts/test_benchmarks.py::test_memory_accounting_of_every_configuration"]),
+    (r"^python benchmarks/ski_diagnostics\.py ", ["scripts/test_quality.py::test_diagnostics_command_writes_its_tables"]),
+    (r"^python benchmarks/quality\.py ", ["scripts/test_quality.py::test_quality_quick_trains_every_model_through_fairseq"]),
+    (r"^python3? benchmarks/run\.py --device ",
      ["scripts/test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer",  # eager
       "scripts/test_gpu_check.py::test_quick_cpu_check_writes_a_complete_report",  # compiled, fp32 and bf16
       "scripts/test_benchmarks.py::test_trainer_benchmark_refuses_cuda_without_a_gpu"]),

@@ -41,8 +41,8 @@ def venv_like(path):
 
 
 def run_block(kind, code, cwd, scripts):
-    if kind == "bash":
-        cmd = ["bash", "-euo", "pipefail", "-c", code]
+    if kind == "bash":  # in the environment the README says to activate
+        cmd = ["bash", "-c", f"source .venv/bin/activate && set -euo pipefail\n{code}"]
     else:  # from a file elsewhere, so that `import fairseq_tnn` finds the installed package, as from the repo root
         script = scripts / f"block{len(list(scripts.iterdir()))}.py"
         script.write_text(code)
