@@ -31,7 +31,7 @@ COVERAGE = [
                                                   "scripts/test_prepare_wikitext.py::test_prepare_dry_run_prints_the_pipeline"]),
     (r"^(NPROC=1 |DRY_RUN=1 )?bash scripts/train\.sh \w+_wt103(_rpe3)? data-bin/wikitext-103$",
      ["scripts/test_train_sh.py::test_train_dry_run_recipe_flag_by_flag"]),
-    (r"^CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$",
+    (r"^OMP_NUM_THREADS=1 CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$",
      ["scripts/test_train_sh.py::test_train_sh_trains_on_cpu_with_json_log_and_tensorboard"]),
     (r"^CPU=1 MAX_UPDATE=1 .* bash scripts/train\.sh tnn_mlm_tiny data-bin/sample$",
      ["scripts/test_train_sh.py::test_train_retries_a_run_that_saved_no_checkpoint"]),
