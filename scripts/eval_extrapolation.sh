@@ -81,7 +81,7 @@ report_files=("$OUT/extrapolation.json" "$OUT/extrapolation.md" "$OUT/extrapolat
 if [[ "${REPORT:-1}" == 1 || "${REPORT_ONLY:-0}" == 1 ]]; then
   for f in "${report_files[@]}"; do
     if [[ -e "$f" && "${FORCE:-0}" != 1 ]]; then
-      die "$f already exists; refusing to overwrite the results in $OUT (FORCE=1 redoes them, or choose another NAME)"
+      die "$f already exists; refusing to overwrite the results in $OUT (FORCE=1 redoes them, or choose another NAME)" 2
     fi
   done
 fi

@@ -96,7 +96,7 @@ recipe_claim_save_dir() {
       say "RESUME=1: continuing the run in $dir"
     else
       local exists="$dir already exists; refusing to overwrite it (FORCE=1 deletes it and starts over, RESUME=1 continues from its checkpoint_last.pt)"
-      [[ -n "$dry" ]] || die "$exists"
+      [[ -n "$dry" ]] || die "$exists" 2
       say "DRY_RUN: $exists (a real run stops here)"
     fi
   fi

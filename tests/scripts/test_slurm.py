@@ -76,7 +76,7 @@ def test_sbatch_requeued_job_continues_its_run_and_a_new_job_refuses_it(data_bin
     env = {"DRY_RUN": "1", "DATA": str(data_bin), "SAVE_ROOT": str(tmp_path), "SLURM_NNODES": "1",
            "SLURM_NTASKS_PER_NODE": "8", "SLURM_JOB_ID": "5"}
     rc, out, err = sh(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], {**env, "DRY_RUN": "0"})
-    assert rc == 1 and "already exists; refusing to overwrite it" in err and out == ""
+    assert rc == 2 and "already exists; refusing to overwrite it" in err and out == ""
     out, err = ok(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], env)  # the dry run prints the command and says so
     assert "already exists; refusing to overwrite it" in err and "a real run stops here" in err
     assert out.startswith("srun ")

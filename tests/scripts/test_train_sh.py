@@ -163,7 +163,7 @@ def test_train_refuses_an_existing_run_without_force(data_bin, tmp_path):
     ckpt.write_bytes(b"precious")
     before = ckpt.stat().st_mtime_ns
     rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin], {"CPU": "1", "SAVE_ROOT": str(tmp_path)})
-    assert rc == 1 and "refusing to overwrite" in err and "FORCE=1" in err, (rc, out, err)
+    assert rc == 2 and "refusing to overwrite" in err and "FORCE=1" in err, (rc, out, err)
     assert ckpt.read_bytes() == b"precious" and ckpt.stat().st_mtime_ns == before
     # the dry run prints the command whatever is on disk, saying what a real run would refuse
     out, err = ok(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin],
@@ -191,7 +191,7 @@ def test_train_retries_a_run_that_saved_no_checkpoint(data_bin, tmp_path):
     assert "--oversized-blocks drop" in (run_dir / "command.txt").read_text()
     # now the run has a checkpoint: the same command is refused again
     rc, _, err = sh(cmd, env)
-    assert rc == 1 and "refusing to overwrite" in err
+    assert rc == 2 and "refusing to overwrite" in err
 
 
 def test_train_sh_trains_on_cpu_with_json_log_and_tensorboard(train_sh_run):
