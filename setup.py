@@ -20,6 +20,7 @@ setup(
     install_requires=["torch>=2.6"],  # the ops and modules (docs/setup.md: the torch versions tested)
     extras_require={
         "fairseq": [
+            "torch>=2.10",  # --tnn-compile: torch._functorch's force_non_lazy_backward_lowering (docs/setup.md)
             "fairseq-fixed==0.12.3.1",
             "sentencepiece==0.2.3",
             "sacremoses==0.2.0",
