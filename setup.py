@@ -1,9 +1,11 @@
 """fairseq-tnn: Toeplitz neural networks as a fairseq plugin.
 
-fairseq itself (the maintained ``fairseq-fixed`` release) must be built against
-the installed torch with ``--no-build-isolation``; scripts/setup.sh does it in
-the right order. Install this package editable (``pip install --no-deps -e .``)
-so that the installed package and the ``--user-dir`` are the same directory.
+Two parts. The core, ``fairseq_tnn.ops`` and ``fairseq_tnn.modules`` (the Toeplitz operators, the TNOs, the
+GTU, the GLU and the TNN layer), needs torch alone: ``pip install .`` installs it and nothing else. The
+fairseq plugin (models, tasks, hub, scripts) needs the ``fairseq`` extra: ``pip install .[fairseq]``.
+fairseq itself (the maintained ``fairseq-fixed`` release) must be built against the installed torch with
+``--no-build-isolation``; scripts/setup.sh installs everything in the right order and this package editable
+(``pip install --no-deps -e .``), so that the installed package and the ``--user-dir`` are the same directory.
 """
 from setuptools import find_packages, setup
 
@@ -15,14 +17,17 @@ setup(
     long_description_content_type="text/markdown",
     packages=find_packages(include=["fairseq_tnn", "fairseq_tnn.*"]),
     python_requires=">=3.10",
-    install_requires=[
-        "torch>=2.6",
-        "fairseq-fixed==0.12.3.1",
-        "sentencepiece==0.2.3",
-        "sacremoses==0.2.0",
-        "tensorboard==2.21.0",
-        "tensorboardX==2.6.5",
-        "matplotlib>=3.8",
-    ],
-    extras_require={"test": ["pytest>=8"]},
+    install_requires=["torch>=2.6"],  # the ops and modules (docs/setup.md: the torch versions tested)
+    extras_require={
+        "fairseq": [
+            "torch>=2.10",  # --tnn-compile: torch._functorch's force_non_lazy_backward_lowering (docs/setup.md)
+            "fairseq-fixed==0.12.3.1",
+            "sentencepiece==0.2.3",
+            "sacremoses==0.2.0",
+            "tensorboard==2.21.0",
+            "tensorboardX==2.6.5",
+            "matplotlib>=3.8",
+        ],
+        "test": ["pytest>=8"],
+    },
 )

@@ -280,7 +280,7 @@ def markdown(result: Dict) -> str:
             f"{r['position_last']:.0f}) | {r['cached_rss_peak_mib']:.0f} / {r['uncached_rss_peak_mib']:.0f} | "
             f"{r['cache_v_kib_per_token_layer']:.1f} KiB | {r['cache_v_mib']:.1f} MiB | "
             f"{r['cache_kernel_mib']:.1f} MiB |")
-    lines += ["", "Targets:", ""]
+    lines += ["", "Targets" + (" (--quick: the speed targets are the full run's)" if m["quick"] else "") + ":", ""]
     for t in result["targets"]:
         lines.append(f"- {'met' if t['ok'] else 'MISSED'}: {t['name']}: {t['detail']}")
     if any(r["uncached_estimated"] for r in result["results"]):
@@ -292,8 +292,15 @@ def markdown(result: Dict) -> str:
 
 
 def targets(result: Dict) -> List[Dict]:
+    """The targets of the run: for every model, cached and uncached choose the same tokens; and, in the full run
+    only (not --quick, whose tiny models and 48 tokens leave too little for the cache to win), cached decoding at
+    least 10x faster than uncached and its time per token at most linear in the position."""
     out = []
     for r in result["results"]:
+        out.append(dict(name=f"{r['arch']}: uncached and cached choose the same tokens", ok=r["same_tokens"],
+                        detail="yes" if r["same_tokens"] else "no"))
+        if result["meta"]["quick"]:
+            continue
         out.append(dict(name=f"{r['arch']}: cached >= 10x faster than uncached over {result['meta']['tokens']} tokens",
                         ok=r["speedup"] >= 10, detail=f"{r['speedup']:.1f}x"))
         out.append(dict(name=f"{r['arch']}: per-token time grows at most linearly with the position",
@@ -303,8 +310,6 @@ def targets(result: Dict) -> List[Dict]:
                                "eighth of the positions: " + ", ".join(f"{t:.1f}" for _, t in r["binned_ms"])
                                + f"; linear fit {r['linear_fit_ms'][0]:.2f} ms + "
                                f"{r['linear_fit_ms'][1] * 1e3:.2f} us/position"))
-        out.append(dict(name=f"{r['arch']}: uncached and cached choose the same tokens", ok=r["same_tokens"],
-                        detail="yes" if r["same_tokens"] else "no"))
     return out
 
 

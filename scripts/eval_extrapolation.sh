@@ -34,7 +34,8 @@
 #   FORCE [0]: without it, existing report files are never overwritten (the script refuses before any
 #     work); an evaluation whose log is already complete is reused. FORCE=1 redoes the requested
 #     evaluations and rewrites the report.
-#   DRY_RUN [0]: 1 prints the commands instead of running them.
+#   DRY_RUN [0]: 1 prints the commands instead of running them, whatever is on disk (missing data or checkpoints
+#     and results a real run would refuse to overwrite are reported, not fatal).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 usage="usage: bash scripts/eval_extrapolation.sh [label=]<checkpoint.pt>..."
@@ -63,8 +64,11 @@ read -r -a lengths <<< "$LENGTHS"
 for L in "${lengths[@]}" ${TABLE_TOKENS:+"$TABLE_TOKENS"} ${TRAIN_TOKENS:+"$TRAIN_TOKENS"}; do
   [[ "$L" =~ ^[1-9][0-9]*$ ]] || die "lengths must be positive integers (got '$L')" 2
 done
-[[ -f "$DATA/dict.txt" ]] || die "no binarised data in '$DATA' (set DATA=<data-bin>)" 2
-DATA="$(cd "$DATA" && pwd)"
+if [[ ! -f "$DATA/dict.txt" ]]; then  # a dry run prints the commands whatever is on disk, saying what is missing
+  [[ "$DRY" == 1 ]] || die "no binarised data in '$DATA' (set DATA=<data-bin>)" 2
+  say "DRY_RUN: no binarised data in '$DATA' (set DATA=<data-bin>; a real run stops here)"
+fi
+if [[ -d "$DATA" ]]; then DATA="$(cd "$DATA" && pwd)"; elif [[ "$DATA" != /* ]]; then DATA="$PWD/$DATA"; fi
 
 labels=(); ckpts=()
 for arg in "$@"; do
@@ -81,7 +85,10 @@ report_files=("$OUT/extrapolation.json" "$OUT/extrapolation.md" "$OUT/extrapolat
 if [[ "${REPORT:-1}" == 1 || "${REPORT_ONLY:-0}" == 1 ]]; then
   for f in "${report_files[@]}"; do
     if [[ -e "$f" && "${FORCE:-0}" != 1 ]]; then
-      die "$f already exists; refusing to overwrite the results in $OUT (FORCE=1 redoes them, or choose another NAME)"
+      exists="$f already exists; refusing to overwrite the results in $OUT (FORCE=1 redoes them, or choose another NAME)"
+      [[ "$DRY" == 1 ]] || die "$exists" 2
+      say "DRY_RUN: $exists (a real run stops here)"
+      break
     fi
   done
 fi

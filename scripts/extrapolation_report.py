@@ -181,8 +181,7 @@ def main(argv=None):
 
     existing = [args.out_dir / f for f in OUTPUTS if (args.out_dir / f).exists()]
     if existing and not args.force:
-        raise SystemExit(f"extrapolation_report.py: error: {existing[0]} already exists; refusing to overwrite "
-                         "(--force to rewrite)")
+        p.error(f"{existing[0]} already exists; refusing to overwrite (--force to rewrite)")
     results, table, params, problems = collect(args, models)
     if problems:
         raise SystemExit("extrapolation_report.py: error: incomplete evaluations, nothing written:\n  "

@@ -42,7 +42,9 @@ INIT_ACTIVATIONS = ("relu", "silu", "gelu")
 
 
 def fail(msg):
-    sys.exit(f"plot_kernels.py: error: {msg}")
+    """Bad input (a missing or unreadable checkpoint, a value out of range, an --out to keep): the error, exit 2."""
+    print(f"plot_kernels.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
 
 
 # ---------------------------------------------------------------- loading
@@ -66,7 +68,7 @@ def load_model(path: Path):
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
     except Exception as e:  # a file torch cannot read as a checkpoint
-        fail(f"{path} is not a fairseq checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+        fail(f"{path} is not a fairseq checkpoint ({type(e).__name__}: {(str(e).splitlines() or [''])[0]})")
     cfg = state.get("cfg") if isinstance(state, dict) else None
     if cfg is None or cfg.get("model") is None or "model" not in state:
         fail(f"{path} is not a fairseq checkpoint (no model config or weights in it)")
@@ -164,9 +166,10 @@ def layer_kernels(tno, n: int, channels):
 def _plt():
     import logging
 
-    import matplotlib
+    # before matplotlib is imported (it logs while importing): fairseq's logging setup would show its debug lines
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
 
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # fairseq's logging setup would show its debug lines
+    import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

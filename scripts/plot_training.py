@@ -166,16 +166,16 @@ def main(argv=None):
                "json": Path(f"{stem}.json")}
     existing = [str(o) for o in outputs.values() if o.exists()]
     if existing and not args.force:
-        sys.exit(f"plot_training.py: error: {existing[0]} already exists; refusing to overwrite (--force to rewrite)")
+        p.error(f"{existing[0]} already exists; refusing to overwrite (--force to rewrite)")
 
     runs, step_ms = {}, {}
     for label, log in zip(labels, args.logs):
         if not log.is_file():
-            sys.exit(f"plot_training.py: error: no such log: {log}")
+            p.error(f"no such log: {log}")
         points = parse_log(log, args.subset)
         if not points:
-            sys.exit(f"plot_training.py: error: no '{args.subset}' validation lines in {log} "
-                     "(fairseq-train --log-format json or simple)")
+            p.error(f"no '{args.subset}' validation lines in {log} "
+                    "(fairseq-train --log-format json or simple)")
         runs[label] = points
         times = step_times(log)
         step_ms[label] = statistics.median(times) if times else None

@@ -9,6 +9,8 @@
 #   recipe_init <preset> <data-bin> <world-size>   # validates, sets RECIPE_* variables
 #   "${RECIPE_ARGS[@]}"                            # the fairseq-train arguments (data first)
 #   recipe_claim_save_dir [dry]                    # refuses, clears or keeps RECIPE_SAVE_DIR (below)
+# With DRY_RUN=1 (train.sh's and train.sbatch's dry runs) missing data and an existing run directory are reported
+# ("a real run stops here") instead of stopping: a dry run prints the command whatever is on disk.
 # Every preset is a registered arch of the plugin (fairseq_tnn/models/tnn_lm.py, tnn_mlm.py), passed as
 # --arch <preset>.
 #
@@ -53,8 +55,12 @@ recipe_check_preset() {  # <preset>: an error naming it and listing the presets 
 recipe_init() {
   local preset="$1" data="$2" world="$3" save_root="${SAVE_ROOT:-$ROOT/checkpoints}"
   recipe_check_preset "$preset"
-  [[ -f "$data/dict.txt" ]] || die "no binarised data in '$data' (dict.txt missing); run scripts/prepare-wikitext-103.sh first" 2
-  data="$(cd "$data" && pwd)"
+  if [[ ! -f "$data/dict.txt" ]]; then
+    local missing="no binarised data in '$data' (dict.txt missing); run scripts/prepare-wikitext-103.sh first"
+    [[ "${DRY_RUN:-0}" == 1 ]] || die "$missing" 2
+    say "DRY_RUN: $missing (a real run stops here)"
+  fi
+  if [[ -d "$data" ]]; then data="$(cd "$data" && pwd)"; elif [[ "$data" != /* ]]; then data="$PWD/$data"; fi
   [[ "$save_root" == /* ]] || save_root="$PWD/$save_root"
   RECIPE_SAVE_DIR="$save_root/${RUN_NAME:-$preset}"
   recipe_py paper "$preset" "$data" "$RECIPE_SAVE_DIR" "$world" "$ROOT/fairseq_tnn"
@@ -89,7 +95,9 @@ recipe_claim_save_dir() {
     elif [[ "${RESUME:-0}" == 1 ]]; then
       say "RESUME=1: continuing the run in $dir"
     else
-      die "$dir already exists; refusing to overwrite it (FORCE=1 deletes it and starts over, RESUME=1 continues from its checkpoint_last.pt)"
+      local exists="$dir already exists; refusing to overwrite it (FORCE=1 deletes it and starts over, RESUME=1 continues from its checkpoint_last.pt)"
+      [[ -n "$dry" ]] || die "$exists" 2
+      say "DRY_RUN: $exists (a real run stops here)"
     fi
   fi
   [[ -n "$dry" ]] || mkdir -p "$dir"

@@ -5,7 +5,7 @@
 # Idempotent: a second run with unchanged requirements does nothing.
 #
 # Environment: PYTHON (default python3), VENV (default <repo>/.venv),
-#              TORCH_VERSION (default 2.13.0; a GPU machine gets CUDA from the same line).
+#              TORCH_VERSION (default 2.13.0, at least 2.10: docs/setup.md; a GPU machine gets CUDA from the same line).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib.sh

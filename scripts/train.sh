@@ -18,7 +18,8 @@
 #         "python -m fairseq_tnn.distributed.launch --nproc NPROC [--cpu] -- <fairseq-train args>":
 #         on GPUs one fairseq-train that spawns a process per GPU, on CPU torchrun with NPROC ranks.
 #   CPU [0]            1 trains on CPU (adds --cpu, fp32).
-#   DRY_RUN [0]        1 prints the exact command line instead of running it.
+#   DRY_RUN [0]        1 prints the exact command line instead of running it, whatever is on disk (missing data
+#                      and a run directory a real run would refuse are reported, not fatal).
 #   FAIRSEQ_BIN [<repo>/.venv/bin]  where fairseq-train lives; PYTHON [$FAIRSEQ_BIN/python] runs the launcher.
 #   and the recipe's knobs, documented in fairseq_tnn/recipe.py: MAX_UPDATE [50000], TOKENS_PER_SAMPLE [512],
 #   SEQS_PER_UPDATE [128 causal, 512 masked], BATCH_PER_GPU [8 causal, 16 masked], LR [5e-4, FD-TNN 1e-3],

@@ -98,6 +98,7 @@ LONGEST_FIRST = [
     "tests/scripts/test_eval_extrapolation.py",   # ~45 s
     "tests/scripts/test_benchmarks.py",           # ~40 s
     "tests/scripts/test_docs_using_models.py",    # ~40 s
+    "tests/scripts/test_docs.py",                 # ~35 s: the docs' commands run as written (measured alone)
     "tests/scripts/test_experiment_configs.py",   # ~35 s
 ]
 

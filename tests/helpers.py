@@ -380,3 +380,15 @@ def tiny_gpt2_bpe(dest):
     (dest / "vocab.bpe").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
     (dest / "dict.txt").write_text("".join(f"{i} {1000 - i}\n" for i in range(len(encoder))))
     return encoder
+
+
+def doc_blocks(page: Path, lang: str, section: str = "") -> list:
+    """The ```lang code blocks of a markdown page, or of its section whose heading is `section` (up to the next
+    heading of that level or above): the docs' code as written, for the tests that run it."""
+    text = page.read_text()
+    if section:
+        level = section.split(" ")[0]
+        start = text.index(f"\n{section}\n")
+        ends = [m.start() for m in re.finditer(rf"\n#{{1,{len(level)}}} ", text) if m.start() > start]
+        text = text[start:ends[0] if ends else len(text)]
+    return re.findall(rf"```{lang}\n(.*?)```", text, re.S)

@@ -64,16 +64,16 @@ def fft_dtype(x: torch.Tensor) -> torch.dtype:
     return torch.float64 if x.dtype == torch.float64 else torch.float32
 
 
-# Device types with autocast, decided once at import: torch.amp.is_autocast_available is a C function that
-# dynamo (torch 2.11) cannot trace, so calling it inside a compiled layer broke the graph at every call.
-_AUTOCAST_DEVICE_TYPES = frozenset(t for t in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "xla", "privateuseone")
-                                   if torch.amp.is_autocast_available(t))
+# The device types with autocast, asked once at import: torch.compile (dynamo) traces a set lookup, while before
+# torch 2.12 it breaks the graph at torch.amp.is_autocast_available.
+AUTOCAST_DEVICE_TYPES = frozenset(d for d in ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "ipu", "privateuseone")
+                                  if torch.amp.is_autocast_available(d))
 
 
 def autocast_off(device_type: str):
     """A region where autocast is off on ``device_type`` (a no-op context on a device without autocast,
     such as ``meta``, where benchmarks/memory.py runs the models)."""
-    if device_type in _AUTOCAST_DEVICE_TYPES:
+    if device_type in AUTOCAST_DEVICE_TYPES:
         return torch.autocast(device_type, enabled=False)
     return contextlib.nullcontext()
 

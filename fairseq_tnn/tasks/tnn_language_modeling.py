@@ -21,6 +21,7 @@ from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
 from ..models.tnn_lm import decoding_length
+from ..models.tnn_mlm import NOT_FOR_EVAL_LM
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from ..distributed.check import check_joined
 from .precision import Bf16AutocastMixin, bf16_autocast_field
@@ -91,6 +92,8 @@ class TnnLanguageModelingTask(StepMetricsMixin, Bf16AutocastMixin, LanguageModel
     def build_model(self, cfg, from_checkpoint=False):
         cls = model_class(cfg)
         if cls is not None and not issubclass(cls, FairseqLanguageModel):
+            if from_checkpoint:  # fairseq-eval-lm (or -validate) of a masked checkpoint: name the command that scores it
+                raise ValueError(NOT_FOR_EVAL_LM)
             raise ValueError(
                 f"--arch {getattr(cfg, '_name', None) or getattr(cfg, 'arch', None)!r} is not a causal language model; "
                 "--task tnn_language_modeling needs one (e.g. tnn_lm_*); use --task tnn_masked_lm for masked models")

@@ -103,8 +103,9 @@ def test_masked_lm_trains_and_validates_at_8x_length(data_bin, tmp_path, arch):
     assert m and math.isfinite(float(m.group(1))), log[-3000:]
     if arch == "ski_tnn_mlm_tiny":
         # fairseq-eval-lm is for causal LMs: a masked checkpoint is refused, naming fairseq-validate, with
-        # fairseq's default language_modeling task (which would score it as causal) and with tnn_masked_lm
-        for task in ([], ["--task", "tnn_masked_lm"]):
+        # fairseq's default language_modeling task (which would score it as causal), with tnn_masked_lm and with the
+        # causal task the docs' fairseq-eval-lm command names
+        for task in ([], ["--task", "tnn_masked_lm"], ["--task", "tnn_language_modeling"]):
             log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", *task,
                        "--path", tmp_path / "ck" / "checkpoint_last.pt", "--tokens-per-sample", 128], expect_ok=False)
             assert "is a bidirectional masked language model" in log and "fairseq-validate" in log, log[-3000:]

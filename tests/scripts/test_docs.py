@@ -1,22 +1,27 @@
-"""Every command shown in README.md and docs/*.md is run by a test: the table below names, for each command
-pattern, the tests that run it (the same command on data/sample with tiny presets, or, for the multi-GPU,
-SLURM and Wikitext-103 ones that need hardware or data this suite does not have, its dry run checked flag by
-flag), and every ```python block is run as written by the test PYTHON_RUN_BY names. A command added to the
-docs without a row here, a row whose tests are gone, a Python example no test runs and a link to a missing
-page all fail."""
+"""Every command shown in README.md and docs/*.md is run by a test. Those that run on CPU in seconds on the
+bundled sample run here as written, from their code block, in a directory laid out as after the demo
+(AS_WRITTEN; those that need a GPU, SLURM or Wikitext-103 and have a dry run, in their dry-run form: DRY_RUN=1
+and the command as written); for the others the table COVERAGE names the tests that run them (the same command
+on data/sample with tiny presets, or its dry run checked flag by flag), and every ```python block is run as
+written by the tests PYTHON_RUN_BY names. A command added to the docs without a row here, a row whose tests
+are gone, a Python example no test runs and a link to a missing page all fail."""
+import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, command_env, execute
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CI = "ci: .ci/run"  # the command CI itself runs
 # Pages whose every block a test runs as written, in order (no per-command rows needed)
 RUN_AS_WRITTEN = {"docs/using-models.md": "scripts/test_docs_using_models.py"}
-# The test that runs each page's ```python blocks as written
-PYTHON_RUN_BY = {"README.md": "scripts/test_docs_using_models.py", **RUN_AS_WRITTEN}
+# The tests that run each page's ```python blocks as written
+PYTHON_RUN_BY = {"README.md": ["scripts/test_docs_using_models.py", "modules/test_without_fairseq.py"],
+                 **{page: [runner] for page, runner in RUN_AS_WRITTEN.items()}}
 
 # (regex on the command line, tests that run it)
 COVERAGE = [
@@ -37,7 +42,7 @@ COVERAGE = [
     (r"^\.venv/bin/python benchmarks/prepare_corpus\.py ", ["scripts/test_prepare_corpus.py::test_the_benchmark_reports_what_the_command_made"]),
     (r"^(NPROC=1 |DRY_RUN=1 )?bash scripts/train\.sh \w+_wt103(_rpe3)? data-bin/wikitext-103$",
      ["scripts/test_train_sh.py::test_train_dry_run_recipe_flag_by_flag"]),
-    (r"^CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$",
+    (r"^OMP_NUM_THREADS=1 CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$",
      ["scripts/test_train_sh.py::test_train_sh_trains_on_cpu_with_json_log_and_tensorboard"]),
     (r"^CPU=1 MAX_UPDATE=1 .* bash scripts/train\.sh tnn_mlm_tiny data-bin/sample$",
      ["scripts/test_train_sh.py::test_train_retries_a_run_that_saved_no_checkpoint"]),
@@ -68,15 +73,15 @@ COVERAGE = [
      ["scripts/test_eval_extrapolation.py::test_eval_extrapolation_scores_every_token_at_every_length",
       "scripts/test_eval_extrapolation.py::test_eval_extrapolation_dry_run_commands"]),
     (r"^fairseq-eval-lm data-bin/sample ", ["cli/test_cli.py::test_eval_lm_scores_every_token"]),
-    (r"^fairseq-validate data-bin/sample ", ["cli/test_cli.py::test_masked_lm_trains_and_validates_at_8x_length"]),
+    (r"^fairseq-validate data-bin/wikitext-103 ", ["cli/test_cli.py::test_masked_lm_trains_and_validates_at_8x_length"]),
     (r"^python scripts/plot_kernels\.py checkpoints/\S+ ", ["scripts/test_plot_kernels.py::test_checkpoint_figures_and_json"]),
     (r"^python scripts/plot_kernels\.py --init-study ",
      ["scripts/test_plot_kernels.py::test_init_study_reproduces_the_smoothness_and_decay_figures"]),
-    (r"^\.venv/bin/python benchmarks/run\.py (?!--device)", ["scripts/test_benchmarks.py::test_quick_benchmark_writes_json_markdown_and_plots"]),
-    (r"^\.venv/bin/python benchmarks/memory\.py ", ["scripts/test_benchmarks.py::test_memory_accounting_of_every_configuration"]),
-    (r"^\.venv/bin/python benchmarks/ski_diagnostics\.py ", ["scripts/test_quality.py::test_diagnostics_command_writes_its_tables"]),
-    (r"^\.venv/bin/python benchmarks/quality\.py ", ["scripts/test_quality.py::test_quality_quick_trains_every_model_through_fairseq"]),
-    (r"^(\.venv/bin/)?python3? benchmarks/run\.py --device ",
+    (r"^python benchmarks/run\.py (?!--device)", ["scripts/test_benchmarks.py::test_quick_benchmark_writes_json_markdown_and_plots"]),
+    (r"^python benchmarks/memory\.py ", ["scripts/test_benchmarks.py::test_memory_accounting_of_every_configuration"]),
+    (r"^python benchmarks/ski_diagnostics\.py ", ["scripts/test_quality.py::test_diagnostics_command_writes_its_tables"]),
+    (r"^python benchmarks/quality\.py ", ["scripts/test_quality.py::test_quality_quick_trains_every_model_through_fairseq"]),
+    (r"^python3? benchmarks/run\.py --device ",
      ["scripts/test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer",  # eager
       "scripts/test_gpu_check.py::test_quick_cpu_check_writes_a_complete_report",  # compiled, fp32 and bf16
       "scripts/test_benchmarks.py::test_trainer_benchmark_refuses_cuda_without_a_gpu"]),
@@ -118,6 +123,8 @@ def test_every_command_is_run_by_a_test(page, command):
         assert str(page) in runner or page.name in runner, f"{RUN_AS_WRITTEN[str(page)]} no longer runs {page}"
         return
     rows = [tests for pattern, tests in COVERAGE if re.search(pattern, command)]
+    if as_written(command):
+        return  # test_doc_command_runs_as_written runs it (and a row, if any, names a closer test)
     assert rows, f"{page}: no test runs `{command}`; add one and a row to COVERAGE in tests/scripts/test_docs.py"
     for tests in rows:
         for test in tests:
@@ -131,8 +138,9 @@ def test_every_command_is_run_by_a_test(page, command):
 def test_every_python_example_is_run_by_a_test():
     pages = {str(p.relative_to(ROOT)) for p in DOCS if "```python\n" in p.read_text()}
     assert "README.md" in pages and pages == set(PYTHON_RUN_BY), (pages, PYTHON_RUN_BY)
-    for page, runner in PYTHON_RUN_BY.items():
-        assert page in (ROOT / "tests" / runner).read_text(), f"{runner} no longer runs the Python of {page}"
+    for page, runners in PYTHON_RUN_BY.items():
+        for runner in runners:
+            assert page in (ROOT / "tests" / runner).read_text(), f"{runner} no longer runs the Python of {page}"
 
 
 def test_links_between_pages_resolve():
@@ -140,3 +148,155 @@ def test_links_between_pages_resolve():
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             path = (page.parent / target).resolve()
             assert path.exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The commands run as written: (pattern, dry, check). dry: run as `DRY_RUN=1 <command>` (it needs a GPU or
+# Wikitext-103). check(box, output) asserts what the command did, in the directory box laid out as after the
+# demo: data/sample, data-bin/sample (made by the docs' own preprocess.sh command), demo-run/checkpoints/
+# {tnn_lm_tiny,fd_tnn_lm_tiny} (the session's tiny checkpoints), the repository's code, and .venv, activated
+# as the README says.
+# ---------------------------------------------------------------------------------------------------------
+
+
+def made_data_bin(box, out):
+    assert {"dict.txt", "train.bin", "valid.bin", "test.bin"} <= {f.name for f in (box / "data-bin/sample").iterdir()}
+
+
+def wt103_train_command(box, out):
+    """A dry run without Wikitext-103: the command, the missing data named, nothing created."""
+    assert "no binarised data in 'data-bin/wikitext-103'" in out and "a real run stops here" in out, out
+    line, = [l for l in out.splitlines() if "/fairseq-train " in l or " -m fairseq_tnn.distributed.launch " in l]
+    assert f"{box}/data-bin/wikitext-103 --user-dir {box}/fairseq_tnn" in line, line
+    preset = re.search(r" --arch (\w+) ", line).group(1)
+    assert not (box / "checkpoints" / preset).exists()
+
+
+def smoke_run(box, out):
+    """20 updates of the recipe's 4,000-update warm-up: a model that has barely moved, its perplexity above the
+    1,888 of uniform predictions (docs/evaluation.md), near the 4,620 docs/training.md shows."""
+    run_dir = box / "checkpoints" / "tnn_lm_tiny"
+    assert (run_dir / "checkpoint_last.pt").is_file() and (run_dir / "tensorboard").is_dir()
+    valid = [json.loads(l) for l in (run_dir / "train.log").read_text().splitlines() if '"valid_ppl"' in l]
+    assert valid[-1]["valid_num_updates"] == "20", valid
+    assert 1888 < float(valid[-1]["valid_ppl"]) and abs(float(valid[-1]["valid_ppl"]) / 4620 - 1) < 0.05, valid
+
+
+def masked_smoke_run(box, out):
+    """Long lines dropped and counted: the warning's count is the dropped_blocks metric of the json log."""
+    warned = re.search(r"([\d,]+) of [\d,]+ blocks of the train split .* are longer than --tokens-per-sample=64 .*; dropped",
+                       out)
+    assert warned, out[-3000:]
+    run_dir = box / "checkpoints" / "tnn_mlm_tiny"
+    train = [json.loads(l) for l in (run_dir / "train.log").read_text().splitlines() if '"train_dropped_blocks"' in l]
+    assert train[-1]["train_dropped_blocks"] == warned.group(1).replace(",", "") != "0", train
+    assert (run_dir / "checkpoint_last.pt").is_file()
+
+
+def sbatch_dry_run(box, out):
+    srun, = [l for l in out.splitlines() if l.startswith("srun --kill-on-bad-exit=1 ")]
+    assert "--distributed-world-size 16 " in srun and "--arch fd_tnn_lm_wt103 " in srun, out
+    assert "no binarised data" in out and not (box / "checkpoints" / "fd_tnn_lm_wt103").exists()
+
+
+def hydra_sample(box, out):
+    """Checkpoints in the config's save_dir, hydra's log beside them, no outputs/<date>/<time>/."""
+    run_dir = box / "checkpoints" / "tnn_lm_sample"
+    assert (run_dir / "checkpoint_last.pt").is_file() and (run_dir / "hydra_train.log").is_file()
+    assert re.search(r"num_updates[ =]20\b", out) and not (box / "outputs").exists(), out[-3000:]
+
+
+def eval_lm_sample(box, out):
+    tokens = int(re.search(r"Evaluated ([0-9,]+) tokens", out).group(1).replace(",", ""))
+    ppl = float(re.search(r"Perplexity: ([0-9.]+)", out).group(1))
+    assert tokens == 17453 and 1 < ppl < 1888, out[-2000:]  # every test token, a trained model's perplexity
+
+
+def init_study(box, out):
+    names = {f.name for f in (box / "results/kernels/init").iterdir()}
+    assert names == {"init-relu.png", "init-silu.png", "init-gelu.png", "init-decay.png", "init-study.json"}, names
+    assert "DEBUG" not in out, out
+
+
+def memory_benchmark(box, out):
+    result = json.loads((box / "results/bench-memory/memory.json").read_text())
+    keys = {(g["section"], g["n"]): [c["key"] for c in g["configs"]] for g in result["groups"]}
+    assert keys[("causal", 512)] == ["tnn6", "tnn3", "fd3", "bound_fixed", "bound_identity"], keys
+    assert "ski" in keys[("masked", 2048)], keys
+
+
+def extrapolation_dry_run(box, out):
+    evals = [l for l in out.splitlines() if "/fairseq-eval-lm " in l]
+    # per model the six lengths on test, and valid at the training length for the table (whose test column is
+    # the 512 evaluation)
+    assert len(evals) == 2 * (6 + 1), out
+    assert "no binarised data in 'data-bin/wikitext-103'" in out and not (box / "results").exists()
+
+
+def prepare_dry_run(box, out):
+    assert "fairseq-preprocess --only-source --srcdict" in out and not (box / "data-bin" / "wikitext-103").exists()
+
+
+AS_WRITTEN = [
+    (r"^bash scripts/preprocess\.sh data/sample data-bin/sample$", False, made_data_bin),
+    (r"^(NPROC=1 |DRY_RUN=1 |PRECISION=bf16 |TNN_COMPILE=\w+ )?bash scripts/train\.sh \w+_wt103\w* data-bin/wikitext-103$",
+     True, wt103_train_command),
+    (r"^OMP_NUM_THREADS=1 CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$", False, smoke_run),
+    (r"^CPU=1 MAX_UPDATE=1 .* bash scripts/train\.sh tnn_mlm_tiny data-bin/sample$", False, masked_smoke_run),
+    (r"^DRY_RUN=1 SLURM_NNODES=2 .* bash scripts/slurm/train\.sbatch fd_tnn_lm_wt103$", False, sbatch_dry_run),
+    (r"^fairseq-hydra-train --config-dir configs --config-name tnn_lm_sample ", False, hydra_sample),
+    (r"^fairseq-eval-lm data-bin/sample .*--path demo-run/checkpoints/", False, eval_lm_sample),
+    (r"^python scripts/plot_kernels\.py --init-study ", False, init_study),
+    (r"^python benchmarks/memory\.py ", False, memory_benchmark),
+    (r"^DATA=data-bin/wikitext-103 bash scripts/eval_extrapolation\.sh ", True, extrapolation_dry_run),
+    (r"^bash scripts/prepare-wikitext-103\.sh$", True, prepare_dry_run),
+]
+
+
+def as_written(command):
+    """The AS_WRITTEN row of a command, or None."""
+    rows = [row for row in AS_WRITTEN if re.search(row[0], command)]
+    assert len(rows) <= 1, (command, rows)
+    return rows[0] if rows else None
+
+
+RUN_HERE = list(dict.fromkeys(c for _, c in COVERED_BY_ROWS if as_written(c)))  # once each, in the docs' order
+
+
+def test_every_as_written_row_is_used():
+    unused = [pattern for pattern, _, _ in AS_WRITTEN if not any(re.search(pattern, c) for c in RUN_HERE)]
+    assert not unused, unused
+
+
+@pytest.fixture(scope="module")
+def after_the_demo(tmp_path_factory, tiny_checkpoints):
+    """A directory laid out as the repository after the demo, data-bin/sample made by the docs' command."""
+    box = tmp_path_factory.mktemp("docs")
+    for name in ("fairseq_tnn", "scripts", "configs", "benchmarks"):
+        (box / name).symlink_to(ROOT / name)
+    (box / "data").mkdir()
+    (box / "data" / "sample").symlink_to(ROOT / "data" / "sample")
+    (box / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the suite's venv, as the one the docs name
+    (box / "demo-run" / "checkpoints").mkdir(parents=True)
+    for arch in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
+        (box / "demo-run" / "checkpoints" / arch).symlink_to(tiny_checkpoints[arch])
+    preprocess, = [c for c in RUN_HERE if c.startswith("bash scripts/preprocess.sh ")]
+    run_as_written(box, preprocess)
+    return box
+
+
+def run_as_written(box, command, dry=False):
+    """command in box, in the activated venv; its output (stdout and stderr)."""
+    env = {k: v for k, v in command_env().items() if not k.startswith("SLURM_") and k != "DRY_RUN"}
+    code = f"source .venv/bin/activate && set -euo pipefail\n{'DRY_RUN=1 ' if dry else ''}{command}"
+    status, out, _ = execute(["bash", "-c", code], env, 600, merge=True, cwd=box)
+    assert status == 0, f"`{command}` failed ({status}):\n{out[-4000:]}"
+    return out
+
+
+@pytest.mark.parametrize("command", RUN_HERE, ids=[c[:60] for c in RUN_HERE])
+def test_doc_command_runs_as_written(after_the_demo, command):
+    _, dry, check = as_written(command)
+    out = run_as_written(after_the_demo, command, dry) if not command.startswith("bash scripts/preprocess.sh ") \
+        else ""  # the fixture ran it
+    check(after_the_demo, out)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, command_env, execute
+from helpers import ROOT, command_env, doc_blocks, execute
 
 DOC = ROOT / "docs" / "using-models.md"
 README = ROOT / "README.md"
@@ -41,8 +41,8 @@ def venv_like(path):
 
 
 def run_block(kind, code, cwd, scripts):
-    if kind == "bash":
-        cmd = ["bash", "-euo", "pipefail", "-c", code]
+    if kind == "bash":  # in the environment the README says to activate
+        cmd = ["bash", "-c", f"source .venv/bin/activate && set -euo pipefail\n{code}"]
     else:  # from a file elsewhere, so that `import fairseq_tnn` finds the installed package, as from the repo root
         script = scripts / f"block{len(list(scripts.iterdir()))}.py"
         script.write_text(code)
@@ -78,7 +78,7 @@ def test_every_example_runs(sandbox, tmp_path):
 
 
 def test_the_readme_example_runs(sandbox, tmp_path):
-    found = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    found = doc_blocks(README, "python", "## From Python")
     assert len(found) == 1 and len(found[0].strip().splitlines()) == 5, found  # the README shows five lines
     sample, ppl = run_block("python", found[0], sandbox, tmp_path).splitlines()
     # the prompt, continued (the continuation may start with punctuation: "And God said, and ...")

@@ -55,7 +55,7 @@ def test_eval_extrapolation_refuses_existing_results(extrapolation, train_sh_run
     out_dir, env, _, _ = extrapolation
     before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out_dir.iterdir() if p.is_file()}
     rc, out, err = sh(["bash", SCRIPTS / "eval_extrapolation.sh", train_sh_run / "checkpoint_last.pt"], env)
-    assert rc == 1 and "refusing to overwrite" in err and "FORCE=1" in err, (rc, out, err)
+    assert rc == 2 and "refusing to overwrite" in err and "FORCE=1" in err, (rc, out, err)
     assert "fairseq-eval-lm" not in err
     after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out_dir.iterdir() if p.is_file()}
     assert after == before

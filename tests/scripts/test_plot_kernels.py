@@ -70,7 +70,7 @@ def test_checkpoint_figures_and_json(ski_checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main([str(ski_checkpoint), "--layers", "1", "--out", str(out)])
     text = f"{exc.value.code} {capsys.readouterr().err}"
-    assert exc.value.code not in (0, None) and "already exists; refusing to overwrite" in text, text[-2000:]
+    assert exc.value.code == 2 and "already exists; refusing to overwrite" in text, text[-2000:]
     assert (out / "kernels.json").read_bytes() == before
     main([str(ski_checkpoint), "--layers", "1", "--length", "20", "--out", str(out), "--force"])
     assert not (out / "layer0.png").exists() and json.loads((out / "kernels.json").read_text())["length"] == 20
@@ -98,7 +98,7 @@ def test_bad_input_is_refused_before_anything_is_written(ski_checkpoint, tmp_pat
         with pytest.raises(SystemExit) as exc:
             main([str(a) for a in args] + ["--out", str(out)])
         text = f"{exc.value.code} {capsys.readouterr().err}"
-        assert exc.value.code not in (0, None) and message in text, (args, text[-2000:])
+        assert exc.value.code == 2 and message in text, (args, text[-2000:])  # bad input: status 2
         assert not out.exists()
 
 

@@ -23,7 +23,7 @@ def test_plot_training_on_the_train_log(train_sh_run, tmp_path):
     assert json.loads(out.with_suffix(".json").read_text())["runs"][0]["median_update_ms"] > 0
     before = out.read_bytes()
     rc, _, err = sh(cmd)
-    assert rc == 1 and "refusing to overwrite" in err and out.read_bytes() == before
+    assert rc == 2 and "refusing to overwrite" in err and out.read_bytes() == before
 
 
 SIMPLE_LOG = """\

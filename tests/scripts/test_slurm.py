@@ -98,8 +98,11 @@ def test_sbatch_requeued_job_continues_its_run_and_a_new_job_refuses_it(data_bin
     run_dir.mkdir()
     (run_dir / "checkpoint_last.pt").write_bytes(b"precious")
     env = slurm_env(1, 8, **EIGHT_GPUS, DATA=str(data_bin), SAVE_ROOT=str(tmp_path))
-    rc, out, err = sh(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], env)
-    assert rc == 1 and "already exists; refusing to overwrite it" in err and out == ""
+    rc, out, err = sh(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], {**env, "DRY_RUN": "0"})
+    assert rc == 2 and "already exists; refusing to overwrite it" in err and out == ""
+    out, err = ok(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], env)  # the dry run prints the command and says so
+    assert "already exists; refusing to overwrite it" in err and "a real run stops here" in err
+    assert out.startswith("srun ")
     out, err = ok(["bash", TRAIN_SBATCH, "tnn_lm_wt103"], {**env, "SLURM_RESTART_COUNT": "1", "FORCE": "1"})
     assert "RESUME=1: continuing the run" in err and "deleting" not in err and out.startswith("srun ")
     assert (run_dir / "checkpoint_last.pt").read_bytes() == b"precious"

@@ -149,6 +149,18 @@ def test_train_rejects_bad_settings(data_bin, env, message):
     assert rc == 2 and message in err and out == "", (rc, out, err)
 
 
+def test_train_dry_run_without_data_prints_the_command_and_says_what_is_missing(tmp_path):
+    rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_wt103", "data-bin/nowhere"],
+                      {"SAVE_ROOT": str(tmp_path), "NPROC": "1"})
+    assert rc == 2 and "no binarised data in 'data-bin/nowhere'" in err and out == ""
+    out, err = ok(["bash", SCRIPTS / "train.sh", "tnn_lm_wt103", "data-bin/nowhere"],
+                  {"SAVE_ROOT": str(tmp_path), "NPROC": "1", "DRY_RUN": "1"})
+    assert "no binarised data in 'data-bin/nowhere'" in err and "a real run stops here" in err
+    argv = shlex.split(out)
+    assert argv[1] == str(ROOT / "data-bin" / "nowhere") and flags(argv[2:])["--arch"] == ["tnn_lm_wt103"]
+    assert not list(tmp_path.iterdir())  # a dry run creates nothing
+
+
 def test_train_refuses_an_existing_run_without_force(data_bin, tmp_path):
     run_dir = tmp_path / "tnn_lm_tiny"
     run_dir.mkdir()
@@ -156,8 +168,12 @@ def test_train_refuses_an_existing_run_without_force(data_bin, tmp_path):
     ckpt.write_bytes(b"precious")
     before = ckpt.stat().st_mtime_ns
     rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin], {"CPU": "1", "SAVE_ROOT": str(tmp_path)})
-    assert rc == 1 and "refusing to overwrite" in err and "FORCE=1" in err, (rc, out, err)
+    assert rc == 2 and "refusing to overwrite" in err and "FORCE=1" in err, (rc, out, err)
     assert ckpt.read_bytes() == b"precious" and ckpt.stat().st_mtime_ns == before
+    # the dry run prints the command whatever is on disk, saying what a real run would refuse
+    out, err = ok(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin],
+                  {"CPU": "1", "SAVE_ROOT": str(tmp_path), "DRY_RUN": "1"})
+    assert "refusing to overwrite" in err and "a real run stops here" in err and "fairseq-train" in out
     # RESUME=1 would continue the run, FORCE=1 would delete it: the dry run says so and touches nothing
     _, err = ok(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin],
                 {"CPU": "1", "SAVE_ROOT": str(tmp_path), "FORCE": "1", "DRY_RUN": "1"})
@@ -180,7 +196,7 @@ def test_train_retries_a_run_that_saved_no_checkpoint(data_bin, tmp_path):
     assert "--oversized-blocks drop" in (run_dir / "command.txt").read_text()
     # now the run has a checkpoint: the same command is refused again
     rc, _, err = sh(cmd, env)
-    assert rc == 1 and "refusing to overwrite" in err
+    assert rc == 2 and "refusing to overwrite" in err
 
 
 def test_train_sh_trains_on_cpu_with_json_log_and_tensorboard(train_sh_run):
