@@ -62,7 +62,7 @@ usage="usage: bash scripts/make_sample_data.sh   (no arguments; settings are env
 [[ $# -eq 0 ]] || usage_error
 fairseq_env
 if [[ -f "$OUT_DIR/train.bpe" && "${FORCE:-0}" != 1 ]]; then
-    die "$OUT_DIR already holds a corpus; refusing to overwrite it (FORCE=1 rebuilds it, or set OUT_DIR)"
+    die "$OUT_DIR already holds a corpus; refusing to overwrite it (FORCE=1 rebuilds it, or set OUT_DIR)" 2
 fi
 
 command -v apt-get >/dev/null || die "apt-get not found (needs a Debian/Ubuntu system)"

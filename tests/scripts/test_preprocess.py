@@ -10,7 +10,7 @@ from helpers import BIN, ROOT, SCRIPTS, ok, sh
 def test_make_sample_data_refuses_to_overwrite_the_corpus():
     before = {p.name: p.read_bytes() for p in (ROOT / "data" / "sample").iterdir()}
     rc, _, err = sh(["bash", SCRIPTS / "make_sample_data.sh"])
-    assert rc == 1 and "refusing to overwrite" in err and "FORCE=1" in err, err
+    assert rc == 2 and "refusing to overwrite" in err and "FORCE=1" in err, err
     assert {p.name: p.read_bytes() for p in (ROOT / "data" / "sample").iterdir()} == before
 
 
