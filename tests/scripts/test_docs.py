@@ -6,7 +6,6 @@ on data/sample with tiny presets, or its dry run checked flag by flag), and ever
 written by the tests PYTHON_RUN_BY names. A command added to the docs without a row here, a row whose tests
 are gone, a Python example no test runs and a link to a missing page all fail."""
 import json
-import os
 import re
 import sys
 from pathlib import Path

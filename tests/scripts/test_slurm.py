@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from helpers import ROOT, SCRIPTS, SLURM, USER_DIR, cli, dry_train, flags, ok, sh, wt103_presets
+from helpers import ROOT, SLURM, USER_DIR, cli, dry_train, flags, ok, sh, wt103_presets
 
 CAUSAL = wt103_presets("tnn_lm")
 EXPERIMENTS = CAUSAL + wt103_presets("tnn_mlm")

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from helpers import (SCRIPTS, USER_DIR, cli, dry_train, flags, ok, script_env, sh,
+from helpers import (ROOT, SCRIPTS, USER_DIR, cli, dry_train, flags, ok, script_env, sh,
                      wt103_presets)
 
 CAUSAL = wt103_presets("tnn_lm")
