@@ -56,7 +56,7 @@ recipe_init() {
   local preset="$1" data="$2" world="$3" save_root="${SAVE_ROOT:-$ROOT/checkpoints}"
   recipe_check_preset "$preset"
   if [[ ! -f "$data/dict.txt" ]]; then
-    local missing="no binarised data in '$data' (dict.txt missing); run scripts/prepare-wikitext-103.sh first"
+    local missing="no binarised data in '$data' (dict.txt missing); run scripts/prepare-wikitext-103.sh first, or scripts/prepare-corpus.sh for your own text"
     [[ "${DRY_RUN:-0}" == 1 ]] || die "$missing" 2
     say "DRY_RUN: $missing (a real run stops here)"
   fi

@@ -312,7 +312,6 @@ def _ski_tno(x, conv_weight, knots, lam, layout):
     xd = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n), x's dtype
     d, n = xd.shape[0], xd.shape[-1]
     xd = xd.reshape(d, -1, n)  # (d, R, n), R = batch
-    rows = xd.shape[1]
     y = band_conv(xd, conv_weight.to(ct))  # (d, R, n) in ct; its backward keeps x in x's dtype
     if knots is not None:
         y = _add_lowrank(y, xd, knots.to(ct), lam)
