@@ -56,25 +56,13 @@ INPUT="${1%/}"
 name="$(basename "$INPUT")"; [[ -d "$INPUT" ]] || name="${name%.*}"
 [[ "$name" =~ ^[A-Za-z0-9._+-]+$ ]] || die "cannot name the output after '$INPUT': give dest explicitly" 2
 DEST="${2:-$ROOT/data-bin/$name}"
-BPE="${BPE:-sentencepiece}"
-[[ "$BPE" == sentencepiece || "$BPE" == gpt2 ]] || die "BPE must be sentencepiece or gpt2, not '$BPE'" 2
-VOCAB_SIZE="${VOCAB_SIZE:-0}"
-[[ "$VOCAB_SIZE" == 0 ]] || is_pos_int "$VOCAB_SIZE" || die "VOCAB_SIZE must be a positive integer, not '$VOCAB_SIZE'" 2
-WORKERS="${WORKERS:-0}"  # 0: prepare_corpus.py counts the cores this process may run on (nproc obeys OMP_NUM_THREADS)
-TOKENS_PER_SAMPLE="${TOKENS_PER_SAMPLE:-512}"
-SPM_SENTENCES="${SPM_SENTENCES:-1000000}"
-[[ "$WORKERS" == 0 ]] || is_pos_int "$WORKERS" || die "WORKERS must be a positive integer, not '$WORKERS'" 2
-for knob in TOKENS_PER_SAMPLE SPM_SENTENCES; do
-  is_pos_int "${!knob}" || die "$knob must be a positive integer, not '${!knob}'" 2
-done
-VALID_PERCENT="${VALID_PERCENT:-5}"; TEST_PERCENT="${TEST_PERCENT:-5}"
-for knob in VALID_PERCENT TEST_PERCENT; do
-  [[ "${!knob}" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "$knob must be a number above 0 and below 50, not '${!knob}'" 2
-done
-force=(); [[ "${FORCE:-0}" == 1 ]] && force=(--force)
+FORCE="${FORCE:-0}"
+[[ "$FORCE" == 0 || "$FORCE" == 1 ]] || die "FORCE must be 0 or 1, not '$FORCE'" 2
+force=(); [[ "$FORCE" == 1 ]] && force=(--force)
 
+# the knobs are checked (their names in the errors) by prepare_corpus.py, before any work
 PROG="$(lib_prog)" exec "$PYTHON" "$ROOT/scripts/prepare_corpus.py" --input "$INPUT" --dest "$DEST" \
-  --text-dir "${TEXT_DIR:-$ROOT/data/$name}" --bpe "$BPE" --vocab-size "$VOCAB_SIZE" \
-  --gpt2-dir "${GPT2_DIR:-$ROOT/data/wikitext-103/gpt2_bpe}" --valid-percent "$VALID_PERCENT" \
-  --test-percent "$TEST_PERCENT" --tokens-per-sample "$TOKENS_PER_SAMPLE" --spm-sentences "$SPM_SENTENCES" \
-  --workers "$WORKERS" --fairseq-bin "$FAIRSEQ_BIN" "${force[@]}"
+  --text-dir "${TEXT_DIR:-$ROOT/data/$name}" --bpe "${BPE:-sentencepiece}" --vocab-size "${VOCAB_SIZE:-0}" \
+  --gpt2-dir "${GPT2_DIR:-$ROOT/data/wikitext-103/gpt2_bpe}" --valid-percent "${VALID_PERCENT:-5}" \
+  --test-percent "${TEST_PERCENT:-5}" --tokens-per-sample "${TOKENS_PER_SAMPLE:-512}" \
+  --spm-sentences "${SPM_SENTENCES:-1000000}" --workers "${WORKERS:-0}" --fairseq-bin "$FAIRSEQ_BIN" "${force[@]}"

@@ -329,16 +329,17 @@ def parse_args(argv=None):
     p.add_argument("--dest", required=True, help="the binarised output, e.g. data-bin/<name>")
     p.add_argument("--text-dir", required=True, help="the split text (one input file), the encoded splits and "
                                                      "the tokenizer, e.g. data/<name>")
-    p.add_argument("--bpe", choices=("sentencepiece", "gpt2"), default="sentencepiece")
-    p.add_argument("--vocab-size", type=int, default=0, help="sentencepiece pieces; 0: the default rule")
-    p.add_argument("--spm-sentences", type=int, default=1000000,
+    # The knobs of scripts/prepare-corpus.sh, its only caller, as the user set them: checked by check_settings,
+    # whose errors name the knob
+    p.add_argument("--bpe", default="sentencepiece", help="sentencepiece | gpt2")
+    p.add_argument("--vocab-size", default="0", help="sentencepiece pieces; 0: the default rule")
+    p.add_argument("--spm-sentences", default="1000000",
                    help="sentencepiece trains on at most this many lines of the train split (the first ones)")
-    p.add_argument("--valid-percent", type=float, default=5.0)
-    p.add_argument("--test-percent", type=float, default=5.0)
-    p.add_argument("--tokens-per-sample", type=int, default=512, help="the training block; the train split must "
-                                                                      "hold at least one")
-    p.add_argument("--workers", type=int, default=0, help="encoding threads and fairseq-preprocess workers; 0 (the "
-                                                           "default): the CPUs this process may use")
+    p.add_argument("--valid-percent", default="5")
+    p.add_argument("--test-percent", default="5")
+    p.add_argument("--tokens-per-sample", default="512", help="the training block; the train split must hold at least one")
+    p.add_argument("--workers", default="0", help="encoding threads and fairseq-preprocess workers; 0 (the default): "
+                                                  "the CPUs this process may use")
     p.add_argument("--gpt2-dir", default=None, help="encoder.json, vocab.bpe and dict.txt of GPT-2 (--bpe gpt2)")
     p.add_argument("--fairseq-bin", default=None, help="the directory of fairseq-preprocess (scripts/preprocess.sh's "
                                                        "FAIRSEQ_BIN)")
@@ -346,20 +347,35 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+# knob: (convert, accepted, what is allowed); the knob is the option's name in capitals
+KNOBS = {
+    "vocab_size": (int, lambda v: v >= 0, "a positive integer (0: the default rule)"),
+    "spm_sentences": (int, lambda v: v >= 1, "a positive integer"),
+    "valid_percent": (float, lambda v: 0 < v < 50, "a number above 0 and below 50"),
+    "test_percent": (float, lambda v: 0 < v < 50, "a number above 0 and below 50"),
+    "tokens_per_sample": (int, lambda v: v >= 1, "a positive integer"),
+    "workers": (int, lambda v: v >= 0, "a positive integer (0: the CPUs this process may use)"),
+}
+
+
 def check_settings(args):
+    """Every knob checked and converted, before any work; an error names the knob, its value and what is allowed."""
+    if args.bpe not in TOKENIZER_FILES:
+        raise CorpusError(f"BPE must be {' or '.join(TOKENIZER_FILES)}, not '{args.bpe}'")
+    for name, (convert, accepted, allowed) in KNOBS.items():
+        raw = getattr(args, name)
+        try:
+            value = convert(raw)
+        except ValueError:
+            value = None
+        if value is None or not accepted(value):
+            raise CorpusError(f"{name.upper()} must be {allowed}, not '{raw}'")
+        setattr(args, name, value)
     if args.workers == 0:
         args.workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    for name in ("spm_sentences", "tokens_per_sample", "workers"):
-        if getattr(args, name) < 1:
-            raise CorpusError(f"--{name.replace('_', '-')} must be a positive integer, not {getattr(args, name)}")
-    if args.vocab_size < 0:
-        raise CorpusError(f"--vocab-size must be a positive integer (or 0 for the default rule), not {args.vocab_size}")
-    for name in ("valid_percent", "test_percent"):
-        if not 0 < getattr(args, name) < 50:
-            raise CorpusError(f"--{name.replace('_', '-')} must be above 0 and below 50, not {getattr(args, name)}")
     if args.bpe == "gpt2":
         if args.vocab_size:
-            raise CorpusError(f"--vocab-size {args.vocab_size} applies to sentencepiece only: GPT-2 BPE has its "
+            raise CorpusError(f"VOCAB_SIZE={args.vocab_size} applies to sentencepiece only: GPT-2 BPE has its "
                               "fixed vocabulary (fairseq's dict.txt, 50,260 symbols)")
         missing = [f for f in GPT2_FILES if not (Path(args.gpt2_dir) / f).is_file()]
         if missing:

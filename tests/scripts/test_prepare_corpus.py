@@ -176,7 +176,14 @@ BAD_INPUTS = [
      ["fewer than one training block of TOKENS_PER_SAMPLE=100000 tokens"]),
     ("GPT-2 files missing", None, {"BPE": "gpt2", "GPT2_DIR": "/no/such/gpt2", "TOKENS_PER_SAMPLE": "64"},
      ["GPT-2 BPE needs /no/such/gpt2/encoder.json", "https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/dict.txt"]),
-    ("VOCAB_SIZE with GPT-2", None, {"BPE": "gpt2", "VOCAB_SIZE": "1000"}, ["applies to sentencepiece only"]),
+    ("VOCAB_SIZE with GPT-2", None, {"BPE": "gpt2", "VOCAB_SIZE": "1000"}, ["VOCAB_SIZE=1000 applies to sentencepiece only"]),
+    ("BPE not a tokenizer", None, {"BPE": "wordpiece"}, ["BPE must be sentencepiece or gpt2, not 'wordpiece'"]),
+    ("VOCAB_SIZE not a number", None, {"VOCAB_SIZE": "32k"},
+     ["VOCAB_SIZE must be a positive integer (0: the default rule), not '32k'"]),
+    ("VALID_PERCENT out of range", None, {"VALID_PERCENT": "60"},
+     ["VALID_PERCENT must be a number above 0 and below 50, not '60'"]),
+    ("WORKERS negative", None, {"WORKERS": "-1"}, ["WORKERS must be a positive integer (0: the CPUs this process may use), not '-1'"]),
+    ("FORCE neither 0 nor 1", None, {"FORCE": "yes"}, ["FORCE must be 0 or 1, not 'yes'"]),
 ]
 
 
