@@ -64,11 +64,8 @@ read -r -a lengths <<< "$LENGTHS"
 for L in "${lengths[@]}" ${TABLE_TOKENS:+"$TABLE_TOKENS"} ${TRAIN_TOKENS:+"$TRAIN_TOKENS"}; do
   [[ "$L" =~ ^[1-9][0-9]*$ ]] || die "lengths must be positive integers (got '$L')" 2
 done
-if [[ ! -f "$DATA/dict.txt" ]]; then  # a dry run prints the commands whatever is on disk, saying what is missing
-  [[ "$DRY" == 1 ]] || die "no binarised data in '$DATA' (set DATA=<data-bin>)" 2
-  say "DRY_RUN: no binarised data in '$DATA' (set DATA=<data-bin>; a real run stops here)"
-fi
-if [[ -d "$DATA" ]]; then DATA="$(cd "$DATA" && pwd)"; elif [[ "$DATA" != /* ]]; then DATA="$PWD/$DATA"; fi
+[[ -f "$DATA/dict.txt" ]] || refuse_unless_dry "$DRY" "no binarised data in '$DATA' (set DATA=<data-bin>)"
+DATA="$(abs_path "$DATA")"
 
 labels=(); ckpts=()
 for arg in "$@"; do
@@ -85,9 +82,7 @@ report_files=("$OUT/extrapolation.json" "$OUT/extrapolation.md" "$OUT/extrapolat
 if [[ "${REPORT:-1}" == 1 || "${REPORT_ONLY:-0}" == 1 ]]; then
   for f in "${report_files[@]}"; do
     if [[ -e "$f" && "${FORCE:-0}" != 1 ]]; then
-      exists="$f already exists; refusing to overwrite the results in $OUT (FORCE=1 redoes them, or choose another NAME)"
-      [[ "$DRY" == 1 ]] || die "$exists" 2
-      say "DRY_RUN: $exists (a real run stops here)"
+      refuse_unless_dry "$DRY" "$f already exists; refusing to overwrite the results in $OUT (FORCE=1 redoes them, or choose another NAME)"
       break
     fi
   done

@@ -8,6 +8,9 @@
 #   usage_error [LINE...]     $usage (the caller sets it) and any LINEs on stderr, then exit 2
 #   quote_cmd ARG...          the command line, quoted so that it can be pasted into a shell
 #   is_pos_int VALUE          true for 1, 2, ... (no sign, no leading zero)
+#   refuse_unless_dry DRY MESSAGE   MESSAGE as an error (exit 2), or in a dry run (DRY=1) said with "a real run
+#                             stops here" and the script goes on: a dry run prints its commands whatever is on disk
+#   abs_path PATH             PATH made absolute (a directory resolved as cd resolves it; a missing one kept as named)
 #   count_gpus                the number of GPUs this process may use: those CUDA_VISIBLE_DEVICES lists if it is
 #                             set (as SLURM sets it for a job's GPUs), else nvidia-smi's, else 0
 #   fairseq_env               sets FAIRSEQ_BIN [<repo>/.venv/bin], the directory of the fairseq commands
@@ -42,6 +45,15 @@ quote_cmd() {
 }
 
 is_pos_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
+
+refuse_unless_dry() {
+  [[ "$1" == 1 ]] || die "$2" 2
+  say "DRY_RUN: $2 (a real run stops here)"
+}
+
+abs_path() {
+  if [[ -d "$1" ]]; then (cd "$1" && pwd); elif [[ "$1" == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi
+}
 
 count_gpus() {
   if [[ -n "${CUDA_VISIBLE_DEVICES+x}" ]]; then

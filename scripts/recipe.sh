@@ -55,12 +55,8 @@ recipe_check_preset() {  # <preset>: an error naming it and listing the presets 
 recipe_init() {
   local preset="$1" data="$2" world="$3" save_root="${SAVE_ROOT:-$ROOT/checkpoints}"
   recipe_check_preset "$preset"
-  if [[ ! -f "$data/dict.txt" ]]; then
-    local missing="no binarised data in '$data' (dict.txt missing); run scripts/prepare-wikitext-103.sh first, or scripts/prepare-corpus.sh for your own text"
-    [[ "${DRY_RUN:-0}" == 1 ]] || die "$missing" 2
-    say "DRY_RUN: $missing (a real run stops here)"
-  fi
-  if [[ -d "$data" ]]; then data="$(cd "$data" && pwd)"; elif [[ "$data" != /* ]]; then data="$PWD/$data"; fi
+  [[ -f "$data/dict.txt" ]] || refuse_unless_dry "${DRY_RUN:-0}" "no binarised data in '$data' (dict.txt missing); run scripts/prepare-wikitext-103.sh first, or scripts/prepare-corpus.sh for your own text"
+  data="$(abs_path "$data")"
   [[ "$save_root" == /* ]] || save_root="$PWD/$save_root"
   RECIPE_SAVE_DIR="$save_root/${RUN_NAME:-$preset}"
   recipe_py paper "$preset" "$data" "$RECIPE_SAVE_DIR" "$world" "$ROOT/fairseq_tnn"
@@ -95,9 +91,7 @@ recipe_claim_save_dir() {
     elif [[ "${RESUME:-0}" == 1 ]]; then
       say "RESUME=1: continuing the run in $dir"
     else
-      local exists="$dir already exists; refusing to overwrite it (FORCE=1 deletes it and starts over, RESUME=1 continues from its checkpoint_last.pt)"
-      [[ -n "$dry" ]] || die "$exists" 2
-      say "DRY_RUN: $exists (a real run stops here)"
+      refuse_unless_dry "${dry:+1}" "$dir already exists; refusing to overwrite it (FORCE=1 deletes it and starts over, RESUME=1 continues from its checkpoint_last.pt)"
     fi
   fi
   [[ -n "$dry" ]] || mkdir -p "$dir"
