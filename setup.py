@@ -18,6 +18,8 @@ setup(
     packages=find_packages(include=["fairseq_tnn", "fairseq_tnn.*"]),
     python_requires=">=3.10",
     install_requires=["torch>=2.6"],  # the ops and modules (docs/setup.md: the torch versions tested)
+    # the project's commands (fairseq_tnn/commands), also ``python -m fairseq_tnn``
+    entry_points={"console_scripts": ["fairseq-tnn=fairseq_tnn.commands:main"]},
     extras_require={
         "fairseq": [
             "torch>=2.10",  # --tnn-compile: torch._functorch's force_non_lazy_backward_lowering (docs/setup.md)
