@@ -13,6 +13,9 @@
 #   abs_path PATH             PATH made absolute (a directory resolved as cd resolves it; a missing one kept as named)
 #   count_gpus                the number of GPUs this process may use: those CUDA_VISIBLE_DEVICES lists if it is
 #                             set (as SLURM sets it for a job's GPUs), else nvidia-smi's, else 0
+#   hand_over COMMAND ARG...  exec "python -m fairseq_tnn COMMAND ARG..." (fairseq_tnn/commands), messages named
+#                             after this script, with this repository's package first on the path; the python is
+#                             PYTHON [$FAIRSEQ_BIN/python, FAIRSEQ_BIN [<repo>/.venv/bin]]
 #   fairseq_env               sets FAIRSEQ_BIN [<repo>/.venv/bin], the directory of the fairseq commands
 #                             ($FAIRSEQ_BIN/fairseq-train, fairseq-preprocess, ...), and PYTHON [$FAIRSEQ_BIN/python];
 #                             refuses FAIRSEQ_PREPROCESS, which no script reads any more
@@ -70,4 +73,11 @@ fairseq_env() {
     || die "FAIRSEQ_PREPROCESS is set ('$FAIRSEQ_PREPROCESS') but no longer read: set FAIRSEQ_BIN to the directory of the fairseq commands instead (fairseq-preprocess is \$FAIRSEQ_BIN/fairseq-preprocess; default $ROOT/.venv/bin)" 2
   FAIRSEQ_BIN="${FAIRSEQ_BIN:-$ROOT/.venv/bin}"
   PYTHON="${PYTHON:-$FAIRSEQ_BIN/python}"
+}
+
+hand_over() {
+  local py="${PYTHON:-${FAIRSEQ_BIN:-$ROOT/.venv/bin}/python}"
+  command -v "$py" > /dev/null 2>&1 \
+    || die "PYTHON=$py is not an executable (set up .venv with scripts/setup.sh, or set PYTHON and FAIRSEQ_BIN)" 2
+  PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$py" -m fairseq_tnn --prog "$(lib_prog)" "$@"
 }
