@@ -175,6 +175,9 @@ def resume_from_readable(load_checkpoint):
 
 
 def cause(err: CheckpointReadError) -> str:
-    """What torch.load raised for the file of ``err``, in one line."""
+    """What torch.load raised for the file of ``err``: its type and the first sentence of its message."""
     inner = err.__cause__
-    return f"{type(inner).__name__}: {inner}".splitlines()[0] if inner is not None else str(err)
+    if inner is None:
+        return str(err)
+    first = str(inner).strip().splitlines()[0].split(". ")[0] if str(inner).strip() else ""
+    return f"{type(inner).__name__}: {first}" if first else type(inner).__name__
