@@ -112,27 +112,37 @@ def test_a_run_resumed_in_a_later_epoch_equals_the_uninterrupted_run(corpus, uni
     assert_same_parameters(parameters(save_dir), parameters(reference_dir))
 
 
-@pytest.mark.slow
-def test_two_processes_resumed_in_a_later_epoch_equal_the_uninterrupted_run(corpus, tmp_path):
-    """The same through the CPU launcher with 2 ranks (each rank takes every other batch): resumed in the middle
-    of epoch 2, the losses and the parameters are those of the uninterrupted 2-rank run."""
-    def launch(save_dir):
-        train = train_cmd("causal", corpus, save_dir)[2:]  # fairseq-train's arguments after the data directory
-        return run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu",
-                    "--log-dir", tmp_path / f"{save_dir.name}-ranks", "--", corpus, *train],
-                   env={"OMP_NUM_THREADS": "1"})
+def launch_2_ranks(corpus, save_dir):
+    """The three-epoch causal run through the CPU launcher with 2 ranks (each rank takes every other batch)."""
+    train = train_cmd("causal", corpus, save_dir)[2:]  # fairseq-train's arguments after the data directory
+    return run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu",
+                "--log-dir", save_dir.parent / f"{save_dir.name}-ranks", "--", corpus, *train],
+               env={"OMP_NUM_THREADS": "1"})
 
-    reference = launch(tmp_path / "uninterrupted")
-    assert "training on 2 devices" in reference, reference[-3000:]
-    per_epoch = max(losses(reference)[0]) // EPOCHS
-    assert per_epoch == 4, reference[-3000:]  # 7 batches of 4 blocks shared by 2 ranks: 4 updates per epoch
+
+@pytest.fixture(scope="module")
+def uninterrupted_2_ranks(corpus, tmp_path_factory):
+    """(save dir, log) of the three-epoch causal run with 2 ranks, uninterrupted."""
+    save_dir = tmp_path_factory.mktemp("two-ranks") / "uninterrupted"
+    log = launch_2_ranks(corpus, save_dir)
+    assert "training on 2 devices" in log, log[-3000:]
+    # 7 batches of 4 blocks shared by 2 ranks: 4 updates per epoch
+    assert sorted(losses(log)[0]) == list(range(1, EPOCHS * 4 + 1)), log[-3000:]
+    return save_dir, log
+
+
+@pytest.mark.slow
+def test_two_processes_resumed_in_a_later_epoch_equal_the_uninterrupted_run(corpus, uninterrupted_2_ranks, tmp_path):
+    """Resumed in the middle of epoch 2 through the CPU launcher with 2 ranks: the losses and the parameters are
+    those of the uninterrupted 2-rank run."""
+    reference_dir, reference = uninterrupted_2_ranks
     save_dir = tmp_path / "resumed"
     save_dir.mkdir()
-    shutil.copyfile(tmp_path / "uninterrupted" / "checkpoint_2_6.pt", save_dir / "checkpoint_last.pt")
-    log = launch(save_dir)
+    shutil.copyfile(reference_dir / "checkpoint_2_6.pt", save_dir / "checkpoint_last.pt")
+    log = launch_2_ranks(corpus, save_dir)
     assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 2 @ 6 updates\)", log), log[-3000:]
     assert_continues(reference, log, 6)
-    assert_same_parameters(parameters(save_dir), parameters(tmp_path / "uninterrupted"))
+    assert_same_parameters(parameters(save_dir), parameters(reference_dir))
 
 
 # ------------------------------------------------------------------ a kill during a save
@@ -248,6 +258,21 @@ def test_without_a_readable_checkpoint_last_the_run_resumes_from_the_newest_read
                      rf"{re.escape(str(save_dir / 'checkpoint_2_12.pt'))} instead", log), log[-3000:]
     assert re.search(r"Loaded checkpoint \S*checkpoint_2_12\.pt \(epoch 2 @ 12 updates\)", log), log[-3000:]
     assert_continues(reference, log, 12)
+    assert_same_parameters(parameters(save_dir), parameters(reference_dir))
+
+
+@pytest.mark.slow
+def test_two_processes_without_a_readable_checkpoint_last_resume_from_the_newest_readable_one(uninterrupted_2_ranks,
+                                                                                             corpus, tmp_path):
+    """Rank 0 alone reads the checkpoint and broadcasts it: when it passes over the damaged checkpoint_last.pt,
+    rank 1 receives the older checkpoint's state, and the run goes on as the uninterrupted one."""
+    reference_dir, reference = uninterrupted_2_ranks
+    good = (reference_dir / "checkpoint_last.pt").read_bytes()
+    save_dir = run_dir_with(tmp_path, reference_dir, ["checkpoint_1_3.pt", "checkpoint_2_6.pt"], good[:len(good) // 2])
+    log = launch_2_ranks(corpus, save_dir)
+    assert re.search(r"checkpoint_last\.pt: cannot read it \(.*\); resuming from \S*checkpoint_2_6\.pt", log), log[-3000:]
+    assert re.search(r"Loaded checkpoint \S*checkpoint_2_6\.pt \(epoch 2 @ 6 updates\)", log), log[-3000:]
+    assert_continues(reference, log, 6)
     assert_same_parameters(parameters(save_dir), parameters(reference_dir))
 
 
