@@ -8,7 +8,8 @@ save leaves). Every later loss and validation loss the resumed run logs, and its
 are the uninterrupted run's: in one process (fairseq-train, causal and masked, the masked one with a
 data-loading worker) and in two (the CPU launcher). Then fairseq-train is SIGKILLed while a save copies its
 first file to checkpoint_last.pt, and `RESUME=1 bash scripts/train.sh` resumes without any flag; and a run
-whose checkpoint_last.pt is unreadable or missing goes on from the newest readable checkpoint beside it."""
+whose checkpoint_last.pt is unreadable or missing goes on from the newest readable checkpoint beside it (one
+process and two), or stops naming each file when none can be read."""
 import hashlib
 import os
 import re
