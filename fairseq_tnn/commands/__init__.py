@@ -15,6 +15,8 @@ from typing import List, Optional
 
 # command -> (module under fairseq_tnn.commands, one-line summary)
 COMMANDS = {
+    "train": ("train", "train a preset with the paper's recipe: one process, this machine's, or several machines'"),
+    "slurm-train": ("slurm_train", "train a preset inside a SLURM job, under srun (scripts/slurm/train.sbatch)"),
 }
 
 

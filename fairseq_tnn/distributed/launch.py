@@ -42,14 +42,17 @@ import shlex
 import socket
 import sys
 
+from fairseq_tnn.recipe import CPU_BACKENDS, cpu_ranks
+
 USAGE = ("python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--port P] [--log-dir D] [--hydra] "
          "[--dry-run] -- <fairseq-train arguments...>")
 
 # Settings the launcher owns: passing them among the fairseq arguments is an error.
 OWNED = ("distributed_world_size", "distributed_rank", "distributed_init_method", "distributed_no_spawn",
          "distributed_port", "distributed_num_procs", "device_id")
-# Settings with only some values usable on CPU: the user may pass one of those, or none.
-CPU_CHOICES = {"distributed_backend": ("gloo",), "ddp_backend": ("legacy_ddp", "no_c10d")}
+# Settings with only some values usable on CPU: the user may pass one of those, or none (fairseq_tnn/recipe.py,
+# which also gives a CPU rank's settings to scripts/slurm/train.sbatch).
+CPU_CHOICES = CPU_BACKENDS
 # torchrun's prefix for the lines of the ranks whose output it tees to the console (all but rank 0).
 RANK_PREFIX = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank ${rank}] "}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -187,18 +190,15 @@ def build(opts, parser):
     settings = [] if cpu_flag(args, hydra) else [("common", "cpu", True)]
     if n == 1:
         return program + args + render(settings, hydra), {}
-    backends = []
+    given = {}
     for name, choices in CPU_CHOICES.items():
-        given = find_setting(args, "distributed_training", name, hydra)
-        if given is not None and given not in choices:
-            parser.error(f"{spelling('distributed_training', name, hydra)} {given} does not work on CPU; "
+        given[name] = find_setting(args, "distributed_training", name, hydra)
+        if given[name] is not None and given[name] not in choices:
+            parser.error(f"{spelling('distributed_training', name, hydra)} {given[name]} does not work on CPU; "
                          f"use {' or '.join(choices)} or leave it out")
-        if given is None:
-            backends.append(("distributed_training", name, choices[0]))
-    settings += [("distributed_training", "distributed_world_size", n),
-                 ("distributed_training", "distributed_rank", "${local_rank}"),  # torchrun writes each rank's
-                 ("distributed_training", "distributed_init_method", "env://"),
-                 ("distributed_training", "distributed_no_spawn", True)] + backends
+    # torchrun writes each rank's number for ${local_rank}
+    rank = cpu_ranks(n, "env://", "${local_rank}", given={k: v for k, v in given.items() if v is not None})
+    settings += [("distributed_training", name, value) for name, value in rank.items()]
     command = [*TORCHRUN, *torchrun_options(n, opts.port, opts.log_dir),
                "-m", module, *args, *render(settings, hydra)]
     return command, {**cpu_threads_env(n), **RANK_PREFIX}
