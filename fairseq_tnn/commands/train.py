@@ -107,8 +107,8 @@ def help_text(command: str, prog: str) -> str:
             if command == "train" else
             "Inside a SLURM job (scripts/slurm/train.sbatch): the paper's recipe under srun, the world from the "
             "allocation; on a requeue (SLURM_RESTART_COUNT > 0) RESUME=1 and FORCE=0.")
-    return (f"{usage(command, prog)}\n{what}\npresets: causal {' '.join(recipe.CAUSAL_PRESETS)}\n"
-            f"         masked {' '.join(recipe.MASKED_PRESETS)}\n"
+    return (f"{usage(command, prog)}\n{what}\ncausal presets: {' '.join(recipe.CAUSAL_PRESETS)}\n"
+            f"masked presets: {' '.join(recipe.MASKED_PRESETS)}\n"
             "knobs (environment variables; an empty value is the default, in brackets):\n"
             f"{knobs_help(knobs)}\n{ENVIRONMENT}\n")
 

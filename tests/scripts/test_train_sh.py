@@ -4,6 +4,7 @@ existing runs, and a real run on CPU (conftest's train_sh_run)."""
 import json
 import os
 import shlex
+import shutil
 
 import pytest
 
@@ -212,3 +213,102 @@ def test_train_sh_trains_on_cpu_with_json_log_and_tensorboard(train_sh_run):
     assert [r["num_updates"] for r in inner] == ["1", "2", "3", "4"] and all("max_rss_mb" in r for r in inner)
     assert any((train_sh_run / "tensorboard").rglob("events.out.tfevents.*"))
     assert shlex.split((train_sh_run / "command.txt").read_text())[0] == cli("fairseq-train")
+
+
+@pytest.mark.parametrize("arg", ["--distributed-world-size", "--ddp-backend=pytorch_ddp", "--distributed-rank"])
+def test_train_refuses_distributed_options_among_the_extra_arguments(data_bin, tmp_path, arg):
+    """They are train.sh's (from NPROC, NNODES and CPU): one would change the tokens per update."""
+    rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin, arg, "2"],
+                      {"CPU": "1", "SAVE_ROOT": str(tmp_path)})
+    assert (rc, out) == (2, "") and err == f"train.sh: error: {arg} is set by this script from NPROC, NNODES and CPU; " \
+                                          "remove it from the fairseq-train arguments\n", err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("env,head,update_freq", [
+    ({"CPU": "1", "NPROC": "1", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"},
+     ["--nproc", "1", "--cpu", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port",
+      "29500"], "8"),  # 128 / (8 x 2)
+    ({"NPROC": "8", "NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "node1", "MASTER_PORT": "1234"},
+     ["--nproc", "8", "--nnodes", "2", "--node-rank", "0", "--master-addr", "node1", "--master-port", "1234"], "1"),
+    ({"CPU": "1", "NPROC": "2", "MASTER_PORT": "1234"}, ["--nproc", "2", "--cpu", "--port", "1234"], "8"),
+])
+def test_train_several_machines_run_the_launcher_at_the_papers_tokens_per_update(data_bin, tmp_path, env, head,
+                                                                                  update_freq):
+    """NNODES x NPROC is the world: update-freq keeps 128 sequences per update (issue 41: the launcher's flags
+    in torchrun's terms, one launch per machine)."""
+    argv = dry_train("tnn_lm_wt103" if "CPU" not in env else "tnn_lm_tiny", data_bin, SAVE_ROOT=str(tmp_path), **env)
+    assert argv[:3] == [script_env()["PYTHON"], "-m", "fairseq_tnn.distributed.launch"]
+    assert argv[3:argv.index("--")] == head and flags(argv)["--update-freq"] == [update_freq]
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"NNODES": "0"}, "NNODES must be a positive integer, not '0'"),
+    ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "h"}, "NODE_RANK must be 0 to NNODES - 1 = 1, not '2'"),
+    ({"NNODES": "2", "NODE_RANK": "-1", "MASTER_ADDR": "h"}, "NODE_RANK must be 0 to NNODES - 1, not '-1'"),
+    ({"NNODES": "2"}, "MASTER_ADDR must be the NODE_RANK 0 machine's address when NNODES > 1, not ''"),
+    ({"NNODES": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT must be a port, 1 to 65535, not '70000'"),
+    ({"MASTER_ADDR": "10.0.0.1"}, "MASTER_ADDR=10.0.0.1 is for several machines (NNODES > 1)"),
+    ({"MASTER_PORT": "1234"}, "MASTER_PORT=1234 is for several processes (NPROC > 1 or NNODES > 1); one process"),
+    ({"FORCE": "yes"}, "FORCE must be 0 or 1, not 'yes'"),
+    ({"MAX_UPDATE": "1e4"}, "MAX_UPDATE must be a positive integer, not '1e4'"),
+    ({"LR": "fast"}, "LR must be a positive number, not 'fast'"),
+])
+def test_train_knobs_refused_in_process(data_bin, tmp_path, monkeypatch, capsys, env, message):
+    """The entry point, called as train.sh calls it: one line naming the knob, exit 2, nothing written."""
+    from fairseq_tnn.commands import main
+    for name, value in {"CPU": "1", "NPROC": "1", "SAVE_ROOT": str(tmp_path), **env}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["--prog", "train.sh", "train", "tnn_lm_tiny", str(data_bin)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"train.sh: error: {message}") and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_train_only_node_rank_0_claims_the_run_directory(data_bin, tmp_path, monkeypatch, capsys):
+    """A failed attempt's files (no checkpoint) in a shared run directory: NODE_RANK 1 leaves them and writes no
+    command.txt, NODE_RANK 0 moves them to previous-attempt/ and appends its command (the command run in this
+    process, os.execvp recorded instead)."""
+    from fairseq_tnn.commands import main, train
+    run_dir = tmp_path / "tnn_lm_tiny"
+    run_dir.mkdir()
+    (run_dir / "command.txt").write_text("the failed attempt\n")
+    ran = []
+    monkeypatch.setattr(train.os, "execvp", lambda prog, argv: ran.append(argv))
+    env = {"CPU": "1", "NPROC": "1", "NNODES": "2", "MASTER_ADDR": "10.0.0.1", "SAVE_ROOT": str(tmp_path)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NODE_RANK", "1")
+    main(["--prog", "train.sh", "train", "tnn_lm_tiny", str(data_bin)])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["command.txt"]
+    assert (run_dir / "command.txt").read_text() == "the failed attempt\n" and "--node-rank 1" in " ".join(ran[0])
+    monkeypatch.setenv("NODE_RANK", "0")
+    main(["--prog", "train.sh", "train", "tnn_lm_tiny", str(data_bin)])
+    assert (run_dir / "previous-attempt" / "command.txt").read_text() == "the failed attempt\n"
+    assert shlex.split((run_dir / "command.txt").read_text()) == ran[1] and "--node-rank" in ran[1]
+    assert "holds no checkpoint" in capsys.readouterr().err
+
+
+def test_train_resume_with_another_dictionary_stops_naming_both(data_bin, tmp_path, train_sh_run):
+    """issue 40: a second corpus resumed into the first's run directory stopped in fairseq's state_dict size
+    mismatch traceback; now one line names the checkpoint's data and dictionary size and the new ones."""
+    run_dir = tmp_path / "tnn_lm_tiny"
+    run_dir.mkdir()
+    shutil.copy(train_sh_run / "checkpoint_last.pt", run_dir / "checkpoint_last.pt")
+    other = tmp_path / "other-bin"
+    shutil.copytree(data_bin, other)
+    words = (other / "dict.txt").read_text().splitlines()
+    (other / "dict.txt").write_text("\n".join(words + [f"extra{i} 1" for i in range(8)]) + "\n")
+    symbols = 4 + len(words)
+    env = {"CPU": "1", "SAVE_ROOT": str(tmp_path), "RESUME": "1", "MAX_UPDATE": "6", "TOKENS_PER_SAMPLE": "64",
+           "SEQS_PER_UPDATE": "8", "NUM_WORKERS": "0"}
+    rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", other], env)
+    assert (rc, out) == (2, ""), (rc, out[-2000:], err[-3000:])
+    assert err.splitlines()[-1] == (
+        f"train.sh: error: {run_dir}/checkpoint_last.pt was trained with the dictionary of {data_bin} ({symbols} "
+        f"symbols), not with {other}/dict.txt ({symbols + 8} symbols); resume it on its own data, or train this data "
+        "beside it (RUN_NAME=<another name>) or over it (FORCE=1)"), err
+    assert "Traceback" not in err and sorted(p.name for p in run_dir.iterdir()) == ["checkpoint_last.pt"]
+    # its own data resumes (the dry run: the command, no refusal)
+    out, err = ok(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin], {**env, "DRY_RUN": "1"})
+    assert "RESUME=1: continuing the run" in err and "error" not in err and "fairseq-train" in out
