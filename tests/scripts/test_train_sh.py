@@ -1,4 +1,4 @@
-"""scripts/train.sh and the recipe it shares (scripts/recipe.sh, fairseq_tnn/recipe.py): dry runs checked flag
+"""scripts/train.sh and the recipe it hands over to (python -m fairseq_tnn train, fairseq_tnn/recipe.py): dry runs checked flag
 by flag against the paper's recipe for every preset, the environment knobs, refusals of bad settings and of
 existing runs, and a real run on CPU (conftest's train_sh_run)."""
 import json
