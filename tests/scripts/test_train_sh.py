@@ -312,3 +312,9 @@ def test_train_resume_with_another_dictionary_stops_naming_both(data_bin, tmp_pa
     # its own data resumes (the dry run: the command, no refusal)
     out, err = ok(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin], {**env, "DRY_RUN": "1"})
     assert "RESUME=1: continuing the run" in err and "error" not in err and "fairseq-train" in out
+    # a requeued SLURM job (RESUME=1 by itself) against the other data stops the same way, before srun
+    slurm = {"CPU": "1", "DATA": str(other), "SAVE_ROOT": str(tmp_path), "SLURM_NNODES": "1",
+             "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+    rc, out, err = sh(["bash", SCRIPTS / "slurm" / "train.sbatch", "tnn_lm_tiny"], slurm)
+    assert (rc, out) == (2, "") and err.splitlines()[-1].startswith(
+        f"train.sbatch: error: {run_dir}/checkpoint_last.pt was trained with the dictionary of {data_bin} "), err
