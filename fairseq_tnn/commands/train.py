@@ -9,15 +9,15 @@ Knobs are environment variables; ``--help`` lists each with its default. What th
   the tokens per update are the paper's on any number of processes (world: NNODES x NPROC for ``train``, the
   job's processes for ``slurm-train``);
 - the command: fairseq-train alone (world 1), fairseq_tnn.distributed.launch (several processes, or several
-  machines, each running ``train`` with its NODE_RANK), or srun (run_slurm: one task per GPU, one task per
-  node which fairseq spawns a process per GPU in, or CPU ranks);
+  machines, each running ``train`` with its NODE_RANK), or srun (slurm_layout: one task per GPU, one task
+  per node in which fairseq spawns a process per GPU, or CPU ranks);
 - the run directory SAVE_ROOT/RUN_NAME (claim_run_dir): refused when it holds a run, unless FORCE=1 (deleted)
   or RESUME=1 (continued; refused when its checkpoint_last.pt was trained with another dictionary than the
   data's); without any checkpoint (an attempt that saved none) its files are moved to previous-attempt/. Only
   NODE_RANK 0 claims it and appends the command to its command.txt; the other machines check it.
 The distributed options are these commands' own: passing one among the extra arguments is refused. A dry run
 (DRY_RUN=1) prints the command whatever is on disk, saying what a real run would stop at; a real run replaces
-this process with the command (os.execv), so signals and the exit status are the command's.
+this process with the command (os.execvp), so signals and the exit status are the command's.
 """
 import os
 import shutil
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import List, Mapping
 
 from fairseq_tnn import recipe
 from fairseq_tnn.commands.common import (ROOT, CommandError, Knob, abs_path, count_gpus, fairseq_bin, is_pos_int,
@@ -81,8 +81,7 @@ SLURM_KNOBS = (
          "[10000 + job id mod 20000] the master's port (GPU tasks: --distributed-port; CPU ranks: the tcp:// "
          "rendezvous)", check=_port, allowed="a port, 1 to 65535"),
 )
-# Besides the knobs: FAIRSEQ_BIN [<repo>/.venv/bin], where fairseq-train is, and PYTHON [$FAIRSEQ_BIN/python],
-# which runs the launcher (scripts/lib.sh's hand_over runs this command with it).
+# Besides the knobs, read by common.fairseq_bin and scripts/lib.sh's hand_over (which runs these commands)
 ENVIRONMENT = ("  FAIRSEQ_BIN [<repo>/.venv/bin] where fairseq-train is\n"
                "  PYTHON [$FAIRSEQ_BIN/python] the python that runs the launcher and this command")
 
@@ -127,7 +126,8 @@ def data_dir(prog: str, data: str, dry: bool) -> str:
     """The data directory made absolute; without dict.txt refused (said, in a dry run)."""
     if not (Path(data) / "dict.txt").is_file():
         refuse_unless_dry(prog, dry, f"no binarised data in '{data}' (dict.txt missing); run "
-                                     "scripts/prepare-wikitext-103.sh first, or scripts/prepare-corpus.sh for your own text")
+                                     "scripts/prepare-wikitext-103.sh first, or scripts/prepare-corpus.sh for your "
+                                     "own text")
     return os.path.normpath(abs_path(data))
 
 

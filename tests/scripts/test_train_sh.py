@@ -1,6 +1,7 @@
-"""scripts/train.sh and the recipe it hands over to (python -m fairseq_tnn train, fairseq_tnn/recipe.py): dry runs checked flag
-by flag against the paper's recipe for every preset, the environment knobs, refusals of bad settings and of
-existing runs, and a real run on CPU (conftest's train_sh_run)."""
+"""scripts/train.sh and what it hands over to (python -m fairseq_tnn train, fairseq_tnn/recipe.py): dry runs
+checked flag by flag against the paper's recipe for every preset, the environment knobs (several machines
+among them), refusals of bad settings, of distributed options and of existing runs, a resume against another
+dictionary, and a real run on CPU (conftest's train_sh_run)."""
 import json
 import os
 import shlex
@@ -220,8 +221,8 @@ def test_train_refuses_distributed_options_among_the_extra_arguments(data_bin, t
     """They are train.sh's (from NPROC, NNODES and CPU): one would change the tokens per update."""
     rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin, arg, "2"],
                       {"CPU": "1", "SAVE_ROOT": str(tmp_path)})
-    assert (rc, out) == (2, "") and err == f"train.sh: error: {arg} is set by this script from NPROC, NNODES and CPU; " \
-                                          "remove it from the fairseq-train arguments\n", err
+    assert (rc, out) == (2, "") and err == (f"train.sh: error: {arg} is set by this script from NPROC, NNODES and "
+                                           "CPU; remove it from the fairseq-train arguments\n"), err
     assert not list(tmp_path.iterdir())
 
 
