@@ -77,7 +77,7 @@ TRAIN_KNOBS = (
 )
 SLURM_KNOBS = (
     Knob("DATA", str(ROOT / "data-bin" / "wikitext-103"), "the binarised data (fairseq-preprocess's output)"),
-    Knob("PORT", lambda known: str(10000 + int(known["SLURM_JOB_ID"] or 0) % 20000),
+    Knob("PORT", lambda known: str(10000 + int(known["SLURM_JOB_ID"]) % 20000),
          "[10000 + job id mod 20000] the master's port (GPU tasks: --distributed-port; CPU ranks: the tcp:// "
          "rendezvous)", check=_port, allowed="a port, 1 to 65535"),
 )
@@ -341,7 +341,8 @@ def slurm_train(argv: List[str], prog: str, env: Mapping[str, str]) -> int:
     requeued = restarts.isdigit() and int(restarts) > 0
     if requeued:  # continue this job's run, even if it was submitted with FORCE=1
         env.update(RESUME="1", FORCE="0")
-    known = {"PRESET": preset, "KIND": recipe.kind(preset), "SLURM_JOB_ID": env.get("SLURM_JOB_ID") or "0"}
+    job = env.get("SLURM_JOB_ID") or ""
+    known = {"PRESET": preset, "KIND": recipe.kind(preset), "SLURM_JOB_ID": job if job.isdigit() else "0"}
     cpu_knob = read_knobs([k for k in recipe.KNOBS if k.name == "CPU"], env)  # the layout depends on it
     nodes, tasks, world, layout = slurm_layout(env, preset, cpu_knob["CPU"] == "1")
     knobs = read_knobs([*recipe.KNOBS, *SLURM_KNOBS, *RUN_KNOBS], env, known=known)
