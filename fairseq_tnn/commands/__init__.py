@@ -15,6 +15,8 @@ from typing import List, Optional
 
 # command -> (module under fairseq_tnn.commands, one-line summary)
 COMMANDS = {
+    "evaluate": ("evaluate", "perplexity against evaluation length, and the valid/test table (eval_extrapolation.sh)"),
+    "slurm-evaluate": ("slurm_evaluate", "one task of the evaluation's SLURM array (extrapolation.sbatch)"),
 }
 
 
