@@ -16,6 +16,7 @@ from typing import List, Optional
 # command -> (module under fairseq_tnn.commands, one-line summary)
 COMMANDS = {
     "evaluate": ("evaluate", "perplexity against evaluation length, and the valid/test table (eval_extrapolation.sh)"),
+    "demo": ("demo", "TNN and FD-TNN trained side by side on data/sample on CPU, evaluated and reported (demo.sh)"),
     "slurm-evaluate": ("slurm_evaluate", "one task of the evaluation's SLURM array (extrapolation.sbatch)"),
 }
 
