@@ -115,6 +115,7 @@ def assert_only_rank_0_wrote(writes, save_dir):
     assert any(w.endswith(str(save_dir / "checkpoint_last.pt")) for w in writes), writes
 
 
+@pytest.mark.runs_doc(r'^python -m fairseq_tnn\.distributed\.launch --nproc 2 --cpu -- ')
 @pytest.mark.slow
 def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc, hook_dir):
     save_dir, log, writes, first = two_procs
@@ -291,6 +292,7 @@ def expected_rank_flags(n):
             "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
 
 
+@pytest.mark.runs_doc(r'^python -m fairseq_tnn\.distributed\.launch --nproc 2 --cpu --dry-run -- ')
 def test_dry_run_cpu_prints_one_torchrun_command(capsys, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(6)))
@@ -301,6 +303,7 @@ def test_dry_run_cpu_prints_one_torchrun_command(capsys, monkeypatch):
                          *expected_rank_flags(3)]
 
 
+@pytest.mark.runs_doc(r'^python -m fairseq_tnn\.distributed\.launch --nproc 8 -- ')
 def test_dry_run_variants(capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the user: left alone
     # --cpu among fairseq's arguments means CPU; a CPU-capable --ddp-backend is kept; a free port from torchrun

@@ -8,6 +8,7 @@ import pytest
 from helpers import SCRIPTS, ok, sh
 
 
+@pytest.mark.runs_doc(r'^bash scripts/demo\.sh$')
 @pytest.mark.slow
 def test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports(tmp_path):
     """README command 1, shortened: both models train_sh_run, the Table-1 rows, the extrapolation table and plot,
