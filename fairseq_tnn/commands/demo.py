@@ -25,7 +25,7 @@ from typing import Dict, List
 from fairseq_tnn import recipe
 from fairseq_tnn.commands.common import (ROOT, USER_DIR, CommandError, Knob, abs_path, fairseq_bin, is_pos_int,
                                          read_knobs, run_main)
-from fairseq_tnn.commands.evaluate import LENGTHS, knob_help
+from fairseq_tnn.commands.evaluate import LENGTHS, invocation, knob_help
 
 BOOL = ("0", "1")
 PROMPT = "And God said unto Moses"
@@ -77,12 +77,11 @@ def step(cmd: List, env: Dict[str, str], log: Path, what: str, tail: int = 30) -
 
 def demo(argv: List[str], prog: str) -> int:
     if argv[:1] in (["-h"], ["--help"]):
-        print(f"usage: {prog} (no arguments)\n\n{__doc__.strip()}\n\n{knob_help(KNOBS)}\n{ENVIRONMENT}")
+        print(f"usage: {invocation(prog)}   (no arguments)\n\n{__doc__.strip()}\n\n{knob_help(KNOBS)}\n{ENVIRONMENT}")
         return 0
     if argv:
-        name = f"bash scripts/{prog}" if prog.endswith(".sh") else prog
-        print(f"usage: {name}   (no arguments; settings are environment variables: python -m fairseq_tnn demo --help)",
-              file=sys.stderr)
+        print(f"usage: {invocation(prog)}   (no arguments; settings are environment variables: "
+              "python -m fairseq_tnn demo --help)", file=sys.stderr)
         return 2
     knobs = read_knobs(KNOBS)
     models, tps, batch = knobs["MODELS"].split(), knobs["TOKENS_PER_SAMPLE"], knobs["BATCH_SIZE"]
@@ -133,7 +132,8 @@ def demo(argv: List[str], prog: str) -> int:
     summary = work / "training-summary.txt"
     plotted = subprocess.run([sys.executable, str(ROOT / "scripts" / "plot_training.py"),
                               *(str(work / "checkpoints" / arch / "train.log") for arch in models),
-                              "--out", str(results / "training.png"), "--force"], capture_output=True, text=True, env=env)
+                              "--out", str(results / "training.png"), "--force"],
+                             capture_output=True, text=True, env=env)
     summary.write_text(plotted.stdout)
     if plotted.returncode != 0:
         sys.stderr.write(plotted.stderr)

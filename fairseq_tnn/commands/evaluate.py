@@ -97,12 +97,15 @@ ENVIRONMENT = ("FAIRSEQ_BIN [<repo>/.venv/bin]: the directory of fairseq-eval-lm
 ARGUMENTS = "[label=]<checkpoint.pt>..."
 
 
+# How a user runs a script that hands over, by its suffix: the program and the script's folder
+LAUNCHERS = {".sh": ("bash", "scripts"), ".sbatch": ("sbatch", "scripts/slurm")}
+
+
 def invocation(prog: str) -> str:
     """How a user runs the command that prog names: the script's command line, or prog itself."""
-    if prog.endswith(".sh"):
-        return f"bash scripts/{prog}"
-    if prog.endswith(".sbatch"):
-        return f"sbatch scripts/slurm/{prog}"
+    for suffix, (program, folder) in LAUNCHERS.items():
+        if prog.endswith(suffix):
+            return f"{program} {folder}/{prog}"
     return prog
 
 
