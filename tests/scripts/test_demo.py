@@ -56,3 +56,21 @@ def test_demo_help_lists_the_smoke_recipe_from_recipe_py():
     for knob in ("MAX_UPDATE", "TOKENS_PER_SAMPLE", "LR", "WARMUP_UPDATES", "LOG_INTERVAL"):
         assert f"\n  {knob} [{recipe.SMOKE[knob]}] " in out, (knob, out)
     assert f"\n  BATCH_SIZE [{recipe.SMOKE['SEQS_PER_UPDATE']}] " in out, out
+
+
+@pytest.mark.parametrize("knob,value,message", [
+    ("MODELS", "tnn_lm_tiny tnn_mlm_tiny", "MODELS must be causal presets separated by spaces"),
+    ("LR", "fast", "LR must be a positive number, not 'fast'"),
+    ("BATCH_SIZE", "0", "BATCH_SIZE must be a positive integer, not '0'"),
+    ("FORCE", "yes", "FORCE must be 0 or 1, not 'yes'"),
+])
+def test_a_bad_knob_is_refused_before_any_work(tmp_path, monkeypatch, capsys, knob, value, message):
+    """In-process, as demo.sh hands over: one line naming the knob, exit 2, WORK not even made."""
+    from fairseq_tnn.commands import demo
+
+    monkeypatch.setenv("WORK", str(tmp_path / "work"))
+    monkeypatch.setenv(knob, value)
+    assert demo.main([], "demo.sh") == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"demo.sh: error: {message}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
