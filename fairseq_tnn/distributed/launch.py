@@ -1,40 +1,53 @@
-"""Start multi-process fairseq training on one machine, on CPUs or GPUs.
+"""Start multi-process fairseq training on one machine or several, on CPUs or GPUs.
 
-    python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--port P] [--log-dir D] [--hydra] \\
+    python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] \\
+        [--nnodes K --node-rank R --master-addr ADDR] [--master-port P] [--log-dir D] [--hydra] \\
         [--dry-run] -- <fairseq-train arguments...>
 
-This writes fairseq's arguments; others start and watch the processes.
+This writes fairseq's arguments; others start and watch the processes. With ``--nnodes K`` each of K
+machines runs this with the same arguments but its own ``--node-rank`` (0 to K - 1); node 0 is the master,
+at ``--master-addr`` (an address every node reaches) and ``--master-port`` (a free port there; torchrun's
+names). The run has W = K x N ranks; node R's are R x N to R x N + N - 1. One machine: the master is
+127.0.0.1 on a free port (``--master-port``, or its old name ``--port``, picks it).
 
 CPUs (``--cpu``, ``--cpu`` among the fairseq arguments, or no CUDA device): torchrun
-(``torch.distributed.run``, called in this process) starts N ranks of ``python -m fairseq_cli.train``,
-each with::
+(``torch.distributed.run``, called in this process, given the same node options) starts N ranks of
+``python -m fairseq_cli.train``, each with::
 
-    --cpu --distributed-world-size N --distributed-rank ${local_rank} --distributed-init-method env://
+    --cpu --distributed-world-size W --distributed-rank ${local_rank} --distributed-init-method env://
     --distributed-no-spawn --distributed-backend gloo --ddp-backend legacy_ddp
 
 Stock fairseq needs them all on CPU. Its world size defaults to the number of CUDA devices (none:
-1, and each rank would train alone); given N, it reads torchrun's RANK but takes the device as
-RANK % torch.cuda.device_count(), a division by zero. So the rank comes as a flag: torchrun replaces
-``${local_rank}`` in each rank's arguments with its number (one machine: local rank = rank), and
-``env://`` reads the rendezvous address torchrun gives the ranks. fairseq's default backends, nccl and
-``pytorch_ddp`` (which passes CUDA ``device_ids`` to DDP), fail on CPU.
+1, and each rank would train alone); given W, it reads torchrun's RANK but takes the device as
+RANK % torch.cuda.device_count(), a division by zero. So the rank comes as a flag: on one machine
+torchrun replaces ``${local_rank}`` in each rank's arguments with its number, which is its rank. On
+several, a rank is R x N + its local rank, which torchrun writes into no argument: the flag says
+``--distributed-rank -1``, and torch.distributed's ``env://`` rendezvous, given no rank, takes torchrun's
+RANK (fairseq then logs "distributed init (rank -1)"). ``env://`` reads the rendezvous address torchrun
+gives the ranks. fairseq's default backends, nccl and ``pytorch_ddp`` (which passes CUDA ``device_ids`` to
+DDP), fail on CPU.
 
 torchrun stops the other ranks if one fails, passes SIGINT and SIGTERM on to every rank, and keeps each
 rank's output under its log directory (``--log-dir``, default a new ``torchelastic_*`` directory in the
-temporary directory). Rank 0's output goes to the console as it is; torchrun tees the others' (which
-fairseq limits to warnings and errors) to the console with a ``[rank R]`` prefix. Left to this launcher:
-the flags above; an equal share of the CPUs per rank in OMP_NUM_THREADS unless it is set (torchrun sets
-1, with a warning); and the exit status, that of the first rank to fail or 128 + the signal, as a shell
-gives (torchrun raises, exiting with 1 and a traceback of its own). ``--dry-run`` prints the torchrun
-command, which runs as it is in a shell.
+temporary directory). Local rank 0's output goes to the console as it is; torchrun tees the others'
+(which fairseq limits to warnings and errors) to the console with a ``[rank R]`` prefix. Left to this
+launcher: the flags above; an equal share of the CPUs per rank in OMP_NUM_THREADS unless it is set
+(torchrun sets 1, with a warning); and the exit status, that of the first rank to fail or 128 + the
+signal, as a shell gives (torchrun raises, exiting with 1 and a traceback of its own). ``--dry-run``
+prints the torchrun command, which runs as it is in a shell.
 
 GPUs: fairseq starts one process per GPU itself, so this runs one ``fairseq-train ...
---distributed-world-size N --distributed-init-method tcp://127.0.0.1:P``. (An explicit init
-method, because fairseq silently trains on one GPU when given ``--distributed-port`` outside
-SLURM.) One process (``--nproc 1``): ``fairseq-train`` unchanged, with ``--cpu`` on CPU.
+--distributed-world-size W --distributed-init-method tcp://ADDR:P`` (an explicit init method, because
+fairseq silently trains on one GPU when given ``--distributed-port`` outside SLURM), with
+``--distributed-rank R x N`` on several machines: fairseq spawns its processes on GPUs 0, 1, ... with
+ranks R x N + 0, 1, ... . It spawns min(visible GPUs, W) of them (fairseq 0.12 does not read
+``--distributed-num-procs``), so where this machine has more GPUs than N, the launcher sets
+CUDA_VISIBLE_DEVICES to the first N. One process in all (``--nproc 1`` on one machine):
+``fairseq-train`` unchanged, with ``--cpu`` on CPU.
 
-``--port`` gives the rendezvous port on 127.0.0.1 (default: a free one). ``--hydra`` runs
-``fairseq-hydra-train`` instead and passes the same settings as ``distributed_training.*=`` overrides.
+``--hydra`` runs ``fairseq-hydra-train`` instead and passes the same settings as
+``distributed_training.*=`` overrides. Bad values (a node rank out of range, several machines without the
+master's address and port, an address that does not resolve here) stop the launcher with one line.
 """
 import argparse
 import os
