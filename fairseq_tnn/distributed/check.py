@@ -51,6 +51,9 @@ def refuse_unjoinable(parser, argv=None):
     if not isinstance(parser, argparse.ArgumentParser):
         return  # fairseq's import of the task, which builds a parser of its options for the documentation
     argv = sys.argv[1:] if argv is None else argv
+    world = _env_int("WORLD_SIZE", 1)
+    if world <= 1 and not any(a.startswith("--distributed-world-size") for a in argv):
+        return  # neither started by torchrun nor asking for several processes
     args, _ = parser.parse_known_args(argv)
     if not hasattr(args, "update_freq") or getattr(args, "distributed_init_method", None) is not None:
         return  # not fairseq-train, or fairseq is told how to join the processes
@@ -58,7 +61,6 @@ def refuse_unjoinable(parser, argv=None):
 
     if not (args.cpu or not torch.cuda.is_available()):
         return  # on GPUs fairseq joins torchrun's processes (and spawns its own) itself
-    world = _env_int("WORLD_SIZE", 1)
     if world > 1:
         problem = (f"this process is rank {os.environ.get('RANK', '?')} of the {world} that torchrun started, but on "
                    "CPU fairseq-train does not join them into one run (it would train each alone or, given "

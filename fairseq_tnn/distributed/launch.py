@@ -47,7 +47,8 @@ CUDA_VISIBLE_DEVICES to the first N. One process in all (``--nproc 1`` on one ma
 
 ``--hydra`` runs ``fairseq-hydra-train`` instead and passes the same settings as
 ``distributed_training.*=`` overrides. Bad values (a node rank out of range, several machines without the
-master's address and port, an address that does not resolve here) stop the launcher with one line.
+master's address and port, and in a real run an address that does not resolve here) stop the launcher
+with one line.
 """
 import argparse
 import os
