@@ -83,8 +83,8 @@ def parse_args(argv):
                              "but its own --node-rank (default 1)")
     parser.add_argument("--node-rank", type=int, default=0, help="this machine's rank, 0 to NNODES - 1 (default 0)")
     parser.add_argument("--master-addr",
-                        help="address of node 0, reachable from every node (default 127.0.0.1; required with "
-                             "--nnodes > 1)")
+                        help="address of node 0, reachable from every node, with --master-port (default 127.0.0.1; "
+                             "required with --nnodes > 1)")
     parser.add_argument("--master-port", "--port", dest="port", type=int,
                         help="TCP port for the rendezvous on node 0 (default: a free one; required with --nnodes > 1)")
     parser.add_argument("--log-dir", help="CPU ranks: where torchrun keeps each rank's output "
@@ -112,6 +112,8 @@ def parse_args(argv):
     if opts.nnodes > 1 and (opts.master_addr is None or opts.port is None):
         parser.error(f"--nnodes {opts.nnodes} needs --master-addr and --master-port: node 0's address and a free "
                      "port there, the same on every node")
+    if opts.master_addr is not None and opts.port is None:
+        parser.error(f"--master-addr {opts.master_addr} needs --master-port (a free port there)")
     return parser, opts
 
 

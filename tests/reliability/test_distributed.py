@@ -1,7 +1,9 @@
 """Multi-process CPU training through fairseq_tnn.distributed.launch (torchrun underneath): one real data-parallel
 run, rank 0 alone writes checkpoints, per-update losses equal one process with --update-freq 2, and resuming works
-on torch >= 2.6 (rank 0 broadcasts the checkpoint). Then the launcher's command lines, errors, and what it makes of
-torchrun's handling of a failing rank and of a signal."""
+on torch >= 2.6 (rank 0 broadcasts the checkpoint); two "machines" (two launches with --nnodes 2 on this one, 1
+and 2 processes each) train as one process at the same tokens per update; plain torchrun, on one machine or two,
+and --distributed-world-size on CPU are refused with the launcher command that works. Then the launcher's command
+lines, errors, and what it makes of torchrun's handling of a failing rank and of a signal."""
 import fractions
 import os
 import re
@@ -504,6 +506,7 @@ def test_an_unresolvable_master_address_is_refused_before_any_work(capsys):
     (["--nproc", "2", "--nnodes", "2", "--node-rank", "1", "--master-port", "9", "--", "d"],
      "--nnodes 2 needs --master-addr and --master-port: node 0's address and a free port there, the same on every node"),
     (["--nproc", "2", "--nnodes", "2", "--master-addr", "10.0.0.1", "--", "d"], "--nnodes 2 needs --master-addr and"),
+    (["--nproc", "2", "--master-addr", "127.0.0.1", "--", "d"], "--master-addr 127.0.0.1 needs --master-port"),
     (["--nproc", "2", "--master-addr", "", "--", "d"], "--master-addr must be a host name or an IP address (got '')"),
     (["--nproc", "2", "--master-addr", "tcp://h", "--", "d"], "--master-addr must be a host name or an IP address"),
     (["--nproc", "2", "--nnodes", "two", "--", "d"], "argument --nnodes: invalid int value: 'two'"),
