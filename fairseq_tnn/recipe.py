@@ -14,6 +14,7 @@ order, option names with underscores for dashes; ``fairseq_options`` turns it in
     recipe.TEST_CAUSAL, TEST_MASKED, NO_LR_SCHEDULE   the tests' tiny recipes (tests/helpers.py)
     recipe.benchmark(kind, arch, tokens_per_sample)   benchmarks/trainer.py's recipe
     recipe.QUALITY                                    benchmarks/quality.py's recipe
+    recipe.SMOKE, recipe.SMOKE_ARGS                   the CPU smoke recipe (scripts/demo.sh, prepare-corpus)
     recipe.fairseq_options(recipe, overrides)         {name: value} -> ["--name", "value", ...]
 
 The paper's recipe, per kind (docs/references.md#published-configurations: Qin et al., "Toeplitz Neural Network
@@ -160,6 +161,15 @@ QUALITY = {**ADAM, "lr": "1e-3", "lr_scheduler": "inverse_sqrt", "warmup_updates
            "validate_interval_updates": "50", "validate_interval": "1000000", "log_format": "simple",
            "log_interval": "50", "num_workers": "0", "cpu": False}
 
+
+# The CPU smoke recipe: the paper's causal recipe (paper() below) shortened to minutes on one CPU process, as
+# scripts/train.sh's knobs (SMOKE) and fairseq-train options after the data (SMOKE_ARGS: a lighter weight decay
+# than the paper's 0.2 at this size). scripts/demo.sh trains with it, and prepare-corpus prints it as the next
+# step. 300 updates of 16 sequences x 128 tokens, a validation every 50 updates, the last checkpoint kept.
+SMOKE = {"CPU": "1", "NPROC": "1", "MAX_UPDATE": "300", "TOKENS_PER_SAMPLE": "128", "SEQS_PER_UPDATE": "16",
+         "BATCH_PER_GPU": "16", "LR": "0.003", "WARMUP_UPDATES": "50", "VALIDATE_INTERVAL_UPDATES": "50",
+         "SAVE_INTERVAL_UPDATES": "100", "KEEP_INTERVAL_UPDATES": "1", "LOG_INTERVAL": "25", "NUM_WORKERS": "0"}
+SMOKE_ARGS = ["--weight-decay", "0.01"]
 
 # A bad preset or knob: the message names it, its value and what is allowed (the commands' one-line error, exit 2).
 RecipeError = CommandError

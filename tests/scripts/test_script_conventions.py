@@ -15,7 +15,7 @@ BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIP
                 SCRIPTS / "preprocess.sh", SCRIPTS / "prepare-corpus.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh",
                 SCRIPTS / "make_sample_data.sh",
                 SCRIPTS / "gpu_check.sh"]
-PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
+PY_SCRIPTS = [SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
               SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py", SCRIPTS / "prepare_corpus.py",
               SCRIPTS / "make_sample_data.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
