@@ -241,6 +241,9 @@ def test_train_several_machines_run_the_launcher_at_the_papers_tokens_per_update
     argv = dry_train("tnn_lm_wt103" if "CPU" not in env else "tnn_lm_tiny", data_bin, SAVE_ROOT=str(tmp_path), **env)
     assert argv[:3] == [script_env()["PYTHON"], "-m", "fairseq_tnn.distributed.launch"]
     assert argv[3:argv.index("--")] == head and flags(argv)["--update-freq"] == [update_freq]
+    split = argv.index("--")  # and the launcher takes it (its dry run: the command it would run on this machine)
+    out, _ = ok([*argv[:split], *([] if "--cpu" in head else ["--gpu"]), "--dry-run", *argv[split:]])
+    assert f"--distributed-world-size {int(env.get('NNODES', 1)) * int(env['NPROC'])} " in out, out
 
 
 @pytest.mark.parametrize("env,message", [
