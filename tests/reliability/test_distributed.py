@@ -209,6 +209,7 @@ def test_two_machines_train_as_one_process_with_update_freq_2(data_bin, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.runs_doc(r"^python -m fairseq_tnn\.distributed\.launch --nproc \d+ (--cpu )?--nnodes 2 --node-rank [01] ")
 def test_two_machines_of_two_processes_train_as_one_process_with_update_freq_4(data_bin, tmp_path, hook_dir):
     """2 machines x 2 CPU processes (world 4), 2 sequences per process: equal to one process with 2 sequences
     per batch and --update-freq 4."""
@@ -458,6 +459,7 @@ def node_flags(nnodes, rank, addr="10.1.2.3", port=29500):
     return ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", addr, "--master-port", str(port)]
 
 
+@pytest.mark.runs_doc(r"^python -m fairseq_tnn\.distributed\.launch --nproc \d+ (--cpu )?--nnodes 2 --node-rank [01] ")
 def test_dry_run_on_two_machines_prints_each_nodes_command(capsys, monkeypatch):
     """Each node runs the launcher with its own --node-rank. On CPU: torchrun with the same node options, the
     world (2 x 3) and the rank left to torchrun (-1: env:// reads its RANK). On GPUs: fairseq-train with
