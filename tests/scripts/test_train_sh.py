@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import shutil
+import subprocess
 
 import pytest
 
@@ -322,3 +323,37 @@ def test_train_resume_with_another_dictionary_stops_naming_both(data_bin, tmp_pa
     rc, out, err = sh(["bash", SCRIPTS / "slurm" / "train.sbatch", "tnn_lm_tiny"], slurm)
     assert (rc, out) == (2, "") and err.splitlines()[-1].startswith(
         f"train.sbatch: error: {run_dir}/checkpoint_last.pt was trained with the dictionary of {data_bin} "), err
+
+
+def test_train_sh_on_two_machines_trains_one_run(data_bin, tmp_path):
+    """Two "machines" as two train.sh commands on this machine (NNODES=2, NODE_RANK 0 and 1, the master on
+    127.0.0.1), one CPU process each: one run of world 2 at update-freq 1 (8 sequences per update as 2 x 4), its
+    run directory claimed and its command written by NODE_RANK 0 alone."""
+    from fairseq_tnn.distributed.launch import free_port
+    env = script_env({"CPU": "1", "NPROC": "1", "NNODES": "2", "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": str(free_port()), "MAX_UPDATE": "4", "TOKENS_PER_SAMPLE": "64",
+                      "SEQS_PER_UPDATE": "8", "BATCH_PER_GPU": "4", "LR": "0.003", "WARMUP_UPDATES": "2",
+                      "VALIDATE_INTERVAL_UPDATES": "4", "SAVE_INTERVAL_UPDATES": "4", "LOG_INTERVAL": "1",
+                      "NUM_WORKERS": "0", "SAVE_ROOT": str(tmp_path / "ck")})
+    procs, logs = [], [tmp_path / f"node{rank}.log" for rank in (0, 1)]
+    for rank in (0, 1):
+        with open(logs[rank], "w") as log:  # files, not pipes: a node blocked on a full pipe would stall the other
+            procs.append(subprocess.Popen(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin, "--max-valid-steps",
+                                           "2"], stdout=log, stderr=subprocess.STDOUT, env={**env, "NODE_RANK": str(rank)},
+                                          cwd=ROOT))
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    out = [log.read_text() for log in logs]
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in out)
+    assert "train.sh: tnn_lm_tiny, 1 process(es) on each of 2 machines (this one NODE_RANK 0), update-freq 1" in out[0]
+    assert "training on 2 devices" in out[0] and "'distributed_world_size': 2" in out[0], out[0][-3000:]
+    run_dir = tmp_path / "ck" / "tnn_lm_tiny"
+    assert (run_dir / "checkpoint_last.pt").is_file() and not (run_dir / "previous-attempt").exists()
+    (command,) = (run_dir / "command.txt").read_text().splitlines()  # NODE_RANK 0's only
+    assert "--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 " in command
+    records = [json.loads(line) for line in (run_dir / "train.log").read_text().splitlines() if line.startswith('{"')]
+    assert [r["num_updates"] for r in records if "update_ms" in r and "num_updates" in r] == ["1", "2", "3", "4"]
