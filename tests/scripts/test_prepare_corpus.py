@@ -63,6 +63,7 @@ def test_the_sample_text_gives_the_committed_sample_byte_for_byte(tmp_path, data
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
+@pytest.mark.runs_doc(r'^bash scripts/prepare-corpus\.sh ')
 def test_one_file_is_split_and_fairseqs_data_decodes_back_to_it(tmp_path, small_text):
     import sentencepiece as spm
     from fairseq.data import Dictionary, data_utils
@@ -233,6 +234,7 @@ def test_an_output_that_holds_something_else_is_refused_and_force_replaces_only_
     assert snapshot(dest, text) == before
 
 
+@pytest.mark.runs_doc(r'^CPU=1 MAX_UPDATE=300 .* bash scripts/train\.sh tnn_lm_tiny data-bin/debian-copyright$', r'^CPU=1 DATA=data-bin/debian-copyright LENGTHS=".*" bash scripts/eval_extrapolation\.sh ', r'^echo .* \| \.venv/bin/fairseq-interactive data-bin/debian-copyright ')
 @pytest.mark.slow  # trains and evaluates a model through the scripts: about 40 s on 2 busy cores
 def test_the_printed_next_steps_train_evaluate_and_generate(tmp_path, small_text):
     """The commands the script prints, run as printed (shorter: 8 updates, the run under tmp_path): train.sh,
@@ -262,6 +264,7 @@ def test_the_printed_next_steps_train_evaluate_and_generate(tmp_path, small_text
     assert len(texts) == 1 and texts[0].startswith(echo[1]) and len(texts[0]) > len(echo[1]), gen
 
 
+@pytest.mark.runs_doc(r'^\.venv/bin/python benchmarks/prepare_corpus\.py ')
 def test_the_benchmark_reports_what_the_command_made(tmp_path, small_text):
     """benchmarks/prepare_corpus.py on a small text: its token count is the encoded files', its steps add up to
     the whole, and its prediction scales the text-linear steps by 540 MB over the text's size."""
