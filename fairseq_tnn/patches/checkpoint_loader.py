@@ -142,7 +142,7 @@ def resume_from_readable(load_checkpoint):
         if (cfg.restore_file != "checkpoint_last.pt" or trainer.checkpoint_suffix or cfg.finetune_from_model
                 or getattr(cfg, "continue_once", None) or cfg.no_last_checkpoints):
             return load_checkpoint(cfg, trainer, **passthrough_args)
-        unreadable = []  # (path, CheckpointReadError)
+        unreadable = []  # the CheckpointReadError of each file tried, in order
         if os.path.exists(last):
             try:
                 return load_checkpoint(cfg, trainer, **passthrough_args)
@@ -151,10 +151,11 @@ def resume_from_readable(load_checkpoint):
                     raise
                 unreadable.append(err)
         restore_file = cfg.restore_file
-        for older in older_checkpoints(last):
+        for i, older in enumerate(older_checkpoints(last)):
             why = f"cannot read it ({cause(unreadable[-1])})" if unreadable else "it does not exist"
             logger.warning(f"{unreadable[-1].path if unreadable else last}: {why}; resuming from {older} instead, "
-                           "the newest checkpoint beside it; the updates after it are trained again")
+                           f"the {'next ' if i else ''}newest checkpoint beside it; the updates after it are "
+                           "trained again")
             cfg.restore_file = older
             try:
                 return load_checkpoint(cfg, trainer, **passthrough_args)
@@ -165,10 +166,11 @@ def resume_from_readable(load_checkpoint):
             finally:
                 cfg.restore_file = restore_file
         if unreadable:
+            causes = "; ".join(f"{os.path.basename(err.path)}: {cause(err)}" for err in unreadable)
             raise CheckpointReadError(
-                f"cannot resume from {os.path.dirname(os.path.abspath(last))}: no checkpoint there can be read ("
-                + "; ".join(f"{os.path.basename(err.path)}: {cause(err)}" for err in unreadable)
-                + "). Start the run again: in a new --save-dir, or with FORCE=1 for scripts/train.sh", last) from unreadable[0]
+                f"cannot resume from {os.path.dirname(os.path.abspath(last))}: no checkpoint there can be read "
+                f"({causes}). Start the run again: in a new --save-dir, or with FORCE=1 for scripts/train.sh",
+                last) from unreadable[0]
         return load_checkpoint(cfg, trainer, **passthrough_args)  # no checkpoint at all: fairseq's fresh start
 
     return resume

@@ -275,7 +275,8 @@ def test_two_processes_without_a_readable_checkpoint_last_resume_from_the_newest
     good = (reference_dir / "checkpoint_last.pt").read_bytes()
     save_dir = run_dir_with(tmp_path, reference_dir, ["checkpoint_1_3.pt", "checkpoint_2_6.pt"], good[:len(good) // 2])
     log = launch_2_ranks(corpus, save_dir)
-    assert re.search(r"checkpoint_last\.pt: cannot read it \(.*\); resuming from \S*checkpoint_2_6\.pt", log), log[-3000:]
+    assert re.search(r"checkpoint_last\.pt: cannot read it \(.*\); resuming from \S*checkpoint_2_6\.pt", log), \
+        log[-3000:]
     assert re.search(r"Loaded checkpoint \S*checkpoint_2_6\.pt \(epoch 2 @ 6 updates\)", log), log[-3000:]
     assert_continues(reference, log, 6)
     assert_same_parameters(parameters(save_dir), parameters(reference_dir))
@@ -298,8 +299,8 @@ def test_when_no_checkpoint_can_be_read_the_run_stops_naming_each_and_changes_no
     (save_dir / "checkpoint_1_6.pt").write_bytes(b"")
     before = {p.name: sha(p) for p in save_dir.iterdir()}
     log = run(train_cmd("causal", corpus, save_dir), expect_ok=False)
-    assert re.search(rf"CheckpointReadError: cannot resume from {re.escape(str(save_dir))}: no checkpoint there can be read "
-                     r"\(checkpoint_last\.pt: UnpicklingError: .*; checkpoint_1_6\.pt: EOFError.*\)\. Start the run "
+    assert re.search(rf"CheckpointReadError: cannot resume from {re.escape(str(save_dir))}: no checkpoint there can be "
+                     r"read \(checkpoint_last\.pt: UnpicklingError: .*; checkpoint_1_6\.pt: EOFError.*\)\. Start the run "
                      r"again", log), log[-3000:]
     assert "num_updates=1," not in log
     assert {p.name: sha(p) for p in save_dir.iterdir()} == before
