@@ -15,6 +15,10 @@ from typing import List, Optional
 
 # command -> (module under fairseq_tnn.commands, one-line summary)
 COMMANDS = {
+    "preprocess": ("preprocess", "binarise a corpus encoded into pieces (fairseq-preprocess)"),
+    "prepare-corpus": ("prepare_corpus", "your own text to fairseq data: check, split, tokenizer, encode, binarise"),
+    "prepare-wikitext-103": ("prepare_wikitext", "download, GPT-2 BPE-encode and binarise Wikitext-103"),
+    "make-sample-data": ("make_sample_data", "build data/sample from the King James Bible (Debian's packages)"),
 }
 
 
