@@ -484,7 +484,7 @@ def main(argv: Sequence[str], prog: str, env: Optional[Mapping[str, str]] = None
     def body() -> int:
         with stoppable(prog):
             try:
-                prepare(prog, args.input.rstrip("/") or "/", args.dest, env)
+                print(prepare(prog, args.input.rstrip("/") or "/", args.dest, env), flush=True)
             except OSError as e:  # reading a file that check_text read, or writing an output
                 raise CommandError(f"{e.filename}: {e.strerror}" if e.filename else str(e), 1) from None
         return 0
@@ -492,7 +492,8 @@ def main(argv: Sequence[str], prog: str, env: Optional[Mapping[str, str]] = None
     return run(prog, body)
 
 
-def prepare(prog: str, input_arg: str, dest_arg: Optional[str], env: Optional[Mapping[str, str]]) -> None:
+def prepare(prog: str, input_arg: str, dest_arg: Optional[str], env: Optional[Mapping[str, str]]) -> str:
+    """The command's work (the module's docstring); returns the next steps to print."""
     knobs = read_knobs(KNOBS, env)
     bin_dir = fairseq_bin(env)
     src = Path(input_arg)
@@ -592,8 +593,7 @@ def prepare(prog: str, input_arg: str, dest_arg: Optional[str], env: Optional[Ma
     remove_leftovers(prog, dest, "tmp")
     if not force and d_same and all((dest / f).exists() for f in d_ours):
         say(prog, f"{dest} is already prepared from this input with these settings (FORCE=1 redoes it)")
-        print(next_steps(dest, bpe, tokens_per_sample, first_words(texts["valid"])), flush=True)
-        return
+        return next_steps(dest, bpe, tokens_per_sample, first_words(texts["valid"]))
     step_files = {"split": [f"{s}.txt" for s in SPLITS], "tokenizer": TOKENIZER_FILES["sentencepiece"],
                   "encode": [f"{s}.bpe" for s in SPLITS]}
     done = {step for step in (t_stamp.get("done", []) if t_same and not force else [])
@@ -674,4 +674,4 @@ def prepare(prog: str, input_arg: str, dest_arg: Optional[str], env: Optional[Ma
         n_dict = sum(1 for _ in f)
     say(prog, f"done: {dest} ({n_dict:,} dictionary entries + 4 special symbols; the tokenizer, "
               f"{' and '.join(TOKENIZER_FILES[bpe])}, beside them)")
-    print(next_steps(dest, bpe, tokens_per_sample, first_words(texts["valid"])), flush=True)
+    return next_steps(dest, bpe, tokens_per_sample, first_words(texts["valid"]))
