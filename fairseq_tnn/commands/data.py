@@ -41,7 +41,7 @@ def plural(n: int, noun: str) -> str:
 def parser(prog: str, args: str, description: str, knobs: Sequence[Knob]) -> argparse.ArgumentParser:
     """An argument parser whose usage names the script the user ran (prog "prepare-corpus.sh": "bash
     scripts/prepare-corpus.sh <args>") and whose --help lists the knobs with their defaults."""
-    run = f"bash scripts/{prog}" if prog.endswith(".sh") else prog.replace("fairseq-tnn ", "python -m fairseq_tnn ")
+    run = "bash scripts/" + prog if prog.endswith(".sh") else prog.replace("fairseq-tnn ", "python -m fairseq_tnn ")
     lines = ["knobs are environment variables (defaults in brackets; an empty value is the default):"]
     for knob in knobs:
         default = f" [{knob.default}]" if isinstance(knob.default, str) and knob.default else ""

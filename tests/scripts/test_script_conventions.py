@@ -29,8 +29,8 @@ def test_bash_syntax_and_strict_mode(script):
 
 
 def test_every_script_uses_the_shared_helpers():
-    """scripts/lib.sh holds die, say, usage_error, quote_cmd and is_pos_int; every script that uses one sources it
-    (directly or through recipe.sh) and none defines its own copy."""
+    """scripts/lib.sh holds die, say, usage_error, quote_cmd, is_pos_int and hand_over; every script that uses one
+    sources it (directly or through recipe.sh) and none defines its own copy."""
     scripts = sorted({*SCRIPTS.glob("*.sh"), *SLURM.glob("*.sh"), *SLURM.glob("*.sbatch")})
     assert set(scripts) == set(BASH_SCRIPTS)  # a new script is checked here too
     users = []
@@ -38,7 +38,7 @@ def test_every_script_uses_the_shared_helpers():
         if script.name == "lib.sh":
             continue
         text = script.read_text()
-        if re.search(r"\b(die|say|usage_error|quote_cmd|is_pos_int)\b", text):
+        if re.search(r"\b(die|say|usage_error|quote_cmd|is_pos_int|hand_over)\b", text):
             users.append(script.name)
             assert re.search(r'^\s*source "\$ROOT/scripts/(lib|recipe)\.sh"', text, re.M), f"{script.name} does not source lib.sh"
         own = re.findall(r"^\s*(\w*die|say|quote_cmd|usage_error|is_pos_int)\s*\(\)", text, re.M)
