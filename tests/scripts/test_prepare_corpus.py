@@ -281,7 +281,7 @@ def test_the_printed_next_steps_train_evaluate_and_generate(tmp_path, small_text
     other = write(tmp_path / "other.txt", small_text.read_bytes().replace(b"God", b"Dog"))
     out2, _ = prepare(other, tmp_path / "other", tmp_path / "other-text", {"VOCAB_SIZE": "500", "TOKENS_PER_SAMPLE": "64"})
     for step in printed_steps(out2)[:2]:
-        run_printed(step, tmp_path, **short, MAX_UPDATE="2", LENGTHS="64", TABLE="0")
+        run_printed(step, tmp_path, **{**short, "MAX_UPDATE": "2", "LENGTHS": "64", "TABLE": "0"})
     assert (tmp_path / "checkpoints" / "other_tnn_lm_tiny" / "checkpoint_best.pt").is_file()
     assert (tmp_path / "results" / "other" / "extrapolation.md").is_file()
     assert os.path.isfile(ckpt) and (tmp_path / "results" / "bin" / "extrapolation.md").is_file()
