@@ -26,8 +26,9 @@ def is_count(text: str) -> bool:
 
 WORKERS = Knob("WORKERS", "0", "encoding threads (GPT-2: processes) and fairseq-preprocess workers; 0: the CPUs "
                "this process may use", check=is_count, allowed="a positive integer (0: the CPUs this process may use)")
-FAIRSEQ_BIN = Knob("FAIRSEQ_BIN", "<repo>/.venv/bin", "the directory of the fairseq commands (fairseq-preprocess); "
-                   "the scripts run python -m fairseq_tnn with PYTHON [$FAIRSEQ_BIN/python]")
+# Read by common.fairseq_bin and lib.sh's hand_over, not by read_knobs: shown at the end of every --help
+FAIRSEQ_KNOBS = ["FAIRSEQ_BIN [<repo>/.venv/bin]  the directory of the fairseq commands (fairseq-preprocess)",
+                 "PYTHON [$FAIRSEQ_BIN/python]  the python that the scripts hand over to (python -m fairseq_tnn)"]
 
 
 def workers(value: str) -> int:
@@ -46,6 +47,7 @@ def parser(prog: str, args: str, description: str, knobs: Sequence[Knob]) -> arg
     for knob in knobs:
         default = f" [{knob.default}]" if isinstance(knob.default, str) and knob.default else ""
         lines.append(f"  {knob.name}{default}  {knob.help}")
+    lines += [f"  {line}" for line in FAIRSEQ_KNOBS]
     return argparse.ArgumentParser(prog=prog, usage=f"{run} {args}", description=description,
                                    epilog="\n".join(lines), formatter_class=argparse.RawDescriptionHelpFormatter)
 

@@ -16,7 +16,7 @@ What it does:
 Outputs (in OUT_DIR): {train,valid,test}.txt, {train,valid,test}.bpe, spm.model, spm.vocab, README.md. The
 build is deterministic: the same package version and sentencepiece version give byte-identical files.
 Needs apt-get and dpkg-deb (Debian/Ubuntu), the apt mirror, libreadline8 (the `bible` binary's) and the venv
-of scripts/setup.sh (sentencepiece, fairseq-preprocess)."""
+of scripts/setup.sh (sentencepiece, fairseq-preprocess; PYTHON must import sentencepiece)."""
 import glob
 import os
 import re
@@ -41,8 +41,6 @@ KNOBS = [
          allowed="a positive integer"),
     Knob("FORCE", "0", "1 replaces the files of an existing OUT_DIR (without it the command refuses before any "
          "work)", choices=("0", "1")),
-    Knob("FAIRSEQ_BIN", "<repo>/.venv/bin", "the fairseq commands (fairseq-preprocess); the script runs python -m "
-         "fairseq_tnn with PYTHON [$FAIRSEQ_BIN/python], which must import sentencepiece"),
 ]
 FILES = ("train.txt", "valid.txt", "test.txt", "train.bpe", "valid.bpe", "test.bpe", "spm.model", "spm.vocab",
          "README.md")

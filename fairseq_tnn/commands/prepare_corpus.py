@@ -38,7 +38,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 from fairseq_tnn import recipe
 from fairseq_tnn.commands.common import ROOT, CommandError, Knob, fairseq_bin, quote_cmd, read_knobs, say
-from fairseq_tnn.commands.data import BIN_FILES, FAIRSEQ_BIN, SPLITS, WORKERS, fairseq_preprocess, is_count, \
+from fairseq_tnn.commands.data import BIN_FILES, SPLITS, WORKERS, fairseq_preprocess, is_count, \
     parse, parser, plural, run, stoppable, workers
 from fairseq_tnn.commands.gpt2_bpe import encode_file as gpt2_encode_file, encoder_pool
 
@@ -91,7 +91,6 @@ KNOBS = [
     WORKERS,
     Knob("FORCE", "0", "1 redoes every step and replaces the files this command writes (nothing else) in TEXT_DIR "
          "and dest", choices=("0", "1")),
-    FAIRSEQ_BIN,
 ]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from fairseq_tnn.commands.common import ROOT, CommandError, Knob, fairseq_bin, quote_cmd, read_knobs, say
-from fairseq_tnn.commands.data import FAIRSEQ_BIN, SPLITS, WORKERS, fairseq_preprocess, parse, parser, run, \
+from fairseq_tnn.commands.data import SPLITS, WORKERS, fairseq_preprocess, parse, parser, run, \
     stoppable, workers
 from fairseq_tnn.commands.gpt2_bpe import encode_file, encoder_pool
 
@@ -41,7 +41,6 @@ KNOBS = [
     Knob("FORCE", "0", "1 redoes steps 3 and 4 even if their outputs exist (downloads are kept)",
          choices=("0", "1")),
     Knob("DRY_RUN", "0", "1 prints the commands of the steps that would run, and runs nothing", choices=("0", "1")),
-    FAIRSEQ_BIN,
 ]
 
 

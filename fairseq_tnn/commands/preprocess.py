@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from fairseq_tnn.commands.common import CommandError, Knob, fairseq_bin, read_knobs, say
-from fairseq_tnn.commands.data import BIN_FILES, FAIRSEQ_BIN, SPLITS, WORKERS, fairseq_preprocess, parse, parser, \
+from fairseq_tnn.commands.data import BIN_FILES, SPLITS, WORKERS, fairseq_preprocess, parse, parser, \
     run, workers
 
 KNOBS = [
@@ -20,7 +20,6 @@ KNOBS = [
     WORKERS,
     Knob("SRCDICT", "", "a fixed dictionary (fairseq-preprocess --srcdict, e.g. GPT-2's dict.txt); empty: the "
          "dictionary is built from train.bpe"),
-    FAIRSEQ_BIN,
 ]
 
 

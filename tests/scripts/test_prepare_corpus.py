@@ -200,16 +200,18 @@ BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("name,make,env,says", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
-def test_bad_input_is_one_clear_error_before_any_work(tmp_path, small_text, name, make, env, says):
+def test_bad_input_is_one_clear_error_before_any_work(tmp_path, capsys, small_text, name, make, env, says):
     """Exit status 2, the message names the file (line and byte offset) or the setting, and an existing
     data-bin and text directory are left exactly as they were. Every error comes before any work but one:
-    sentencepiece finds the largest vocabulary it can make only while training (the check before is a bound)."""
+    sentencepiece finds the largest vocabulary it can make only while training (the check before is a bound).
+    The command's entry point runs in this process, as the script runs it (tests/scripts/test_script_conventions.py
+    runs the script's own usage errors)."""
     src = make(tmp_path) if make else small_text
     dest, text = tmp_path / "out" / "bin", tmp_path / "out" / "text"
     write(dest / "notes.txt", b"mine\n")
     write(text / "notes.txt", b"mine too\n")
     before = snapshot(tmp_path / "out")
-    rc, out, err = sh(["bash", PREPARE, src, dest], {"TEXT_DIR": str(text), "FORCE": "1", **env})
+    rc, out, err = prepare_here(capsys, src, dest, text, defaults=False, FORCE="1", **env)
     assert rc == 2 and out == "", (rc, out, err)
     lines = err.splitlines()
     assert lines[-1].startswith("prepare-corpus.sh: error: ") and "error" not in "".join(lines[:-1]), err
@@ -314,12 +316,13 @@ def test_the_benchmark_reports_what_the_command_made(tmp_path, small_text):
 
 
 # ---------------------------------------------------------------- own text (issue 40), in this process
-def prepare_here(capsys, src, dest, text, **knobs):
-    """prepare-corpus's entry point in this process: (exit status, stdout, stderr)."""
+def prepare_here(capsys, src, dest, text, defaults=True, **knobs):
+    """prepare-corpus's entry point in this process, as scripts/prepare-corpus.sh runs it: (exit status, stdout,
+    stderr). defaults: a small vocabulary and block (VOCAB_SIZE=300, TOKENS_PER_SAMPLE=64) unless knobs say."""
     from fairseq_tnn.commands import prepare_corpus
 
-    env = {**os.environ, "TEXT_DIR": str(text), "VOCAB_SIZE": "300", "TOKENS_PER_SAMPLE": "64", "WORKERS": "1",
-           "FAIRSEQ_BIN": str(BIN), **knobs}
+    small = {"VOCAB_SIZE": "300", "TOKENS_PER_SAMPLE": "64"} if defaults else {}
+    env = {**os.environ, "TEXT_DIR": str(text), **small, "WORKERS": "1", "FAIRSEQ_BIN": str(BIN), **knobs}
     rc = prepare_corpus.main([str(src), str(dest)], "prepare-corpus.sh", env)
     out, err = capsys.readouterr()
     return rc, out, err
