@@ -211,7 +211,7 @@ def test_bad_input_is_one_clear_error_before_any_work(tmp_path, capsys, small_te
     write(dest / "notes.txt", b"mine\n")
     write(text / "notes.txt", b"mine too\n")
     before = snapshot(tmp_path / "out")
-    rc, out, err = prepare_here(capsys, src, dest, text, defaults=False, FORCE="1", **env)
+    rc, out, err = prepare_here(capsys, src, dest, text, defaults=False, **{"FORCE": "1", **env})
     assert rc == 2 and out == "", (rc, out, err)
     lines = err.splitlines()
     assert lines[-1].startswith("prepare-corpus.sh: error: ") and "error" not in "".join(lines[:-1]), err
