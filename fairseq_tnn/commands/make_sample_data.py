@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from fairseq_tnn.commands.common import ROOT, CommandError, Knob, fairseq_bin, read_knobs, say
-from fairseq_tnn.commands.data import SPLITS, parse, parser, run
+from fairseq_tnn.commands.data import SPLITS, parse, parser, run, stoppable
 from fairseq_tnn.commands.prepare_corpus import SPM_SETTINGS, prepare, sha256_file as sha256
 
 KNOBS = [
@@ -53,7 +53,11 @@ def main(argv: Sequence[str], prog: str, env: Optional[Mapping[str, str]] = None
     args = parse(p, argv)
     if isinstance(args, int):
         return args
-    return run(prog, lambda: build(prog, read_knobs(KNOBS, env), env))
+    def body() -> int:
+        with stoppable(prog):  # the temporary folder removed on SIGTERM too
+            return build(prog, read_knobs(KNOBS, env), env)
+
+    return run(prog, body)
 
 
 def tool(cmd, cwd=None, stdout=None) -> bool:
