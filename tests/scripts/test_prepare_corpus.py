@@ -63,6 +63,7 @@ def test_the_sample_text_gives_the_committed_sample_byte_for_byte(tmp_path, data
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left
 
 
+@pytest.mark.runs_doc(r'^bash scripts/prepare-corpus\.sh ')
 def test_one_file_is_split_and_fairseqs_data_decodes_back_to_it(tmp_path, small_text):
     import sentencepiece as spm
     from fairseq.data import Dictionary, data_utils
@@ -266,7 +267,12 @@ def run_printed(step, tmp_path, **env):
     return ok(argv, env)
 
 
-@pytest.mark.slow  # trains and evaluates two models through the scripts: about 70 s on 2 busy cores
+@pytest.mark.runs_doc(r'^CPU=1 NPROC=1 MAX_UPDATE=300 .* RUN_NAME=debian-copyright_tnn_lm_tiny bash scripts/train\.sh '
+                      r'tnn_lm_tiny data-bin/debian-copyright --weight-decay 0\.01$',
+                      r'^CPU=1 DATA=data-bin/debian-copyright LENGTHS=".*" NAME=debian-copyright bash '
+                      r'scripts/eval_extrapolation\.sh ',
+                      r'^echo .* \| \.venv/bin/fairseq-interactive data-bin/debian-copyright ')
+@pytest.mark.slow  # trains and evaluates two models through the scripts: about 70 s on 2 idle cores
 def test_the_printed_next_steps_train_evaluate_and_generate(tmp_path, small_text):
     """The commands the script prints, run as printed (shorter: 8 updates, the run under tmp_path): train.sh,
     eval_extrapolation.sh and fairseq-interactive, which continues the prompt in the corpus's words. A second
@@ -298,6 +304,7 @@ def test_the_printed_next_steps_train_evaluate_and_generate(tmp_path, small_text
     assert len(texts) == 1 and texts[0].startswith(echo[1]) and len(texts[0]) > len(echo[1]), gen
 
 
+@pytest.mark.runs_doc(r'^\.venv/bin/python benchmarks/prepare_corpus\.py ')
 def test_the_benchmark_reports_what_the_command_made(tmp_path, small_text):
     """benchmarks/prepare_corpus.py on a small text: its token count is the encoded files', its steps add up to
     the whole, and its prediction scales the text-linear steps by 540 MB over the text's size."""

@@ -9,13 +9,13 @@ import pytest
 
 from helpers import ROOT, SCRIPTS, SLURM, ok, sh
 
-LIBRARIES = [SCRIPTS / "lib.sh", SCRIPTS / "recipe.sh"]  # sourced, not run
+LIBRARIES = [SCRIPTS / "lib.sh"]  # sourced, not run
 BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIPTS / "eval_extrapolation.sh",
                 *LIBRARIES, *sorted(SLURM.glob("*.sbatch")), SLURM / "local_cluster.sh", SCRIPTS / "demo.sh",
                 SCRIPTS / "preprocess.sh", SCRIPTS / "prepare-corpus.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh",
                 SCRIPTS / "make_sample_data.sh",
                 SCRIPTS / "gpu_check.sh"]
-PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
+PY_SCRIPTS = [SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
               SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
 
@@ -30,7 +30,7 @@ def test_bash_syntax_and_strict_mode(script):
 
 def test_every_script_uses_the_shared_helpers():
     """scripts/lib.sh holds die, say, usage_error, quote_cmd, is_pos_int and hand_over; every script that uses one
-    sources it (directly or through recipe.sh) and none defines its own copy."""
+    sources it and none defines its own copy."""
     scripts = sorted({*SCRIPTS.glob("*.sh"), *SLURM.glob("*.sh"), *SLURM.glob("*.sbatch")})
     assert set(scripts) == set(BASH_SCRIPTS)  # a new script is checked here too
     users = []
@@ -40,7 +40,7 @@ def test_every_script_uses_the_shared_helpers():
         text = script.read_text()
         if re.search(r"\b(die|say|usage_error|quote_cmd|is_pos_int|hand_over)\b", text):
             users.append(script.name)
-            assert re.search(r'^\s*source "\$ROOT/scripts/(lib|recipe)\.sh"', text, re.M), f"{script.name} does not source lib.sh"
+            assert re.search(r'^\s*source "\$ROOT/scripts/lib\.sh"', text, re.M), f"{script.name} does not source lib.sh"
         own = re.findall(r"^\s*(\w*die|say|quote_cmd|usage_error|is_pos_int)\s*\(\)", text, re.M)
         assert not own, f"{script.name} defines {own}; use scripts/lib.sh's"
     assert set(users) == {s.name for s in scripts} - {"lib.sh", "test.sh"}, users  # test.sh: two lines, no errors
