@@ -71,6 +71,7 @@ def is_percent(text: str) -> bool:
         return False
 
 
+RECIPE_KNOBS = {knob.name: knob for knob in recipe.KNOBS}  # the paper recipe's (scripts/train.sh's)
 KNOBS = [
     Knob("BPE", "sentencepiece", "the tokenizer: sentencepiece, or gpt2 (needs encoder.json, vocab.bpe and dict.txt "
          "in GPT2_DIR)", choices=tuple(TOKENIZER_FILES)),
@@ -84,7 +85,7 @@ KNOBS = [
          allowed="a number above 0 and below 50"),
     Knob("TEST_PERCENT", "5", "of the lines of one input file", check=is_percent,
          allowed="a number above 0 and below 50"),
-    Knob("TOKENS_PER_SAMPLE", recipe.PAPER_KNOBS["causal"]["TOKENS_PER_SAMPLE"], "the training block (the recipe's): "
+    Knob("TOKENS_PER_SAMPLE", RECIPE_KNOBS["TOKENS_PER_SAMPLE"].default, "the training block (the recipe's): "
          "the train split must hold one", check=lambda v: is_count(v) and int(v) > 0, allowed="a positive integer"),
     Knob("SPM_SENTENCES", "1000000", "sentencepiece trains on at most this many lines (the first) of the train "
          "split", check=lambda v: is_count(v) and int(v) > 0, allowed="a positive integer"),
