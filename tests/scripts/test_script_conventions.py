@@ -16,8 +16,7 @@ BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIP
                 SCRIPTS / "make_sample_data.sh",
                 SCRIPTS / "gpu_check.sh"]
 PY_SCRIPTS = [SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
-              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py", SCRIPTS / "prepare_corpus.py",
-              SCRIPTS / "make_sample_data.py"]
+              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
 
 
@@ -66,14 +65,31 @@ def test_python_scripts_compile_and_have_help(script):
 
 @pytest.mark.parametrize("cmd", [
     ["train.sh"], ["train.sh", "tnn_lm_tiny"], ["train.sh", "no_such_preset", "data-bin"],
-    ["eval_extrapolation.sh"], ["prepare-wikitext-103.sh", "a", "b"], ["prepare-wikitext-103.sh", "--help"],
+    ["eval_extrapolation.sh"], ["prepare-wikitext-103.sh", "a", "b"], ["prepare-wikitext-103.sh", "--dest"],
     ["preprocess.sh"], ["preprocess.sh", "data/sample"], ["preprocess.sh", "/no/such/dir", "/tmp/x"],
     ["demo.sh", "--fast"], ["setup.sh", "x"], ["make_sample_data.sh", "x"], ["slurm/local_cluster.sh"],
     ["slurm/local_cluster.sh", "restart"], ["prepare-corpus.sh"], ["prepare-corpus.sh", "a", "b", "c"],
-    ["prepare-corpus.sh", "--help"],
+    ["prepare-corpus.sh", "-x"],
 ], ids=lambda c: " ".join(c) or "none")
 def test_wrong_arguments_print_usage_and_fail(cmd):
     rc, out, err = sh(["bash", SCRIPTS / cmd[0], *cmd[1:]])
     assert rc == 2, (rc, out, err)
     assert "usage: bash scripts/" + cmd[0] in err
     assert out == ""
+
+
+@pytest.mark.parametrize("script,knobs", [
+    ("prepare-corpus.sh", ["BPE [sentencepiece]", "VOCAB_SIZE [0]", "TOKENS_PER_SAMPLE [512]", "FORCE [0]"]),
+    ("preprocess.sh", ["FORCE [0]", "WORKERS [0]", "SRCDICT "]),
+    ("prepare-wikitext-103.sh", ["RAW_DIR [", "CONNECT_TIMEOUT [10]", "DRY_RUN [0]"]),
+    ("make_sample_data.sh", ["KJV_VERSION [4.38]", "TRAIN_BOOKS [Ge Psa John Rom]", "VOCAB_SIZE [2000]"]),
+])
+def test_a_handing_over_script_names_its_command_whose_help_lists_the_knobs(script, knobs):
+    """The script's header names `python -m fairseq_tnn <command> --help`; that and the script's --help print
+    the usage and every knob with its default (fairseq_tnn/commands)."""
+    command = re.search(r"python -m fairseq_tnn ([\w-]+) --help", (SCRIPTS / script).read_text()).group(1)
+    for argv in (["bash", SCRIPTS / script, "--help"], [sys.executable, "-m", "fairseq_tnn", command, "--help"]):
+        out, _ = ok(argv)
+        assert "usage: " in out and "knobs are environment variables" in out, out
+        for knob in knobs:
+            assert f"\n  {knob}" in out, (knob, out)
