@@ -22,6 +22,7 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 
 from ..models.tnn_lm import decoding_length
 from ..models.tnn_mlm import NOT_FOR_EVAL_LM
+from .batches import ResumableBatchesMixin
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from ..distributed.check import check_joined
 from .precision import Bf16AutocastMixin, bf16_autocast_field
@@ -78,7 +79,7 @@ def check_prompts(src_tokens, pad: int, max_len: Optional[int]):
 
 
 @register_task("tnn_language_modeling", dataclass=TnnLanguageModelingConfig)
-class TnnLanguageModelingTask(StepMetricsMixin, Bf16AutocastMixin, LanguageModelingTask):
+class TnnLanguageModelingTask(ResumableBatchesMixin, StepMetricsMixin, Bf16AutocastMixin, LanguageModelingTask):
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         check_tokens_per_sample(args.tokens_per_sample)
         check_joined()
