@@ -113,11 +113,11 @@ def wait_for_line(submitted, name, line, timeout=300):
     return job, out
 
 
-def attempts(log, job):
-    """The first attempt's part of a requeued job's log, and the second's."""
-    first, marker, second = log.partition(f"*** JOB {job} ON ")
+def attempts(log):
+    """The first attempt's part of a requeued job's log, and the second's (from train.sbatch's line that says so)."""
+    first, marker, second = log.partition("train.sbatch: RESUME=1: continuing the run")
     assert marker, log[-3000:]
-    return first, second
+    return first, marker + second
 
 
 def test_requeue_in_the_second_epoch_ends_as_the_uninterrupted_run(submitted, one_task):
@@ -128,8 +128,8 @@ def test_requeue_in_the_second_epoch_ends_as_the_uninterrupted_run(submitted, on
     (record,) = wait(job)
     log = out.read_text()
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", (record, log[-3000:])
-    first, second = attempts(log, job)
-    assert "DUE TO JOB REQUEUE" in second.splitlines()[0]
+    first, second = attempts(log)
+    assert f"*** JOB {job} ON " in first and "DUE TO JOB REQUEUE" in first
     assert [u for u, _, _ in train_inner(first)] == UPDATES[:32]
     assert "RESUME=1: continuing the run" in second and "update-freq 4, restart 1; logs in" in second
     assert re.search(r"Loaded checkpoint \S*/requeued/checkpoint_last\.pt \(epoch 2 @ 24 updates\)", second), second
@@ -182,8 +182,10 @@ def test_a_lost_node_requeues_the_job_which_ends_as_the_uninterrupted_run(cluste
     subprocess.run([*LOCAL_CLUSTER, "kill-node", lost], check=True, cwd=ROOT)
     try:
         killed = time.monotonic()
-        while jobs(job)[0]["Restarts"] == "0":  # until SLURM has marked the node down and requeued the job
-            assert time.monotonic() < killed + 120, jobs(job)
+        # until SLURM has marked the node down, requeued the job and ended its first attempt (PENDING: a node back
+        # while the job still completed once had the second attempt's task there killed at the end of training)
+        while (record := jobs(job)[0])["Restarts"] == "0" or record["JobState"] != "PENDING":
+            assert time.monotonic() < killed + 120, record
             time.sleep(0.5)
         down = subprocess.run(["sinfo", "-h", "-n", lost, "-o", "%T"], capture_output=True, text=True).stdout
         assert down.strip().startswith("down"), down
@@ -192,8 +194,8 @@ def test_a_lost_node_requeues_the_job_which_ends_as_the_uninterrupted_run(cluste
     (record,) = wait(job)
     log = out.read_text()
     assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", (record, log[-3000:])
-    first, second = attempts(log, job)
-    assert "DUE TO NODE FAILURE" in second.splitlines()[0]
+    first, second = attempts(log)
+    assert f"srun: error: Node failure on {lost}" in first or "DUE TO NODE FAILURE" in first, first[-3000:]
     assert "RESUME=1: continuing the run" in second and "2 node(s) x 1 CPU task(s), update-freq 2, restart 1" in second
     # from the checkpoint at update 8 (or at 16, had the first attempt gone so far before the kill)
     loaded = re.search(r"Loaded checkpoint \S*/lost_node/checkpoint_last\.pt \(epoch 1 @ (8|16) updates\)", second)
