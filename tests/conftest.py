@@ -86,6 +86,7 @@ def train_sh_run(data_bin, tmp_path_factory):
 # puts the files with the fewest tests, which here are the longest ones, last), so that the last files to start
 # are short and the workers end together instead of one waiting on the demo for a minute.
 LONGEST_FIRST = [
+    "tests/scripts/test_slurm_nodes.py",          # ~180 s, waiting for its SLURM jobs (skipped without SLURM)
     "tests/scripts/test_slurm_real.py",           # ~100 s, mostly waiting for its SLURM jobs (skipped without SLURM)
     "tests/modules/test_compile.py",              # ~60 s with a warm inductor cache, several minutes without (as in CI)
     "tests/scripts/test_quality.py",              # ~85 s (and as much again in parallel fairseq runs)

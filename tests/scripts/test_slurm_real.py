@@ -4,8 +4,9 @@ node (gloo ranks) with the losses and parameters of the one-task run at the same
 requeued after its first checkpoint that resumes from checkpoint_last.pt, ends as the uninterrupted run, and
 keeps both attempts in its log; the extrapolation array and its report job (--dependency=afterok).
 
-They need a cluster that answers `sinfo` (CI starts one: .ci/run runs scripts/slurm/local_cluster.sh), with
-at least 2 CPUs on a node; without one they are skipped, except under CI=true, where they fail."""
+They need a cluster that answers `sinfo` (CI starts one of two nodes: .ci/run runs scripts/slurm/local_cluster.sh),
+with at least 2 CPUs on a node; without one they are skipped, except under CI=true, where they fail. The jobs on
+two nodes are in test_slurm_nodes.py."""
 import json
 import os
 import re
@@ -44,13 +45,27 @@ sys.addaudithook(_hold)
 """
 
 
-def no_cluster():
-    """Why no SLURM cluster answers here, or None when `sinfo` works."""
+def no_cluster(nodes=1):
+    """Why no SLURM cluster with `nodes` nodes answers here, or None when `sinfo` shows one."""
     try:
-        proc = subprocess.run(["sinfo", "-h"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as error:
         return f"sinfo: {error}"
-    return None if proc.returncode == 0 else f"sinfo failed: {proc.stderr.strip()}"
+    if proc.returncode != 0:
+        return f"sinfo failed: {proc.stderr.strip()}"
+    found = set(proc.stdout.split())
+    return None if len(found) >= nodes else f"{len(found)} node(s), {nodes} needed"
+
+
+def require_cluster(nodes=1):
+    """Skip the caller unless a SLURM cluster with `nodes` nodes answers; under CI=true, fail instead."""
+    why = no_cluster(nodes)
+    if why:
+        message = (f"no SLURM cluster answers ({why}); `bash scripts/slurm/local_cluster.sh start` (as root) starts "
+                   "one of two nodes on this machine")
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {message}")
+        pytest.skip(message)
 
 
 def sbatch(script, args, options, env, out_dir):
@@ -96,11 +111,12 @@ def train_inner(log):
     return out
 
 
-def assert_same_losses(got, want, what):
+def assert_same_losses(got, want, what, seqs=8):
+    """The losses of `got` (train_inner's) equal those of `want` at the same updates, at `seqs` sequences each."""
     want = {update: loss for update, loss, _ in want}
     for update, loss, bsz in got:
         # fairseq logs losses rounded to 3 decimals: one rounding step is ~1e-4 of a loss of ~12
-        assert bsz == 8 and loss == pytest.approx(want[update], abs=1.1e-3), (what, update, got, want)
+        assert bsz == seqs and loss == pytest.approx(want[update], abs=1.1e-3), (what, update, got, want)
 
 
 def assert_same_parameters(a, b, rtol):
@@ -115,13 +131,7 @@ def submitted(data_bin, tmp_path_factory):
     """The training jobs, submitted together (they share the node's CPUs): the two-task one first, then the one-
     task run and the run to requeue (held before its checkpoint at update 6 until test_requeue requeues it;
     submitted with FORCE=1, which a requeued job must not take as "delete the run and start over")."""
-    why = no_cluster()
-    if why:
-        message = (f"no SLURM cluster answers ({why}); `bash scripts/slurm/local_cluster.sh start` (as root) starts "
-                   "one on this machine")
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {message}")
-        pytest.skip(message)
+    require_cluster()
     root = tmp_path_factory.mktemp("slurm")
     hook = root / "hook"
     hook.mkdir()
