@@ -15,6 +15,7 @@ from typing import List, Optional
 
 # command -> (module under fairseq_tnn.commands, one-line summary)
 COMMANDS = {
+    "export": ("export", "a checkpoint as a folder that loads with torch alone (fairseq_tnn.pretrained)"),
 }
 
 
