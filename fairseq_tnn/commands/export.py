@@ -13,6 +13,7 @@ dictionary.
 """
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import List, Optional, Tuple
 
@@ -49,7 +50,8 @@ def read_checkpoint_cfg(path: Path):
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(str(path))
     except Exception as e:  # noqa: BLE001  (any unreadable file: named, with the loader's reason)
-        raise CommandError(f"cannot read {path} as a fairseq checkpoint: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CommandError(f"cannot read {path} as a fairseq checkpoint: {reason}")
     cfg = state.get("cfg") if isinstance(state, dict) else None
     name = getattr(getattr(cfg, "model", None), "_name", None) if cfg is not None else None
     cls = MODEL_REGISTRY.get(name) or ARCH_MODEL_REGISTRY.get(name)
@@ -133,6 +135,7 @@ def model_config(model, cfg, name: str, causal: bool, kind: str, dtype: str) -> 
     old checkpoint's upgrades, e.g. a SKI layer loading as --ski-lowrank sum, are what is written)."""
     import dataclasses
     from fairseq_tnn.models.config import compile_mode
+    from fairseq_tnn.pretrained import FORMAT, FORMAT_VERSION
     m = cfg.model
     stack = model.decoder if causal else model.encoder
     tno = stack.layers[0].gtu.tno
@@ -142,7 +145,7 @@ def model_config(model, cfg, name: str, causal: bool, kind: str, dtype: str) -> 
     settings = {k: (str(v) if not isinstance(v, (int, float, bool)) else v) for k, v in settings.items()}
     first = stack.layers[0]
     config = {
-        "format": "fairseq-tnn", "format_version": 1,
+        "format": FORMAT, "format_version": FORMAT_VERSION,
         "model_type": "causal" if causal else "masked",
         "arch": name,
         "embed_dim": stack.embed_tokens.embedding_dim,
@@ -189,23 +192,27 @@ def export(args, prog: str) -> int:
     from fairseq import checkpoint_utils
     from fairseq.data import Dictionary
     from fairseq_tnn.models.tnn_lm import TnnLanguageModel
-    from fairseq_tnn.pretrained import TnnPretrained, Vocabulary, write_files, CONFIG_FILE, VOCAB_FILE, WEIGHTS_FILE
+    from fairseq_tnn.pretrained import (CLASSES, CONFIG_FILE, FORMAT, VOCAB_FILE, WEIGHTS_FILE, TnnPretrained,
+                                        Vocabulary, write_files)
     from fairseq_tnn.pretrained.safetensors import save_file
     from fairseq_tnn.pretrained.tokenizers import SPM_FILE, TOKENIZERS
-    import shutil
 
     causal = cls is TnnLanguageModel
     # the dictionary as the task makes it (the masked task adds <mask>), checked before loading any weights
     dictionary = Dictionary.load(str(data / "dict.txt"))
     mask = dictionary.add_symbol("<mask>") if not causal else None
-    specials = {dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk()} | ({mask} if mask is not None else set())
+    specials = {dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk()}
+    if mask is not None:
+        specials.add(mask)
     kind = tokenizer_kind(dictionary.symbols, specials)
     places, where = candidates(kind, args.tokenizer, data, cfg)
     tokenizer = find_tokenizer(kind, places, where, args.tokenizer is not None)
-    check_tokenizer(kind, tokenizer if tokenizer.is_file() else tokenizer / SPM_FILE if kind == "sentencepiece"
-                    else tokenizer, dictionary.symbols, specials)
+    spm_file = tokenizer if tokenizer.is_file() else tokenizer / SPM_FILE
+    check_tokenizer(kind, spm_file if kind == "sentencepiece" else tokenizer, dictionary.symbols, specials)
 
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(checkpoint)], arg_overrides={"data": str(data), "tnn_compile": False})
+    # as fairseq loads it, on the dictionary's directory; its layers eager (the check below runs the model)
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task(
+        [str(checkpoint)], arg_overrides={"data": str(data), "tnn_compile": False})
     model = models[0]
     vocab_dict = task.source_dictionary
     if list(vocab_dict.symbols) != list(dictionary.symbols):
@@ -221,13 +228,13 @@ def export(args, prog: str) -> int:
     config = model_config(model, cfg, name, causal, kind, dtypes[0] if len(dtypes) == 1 else "mixed")
     vocab = Vocabulary(vocab_dict.symbols, vocab_dict.bos(), vocab_dict.pad(), vocab_dict.eos(), vocab_dict.unk(),
                        vocab_dict.index("<mask>") if not causal else None)
-    from fairseq_tnn.pretrained import CLASSES
     tied = CLASSES[config["model_type"]].tied
     weights = {k: v.detach().cpu() for k, v in weights.items() if k not in tied}
 
     files = {CONFIG_FILE: lambda p: p.write_text(json.dumps(config, indent=2) + "\n"),
-             VOCAB_FILE: lambda p: p.write_text(json.dumps(vocab.to_json(), ensure_ascii=False) + "\n", encoding="utf-8"),
-             WEIGHTS_FILE: lambda p: save_file(weights, p, {"format": "fairseq-tnn", "source": checkpoint.name})}
+             VOCAB_FILE: lambda p: p.write_text(json.dumps(vocab.to_json(), ensure_ascii=False) + "\n",
+                                                encoding="utf-8"),
+             WEIGHTS_FILE: lambda p: save_file(weights, p, {"format": FORMAT, "source": checkpoint.name})}
     for fname in TOKENIZERS[kind].files:
         src = tokenizer if tokenizer.is_file() else tokenizer / fname
         files[fname] = lambda p, src=src: shutil.copyfile(src, p)
