@@ -38,9 +38,10 @@ def parse(argv: List[str], prog: str) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def read_checkpoint_cfg(path: Path):
+def read_checkpoint(path: Path):
     """The checkpoint's config (fairseq's, upgraded from an argparse Namespace where old), its model's name and
-    class. Refuses a file that is not a plugin model's checkpoint."""
+    class, and the number of rows of its embeddings (its vocabulary's size). Refuses a file that is not a plugin
+    model's checkpoint."""
     import fairseq_tnn
     fairseq_tnn.register()  # the plugin's models, and its patches for loading checkpoints with torch >= 2.6
     from fairseq import checkpoint_utils
@@ -59,7 +60,11 @@ def read_checkpoint_cfg(path: Path):
         raise CommandError(f"{path} holds a {name or 'model of no known architecture'} model, not one of the "
                            "plugin's (tnn_lm_*, tnn_mlm_*: python -m fairseq_tnn.options lists their options); "
                            "export takes only those")
-    return cfg, name, cls
+    key = ("decoder" if cls is TnnLanguageModel else "encoder") + ".embed_tokens.weight"
+    weights = state.get("model") or {}
+    if key not in weights:
+        raise CommandError(f"{path} holds a {name} config but no {key} among its weights: not a complete checkpoint")
+    return cfg, name, cls, weights[key].shape[0]
 
 
 def data_dir(cfg, option: Optional[str]) -> Path:
@@ -185,7 +190,7 @@ def export(args, prog: str) -> int:
         check_destination(dest)
     except FileExistsError as e:
         raise CommandError(f"destination {e}") from None
-    cfg, name, cls = read_checkpoint_cfg(checkpoint)
+    cfg, name, cls, rows = read_checkpoint(checkpoint)
     data = data_dir(cfg, args.data)
 
     import torch
@@ -204,6 +209,10 @@ def export(args, prog: str) -> int:
     specials = {dictionary.bos(), dictionary.pad(), dictionary.eos(), dictionary.unk()}
     if mask is not None:
         specials.add(mask)
+    if rows != len(dictionary):
+        raise CommandError(f"the checkpoint's embeddings have {rows} rows but {data / 'dict.txt'} gives "
+                           f"{len(dictionary)} symbols{' with <mask>' if mask is not None else ''}: the dictionary "
+                           "is not the one the model was trained with (--data names the data directory)")
     kind = tokenizer_kind(dictionary.symbols, specials)
     places, where = candidates(kind, args.tokenizer, data, cfg)
     tokenizer = find_tokenizer(kind, places, where, args.tokenizer is not None)
@@ -218,10 +227,6 @@ def export(args, prog: str) -> int:
     if list(vocab_dict.symbols) != list(dictionary.symbols):
         raise CommandError(f"the task's dictionary differs from {data / 'dict.txt'} read alone (an unexpected task "
                            f"{cfg.task._name})")
-    stack = model.decoder if causal else model.encoder
-    if stack.embed_tokens.num_embeddings != len(vocab_dict):
-        raise CommandError(f"the checkpoint's embeddings have {stack.embed_tokens.num_embeddings} rows but "
-                           f"{data / 'dict.txt'} gives {len(vocab_dict)} symbols: --data names another dictionary")
     weights = {k: v for k, v in model.state_dict().items() if not k.startswith("classification_heads.")}
     heads = sorted({k.split(".")[1] for k in model.state_dict() if k.startswith("classification_heads.")})
     dtypes = sorted({str(v.dtype).replace("torch.", "") for v in weights.values() if v.is_floating_point()})

@@ -322,7 +322,9 @@ def test_bad_inputs_are_refused_with_one_line(checkpoints, data_bin, tmp_path, c
     tiny_gpt2_bpe(tmp_path / "gpt2")
     refused(*export(capsys, ckpt, dest, "--tokenizer", tmp_path / "gpt2"), "no spm.model there")
     # a data directory without the dictionary
-    refused(*export(capsys, ckpt, dest, "--data", tmp_path / "gpt2", "--tokenizer", SPM), "--data", "no dict.txt")
+    refused(*export(capsys, ckpt, dest, "--data", tmp_path / "notes", "--tokenizer", SPM), "--data", "no dict.txt")
+    refused(*export(capsys, ckpt, dest, "--data", tmp_path / "gpt2", "--tokenizer", SPM),
+            "embeddings have 1888 rows but", "gives 265 symbols", "(--data names")
     refused(*export(capsys, ckpt, dest, "--bogus"), "unrecognized arguments: --bogus")
     assert not dest.exists()  # nothing was written by any of them
 
