@@ -33,7 +33,7 @@ from torch import nn
 from ..modules import Glu, Gtu, TnnLayer
 from ..modules.tno import tno_class
 from .safetensors import load_file, save_file
-from .tokenizers import TOKENIZERS, load_tokenizer
+from .tokenizers import load_tokenizer
 
 FORMAT = "fairseq-tnn"
 FORMAT_VERSION = 1
@@ -553,5 +553,4 @@ def write_files(folder: Path, files) -> None:
                 os.unlink(tmp)
 
 
-__all__ = ["TnnForCausalLM", "TnnForMaskedLM", "TnnPretrained", "Vocabulary", "from_pretrained", "is_exported",
-           "TOKENIZERS"]
+__all__ = ["TnnForCausalLM", "TnnForMaskedLM", "TnnPretrained", "Vocabulary", "from_pretrained", "is_exported"]
