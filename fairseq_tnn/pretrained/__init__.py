@@ -18,6 +18,7 @@ the exported tokenizer (``fairseq_tnn.pretrained.tokenizers``); every method als
 ids (lists of ints, indices of ``vocab.json``) for a tokenizer of your own. docs/using-models.md#without-fairseq
 shows them, with a fine-tuning loop.
 """
+import functools
 import json
 import math
 import os
@@ -41,6 +42,21 @@ CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE = "config.json", "model.safetensors", "voc
 MASK = "<mask>"
 
 Text = Union[str, Sequence[int]]
+
+
+def inference(method):
+    """A method that runs the model without gradients and in evaluation mode (no dropout), whatever mode the model
+    is in (a fine-tuning loop's training mode comes back afterwards)."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        was_training = self.training
+        self.eval()
+        try:
+            with torch.no_grad():
+                return method(self, *args, **kwargs)
+        finally:
+            self.train(was_training)
+    return wrapper
 
 
 def is_exported(folder) -> bool:
@@ -325,7 +341,7 @@ class TnnForCausalLM(TnnPretrained):
         n = max(len(r) for r in rows)
         return torch.tensor([r + [self.vocab.pad] * (n - len(r)) for r in rows], device=self.device)
 
-    @torch.no_grad()
+    @inference
     def score(self, text: Text) -> Dict[str, object]:
         """The log-probability (base e) of each token of ``text`` given the ones before it, the first given the
         start of a line (</s>), and of the </s> that ends the line: {"tokens": ids (the text's, then </s>),
@@ -338,7 +354,7 @@ class TnnForCausalLM(TnnPretrained):
         logp = self(source.unsqueeze(0))[0].float().log_softmax(-1).gather(-1, target.unsqueeze(-1))[:, 0]
         return {"tokens": target.tolist(), "log_probs": logp.cpu(), "perplexity": math.exp(-logp.mean().item())}
 
-    @torch.no_grad()
+    @inference
     def perplexity(self, text: Union[str, Sequence[str], Sequence[int]], tokens_per_sample: Optional[int] = None,
                    batch_size: int = 8) -> float:
         """The perplexity of a corpus as ``fairseq-eval-lm`` scores a split of it (``--sample-break-mode none``,
@@ -377,7 +393,7 @@ class TnnForCausalLM(TnnPretrained):
             count += int(keep.sum())
         return math.exp(total / count)
 
-    @torch.no_grad()
+    @inference
     def generate(self, prompt: Text, max_new_tokens: int = 50, sampling: bool = False, top_k: Optional[int] = None,
                  top_p: Optional[float] = None, temperature: float = 1.0, seed: Optional[int] = None):
         """A continuation of ``prompt``, at most ``max_new_tokens`` tokens, ending early where the model ends the
@@ -478,7 +494,7 @@ class TnnForMaskedLM(TnnPretrained):
         """tokens (b, n) -> logits (b, n, vocab) of the token at each position."""
         return self.encoder(tokens)
 
-    @torch.no_grad()
+    @inference
     def fill_mask(self, text: Union[str, Sequence[int]], topk: int = 5) -> List[Tuple[object, float, object]]:
         """The ``topk`` likeliest fillings of the one <mask> of ``text``, best first, each (filled text,
         probability, the token as text with its leading space where it starts a word), as the fairseq hub

@@ -215,6 +215,12 @@ def test_sampling(exported):
             model.generate("And God said", **bad)
     with pytest.raises(ValueError, match="empty prompt"):
         model.generate("")
+    # in training mode with dropout, the methods still run the model in evaluation mode, and leave it training
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.5
+    model.train()
+    assert model.generate("And God said", max_new_tokens=15) == greedy and model.training
 
 
 def test_loading_and_saving_refuse_the_wrong_folder(exported, tmp_path):
