@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, cli, command_env, doc_blocks, execute, mlm_train_cmd, run, tiny_gpt2_bpe
+from helpers import BIN, ROOT, cli, command_env, doc_blocks, execute, mlm_train_cmd, run, tiny_gpt2_bpe
 
 import fairseq_tnn.models  # noqa: F401  (registers the plugin's models, as --user-dir does)
 from fairseq_tnn.commands import main as fairseq_tnn_main
@@ -345,6 +345,35 @@ def test_the_tokenizer_is_found_beside_the_data_and_an_export_is_replaced(checkp
     status, err = export(capsys, ckpt, tmp_path / "out", "--data", data)  # an earlier export: replaced
     assert status == 0, err
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == FILES
+
+
+def test_a_gpt2_bpe_model_exports_with_the_files_beside_its_data(tmp_path, capsys):
+    """Data prepared by scripts/prepare-corpus.sh with GPT-2's BPE (a tiny one: the byte symbols and a few merges)
+    leaves encoder.json and vocab.bpe beside the data; the export finds them there, and text goes in and out."""
+    gpt2 = tmp_path / "gpt2"
+    tiny_gpt2_bpe(gpt2)
+    text = tmp_path / "corpus.txt"
+    text.write_text("\n".join((ROOT / "data" / "sample" / "train.txt").read_text().splitlines()[:400]) + "\n")
+    data = tmp_path / "data-bin"
+    status, out, err = execute(["bash", ROOT / "scripts" / "prepare-corpus.sh", text, data],
+                               command_env(TEXT_DIR=str(tmp_path / "text"), BPE="gpt2", GPT2_DIR=str(gpt2),
+                                           TOKENS_PER_SAMPLE="64", FAIRSEQ_BIN=str(BIN)), 600)
+    assert status == 0, out + err
+    run([cli("fairseq-train"), data, "--user-dir", str(ROOT / "fairseq_tnn"), "--cpu", "--task",
+         "tnn_language_modeling", "--arch", "tnn_lm_tiny", "--tokens-per-sample", "64", "--batch-size", "4",
+         "--optimizer", "adam", "--lr", "0.003", "--max-update", "3", "--disable-validation", "--num-workers", "0",
+         "--save-dir", tmp_path / "ck"])
+    status, err = export(capsys, tmp_path / "ck" / "checkpoint_last.pt", tmp_path / "out")
+    assert status == 0 and f"gpt2 tokenizer from {data}" in err, err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "config.json", "encoder.json", "model.safetensors", "vocab.bpe", "vocab.json"]
+    model = TnnForCausalLM.from_pretrained(tmp_path / "out")
+    ids = model.tokens("And the other said unto them")
+    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+    theirs = get_encoder(str(gpt2 / "encoder.json"), str(gpt2 / "vocab.bpe")).encode("And the other said unto them")
+    assert [model.vocab.symbols[i] for i in ids] == [str(t) for t in theirs]  # GPT-2 ids as the dictionary's words
+    assert model.detokenize(ids) == "And the other said unto them"
+    assert model.generate("And the other", max_new_tokens=8).startswith("And the other")
 
 
 def test_the_entry_point_runs_it(checkpoints, tmp_path):
