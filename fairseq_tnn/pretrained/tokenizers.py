@@ -4,7 +4,7 @@ nor fairseq.
 
 - sentencepiece (``spm.model``): with the ``sentencepiece`` package when it is installed (an optional import;
   it is in the fairseq extra). Without it, a pure-Python reader of the model file encodes as sentencepiece does
-  for the BPE models with identity normalisation that scripts/prepare_corpus.py and data/sample's builder train
+  for the BPE models with identity normalisation that scripts/prepare-corpus.sh and data/sample's builder train
   (tests/cli/test_export.py checks it against the package on the sample corpus); another kind of model
   (unigram, or a normalisation rule) then asks for the package by name. Decoding needs no package at all.
 - GPT-2 BPE (``encoder.json``, ``vocab.bpe``): pure Python, as fairseq's own encoder; its pre-tokenising pattern
