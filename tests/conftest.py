@@ -95,6 +95,7 @@ LONGEST_FIRST = [
     "tests/reliability/test_distributed.py",      # ~65 s
     "tests/scripts/test_demo.py",                 # ~65 s
     "tests/scripts/test_prepare_corpus.py",       # ~60 s
+    "tests/cli/test_export.py",                   # ~150 s: two masked models and two wt103 presets trained, a pip install
     "tests/cli/test_cli.py",                      # ~45 s
     "tests/scripts/test_eval_extrapolation.py",   # ~45 s
     "tests/scripts/test_benchmarks.py",           # ~40 s

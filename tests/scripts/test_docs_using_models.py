@@ -25,7 +25,8 @@ def sandbox(tmp_path_factory, data_bin, tiny_checkpoints):
     (box / "data-bin").mkdir()
     (box / "data-bin" / "sample").symlink_to(data_bin)
     (box / "data" / "sample").mkdir(parents=True)
-    (box / "data" / "sample" / "spm.model").symlink_to(ROOT / "data" / "sample" / "spm.model")
+    for name in ("spm.model", "test.txt", "valid.txt"):
+        (box / "data" / "sample" / name).symlink_to(ROOT / "data" / "sample" / name)
     (box / "demo-run" / "checkpoints").mkdir(parents=True)
     for arch in ("tnn_lm_tiny", "fd_tnn_lm_tiny"):
         (box / "demo-run" / "checkpoints" / arch).symlink_to(tiny_checkpoints[arch])
@@ -54,9 +55,10 @@ def run_block(kind, code, cwd, scripts):
 
 def test_every_example_runs(sandbox, tmp_path):
     found = blocks()
-    assert [k for k, _ in found] == ["bash", "bash", "python", "bash", "python", "bash"], found
+    assert [k for k, _ in found] == ["bash", "bash", "python", "bash", "python", "bash",
+                                     "bash", "python", "python", "python"], found
     outs = [run_block(kind, code, sandbox, tmp_path) for kind, code in found]
-    interactive, generate, hub, _, fill, bench = outs
+    interactive, generate, hub, _, fill, bench, export, pretrained, pretrained_fill, finetune = outs
     for out in (interactive, generate):
         texts = dict(re.findall(r"^D-(\d+)\t\S+\t(.*)$", out, re.M))
         assert texts["0"].startswith("And God said") and texts["1"].startswith("In the beginning God created"), out
@@ -75,6 +77,18 @@ def test_every_example_runs(sandbox, tmp_path):
     assert "| tnn_lm_tiny |" in (sandbox / "results" / "generate-quick" / "generate.md").read_text()
     assert (sandbox / "results" / "generate-quick" / "generate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "generate: " in bench
+    # Without fairseq: the exports, and the torch-only classes on them (tests/cli/test_export.py checks the figures
+    # against fairseq's)
+    assert export.split() == ["config.json", "model.safetensors", "spm.model", "vocab.json"], export
+    lines = pretrained.splitlines()
+    assert re.fullmatch(r"test perplexity [0-9.]+", lines[0]) and 1 < float(lines[0].split()[-1]) < 1888, pretrained
+    assert lines[1].startswith("And God said ") and lines[2].startswith("And God said "), pretrained
+    assert lines[4].startswith("[") and len(lines[4].split("] [")[1].split(",")) == 5, pretrained
+    assert len(re.findall(r"^0\.\d{3} '.+': The.* of Egypt$", pretrained_fill, re.M)) == 5, pretrained_fill
+    steps = re.findall(r"^step (\d) loss ([0-9.]+)$", finetune, re.M)
+    assert [int(s) for s, _ in steps] == list(range(8)), finetune
+    before, after = map(float, re.search(r"lines trained on: ([0-9.]+) before, ([0-9.]+) after", finetune).groups())
+    assert after < before, finetune  # 8 steps on the lines scored lower their perplexity
 
 
 def test_the_readme_example_runs(sandbox, tmp_path):
