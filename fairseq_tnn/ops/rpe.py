@@ -6,12 +6,14 @@ The MLP (``modules/rpe.py``) maps m positions (lags or frequencies) to a (d, m) 
     kernel = (W_out act(norm_L(h_L))^T + b_out) * scale    (scale (m,) per position, or none)
 
 It is tiny (m x 64 values per layer), so on a GPU its cost is the number of operations dispatched, not
-their work. Autograd spends about 16 operations per hidden layer on its backward (the hand-written
-``SimpleRMSNorm`` alone takes a dozen); ``RpeMlp.backward`` takes 10: two GEMMs and a sum for the
+their work. Autograd spends about 19 operations per hidden layer on its backward (the hand-written
+``SimpleRMSNorm`` alone takes a dozen); ``RpeMlp.backward`` takes 9: two GEMMs and a sum for the
 Linear, one for the activation (torch's own ``*_backward`` kernels) and five for the RMS norm (one for
-a LayerNorm: ``native_layer_norm_backward``). Its forward has the reference's operations, except that
-the per-position scale multiplies the (d, m) output once instead of being folded into a concatenated
-GEMM operand (two operations instead of five).
+a LayerNorm: ``native_layer_norm_backward``). Its forward takes 5 per layer instead of 6 (the RMS
+norm's denominator in one ``add`` with ``alpha``), and the per-position scale multiplies the (d, m)
+output once instead of being folded into a concatenated GEMM operand (two operations instead of five).
+One causal TNN TNO of the paper's width (RPE 6) went from 58 to 44 operations forward and from 141
+to 80 backward (benchmarks/opcount.py).
 
 ``rpe_mlp`` runs it; ``rpe_mlp_ref`` is the reference (autograd through the plain operations, what
 ``Rpe.channel_major`` computed before), and tests/ops/test_fast_paths.py compares the two, forward and
@@ -23,6 +25,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
+
+from . import fast
 
 aten = torch.ops.aten
 
@@ -81,6 +85,8 @@ class RpeMlp(torch.autograd.Function):
         x0 = t.to(dt).unsqueeze(1)  # (m, 1)
         h = torch.addmm(proj[1], x0, proj[0].t())  # (m, H)
         width = h.shape[1]
+        if not layernorm:
+            eps_t = fast.constant(("rpe-eps", eps, dt), h.device, lambda: torch.full((1,), eps, dtype=dt, device=h.device))
         saved = []  # per norm: its state for the backward, its output (the activation's input), the activation's output
 
         for norm, linear in hidden + [(final, None)]:
@@ -89,8 +95,7 @@ class RpeMlp(torch.autograd.Function):
                 state = (h, mean, rstd)
             else:  # SimpleRMSNorm: h / (||h|| width^-1/2 + eps)
                 nrm = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
-                den = nrm * width ** -0.5
-                den.add_(eps)
+                den = torch.add(eps_t, nrm, alpha=width ** -0.5)  # eps + ||h|| width^-1/2 in one operation
                 y = h / den
                 state = (h, nrm, den)
             a = y if act is None else act(y)
@@ -141,7 +146,7 @@ class RpeMlp(torch.autograd.Function):
                 # d/dh of h / (s ||h|| + eps): gy / den - h s <gy / den, y> / ||h|| (the second term 0 at h = 0,
                 # as torch's norm has it)
                 gd = gy / den
-                c = (gd * y).sum(-1, keepdim=True)
+                c = torch.bmm(gd.unsqueeze(1), y.unsqueeze(2)).view(-1, 1)  # <gd, y> per position: one operation
                 c.div_(nrm.clamp_min(torch.finfo(dt).tiny))
                 gh = torch.addcmul(gd, h, c, value=-(y.shape[1] ** -0.5))
             if k > 0:
