@@ -103,37 +103,48 @@ def tno_counts(tno_type: str, causal: bool, settings: Dict, d1: int, n: int) -> 
     return {"forward": fwd.total, "backward": bwd.total, "forward_ops": dict(fwd.counts), "backward_ops": dict(bwd.counts)}
 
 
+def trainer_counts(trainer, sample) -> Dict:
+    """Operations of a fairseq Trainer's training forward (model and criterion, as the task's ``train_step`` calls
+    them), of its backward, and of a whole ``Trainer.train_step`` (clipping, optimizer, bookkeeping), on ``sample``.
+    Run it after a first update (which builds the optimizer state and the constants of the length)."""
+    model, criterion = trainer.model, trainer.criterion
+    model.train()
+    model.zero_grad(set_to_none=True)
+    (loss, _, _), fwd = count(lambda: criterion(model, sample))
+    _, bwd = count(lambda: loss.backward())
+    model.zero_grad(set_to_none=True)
+    _, upd = count(lambda: trainer.train_step([sample]))
+    return {"forward": fwd.total, "forward_backward": fwd.total + bwd.total, "update": upd.total,
+            "forward_ops": dict(fwd.counts), "backward_ops": dict(bwd.counts)}
+
+
 def model_counts(section: str, key: str, n: int, data: str, quick: bool, timed: int) -> Dict:
-    """Operations of the training forward (model and criterion), of its backward and of a whole
-    ``Trainer.train_step``, batch 1 x n, and the median CPU time of ``timed`` updates."""
+    """``trainer_counts`` of one model at batch 1 x n on the CPU, and the median time of ``timed`` updates."""
     from benchmarks import trainer as tr
     arch = {"bound_identity": "tnn_lm_wt103" if section == "causal" else "tnn_mlm_wt103"}.get(key, key)
     bound = "identity" if key == "bound_identity" else None
     torch.manual_seed(1)
     trainer = tr.build_trainer(section, arch, bound, n, "cpu", "fp32", False, data, quick)
-    vocab = tr.QUICK_VOCAB if quick else tr.VOCAB
-    sample = tr.synthetic_sample(section, n, 1, vocab)
+    sample = tr.synthetic_sample(section, n, 1, tr.QUICK_VOCAB if quick else tr.VOCAB)
     trainer.train_step([sample])  # allocates the optimizer state: the counts below are a steady update's
-    model, criterion = trainer.model, trainer.criterion
-    model.train()
-    (loss, _, _), fwd = count(lambda: criterion(model, sample))
-    _, bwd = count(lambda: loss.backward())
-    model.zero_grad(set_to_none=True)
-    _, upd = count(lambda: trainer.train_step([sample]))
+    result = trainer_counts(trainer, sample)
     ms = []
     for _ in range(timed):
         t = time.perf_counter()
         trainer.train_step([sample])
         ms.append((time.perf_counter() - t) * 1000.0)
-    return {"forward": fwd.total, "forward_backward": fwd.total + bwd.total, "update": upd.total,
-            "update_ms": statistics.median(ms) if ms else None,
-            "forward_ops": dict(fwd.counts), "backward_ops": dict(bwd.counts)}
+    result["update_ms"] = statistics.median(ms) if ms else None
+    return result
 
 
 LABELS = {"bound_identity": "bound: no token mixing", "transformer_lm": "transformer_lm (same width and depth)"}
 
 
-def run(quick: bool, path_names, n: int, d1: int, timed: int, log) -> Dict:
+MODEL_IDS = [f"{section}/{key}" for section, key in PRESETS]
+TNO_IDS = [f"{t}-{'causal' if c else 'bidirectional'}{'-rpe' + str(s['rpe_layers']) if s else ''}" for _, t, c, s in TNOS]
+
+
+def run(quick: bool, path_names, n: int, d1: int, timed: int, log, models=None, tno_ids=None) -> Dict:
     import fairseq_tnn
     fairseq_tnn.register()
     from benchmarks import trainer as tr
@@ -141,15 +152,19 @@ def run(quick: bool, path_names, n: int, d1: int, timed: int, log) -> Dict:
     with tempfile.TemporaryDirectory() as tmp:
         data = tr._dictionary_dir(tmp, tr.QUICK_VOCAB if quick else tr.VOCAB)
         for section, key in PRESETS:
-            row = {"section": section, "model": key, "label": LABELS.get(key, key)}
+            if models is not None and f"{section}/{key}" not in models:
+                continue
+            row = {"section": section, "model": key, "id": f"{section}/{key}", "label": LABELS.get(key, key)}
             for p in path_names:
                 with paths(p):
                     row[p] = model_counts(section, key, n, data, quick, timed)
                 log(f"[{section}] {row['label']:<40} {p:<9} forward {row[p]['forward']:5d}, forward + backward "
                     f"{row[p]['forward_backward']:5d}, update {row[p]['update']:5d}, {row[p]['update_ms'] or 0:8.1f} ms")
             rows.append(row)
-    for label, tno_type, causal, settings in TNOS:
-        row = {"label": label}
+    for tno_id, (label, tno_type, causal, settings) in zip(TNO_IDS, TNOS):
+        if tno_ids is not None and tno_id not in tno_ids:
+            continue
+        row = {"label": label, "id": tno_id}
         for p in path_names:
             with paths(p):
                 row[p] = tno_counts(tno_type, causal, settings, d1, n)
@@ -166,10 +181,10 @@ def markdown(result: Dict) -> str:
            "views and metadata left out. forward: the model and fairseq's criterion; update: a whole "
            "`Trainer.train_step` (clipping, Adam, bookkeeping). Time: median CPU time of an update at that size, "
            f"{meta['threads']} threads.", ""]
-    head = "| model | " + " | ".join(f"{p}: forward | {p}: fwd + bwd | {p}: update | {p}: ms / update" for p in ps) + " |"
-    out += [head, "|---|" + "---:|" * (4 * len(ps))]
+    head = "| model | task | " + " | ".join(f"{p}: forward | {p}: fwd + bwd | {p}: update | {p}: ms / update" for p in ps) + " |"
+    out += [head, "|---|---|" + "---:|" * (4 * len(ps))]
     for r in result["models"]:
-        cells = []
+        cells = [r["section"]]
         for p in ps:
             c = r[p]
             cells += [str(c["forward"]), f"{c['forward_backward']:,}", f"{c['update']:,}",
@@ -188,6 +203,10 @@ def main(argv=None):
     add_out_options(p, "results/opcount")
     p.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS),
                    help="count with the fast paths, their references, or both side by side (default)")
+    p.add_argument("--models", nargs="+", choices=MODEL_IDS, metavar="SECTION/MODEL",
+                   help=f"only these models (of {', '.join(MODEL_IDS)}; default: all)")
+    p.add_argument("--tnos", nargs="*", choices=TNO_IDS, metavar="TNO",
+                   help=f"only these TNOs alone (of {', '.join(TNO_IDS)}; default: all; none: --tnos with no value)")
     p.add_argument("--timed", type=int, default=3, help="updates timed per model and path (default 3; 0: none)")
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
@@ -201,7 +220,7 @@ def main(argv=None):
     from benchmarks.measure import _machine
     n, d1 = (32, 48) if a.quick else (512, 1536)
     t0 = time.time()
-    result = run(a.quick, a.paths, n, d1, a.timed, lambda m: print(m, flush=True))
+    result = run(a.quick, a.paths, n, d1, a.timed, lambda m: print(m, flush=True), a.models, a.tnos)
     result["meta"] = {"machine": _machine(), "torch": torch.__version__, "threads": a.threads, "n": n, "d1": d1,
                       "quick": a.quick, "paths": a.paths, "seconds": round(time.time() - t0, 1),
                       "command": "python benchmarks/opcount.py " + " ".join(sys.argv[1:] if argv is None else argv)}
