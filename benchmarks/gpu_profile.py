@@ -79,7 +79,8 @@ def _timed(fn, device, n: int) -> List[float]:
 
 
 def split_update(trainer, sample, device: str, n: int) -> Dict[str, float]:
-    """Median ms of the training forward, the backward, the optimizer step and the rest of ``train_step``, from
+    """Mean ms (so that the parts add up to the total) of the training forward, the backward, the optimizer step and
+    the rest of ``train_step``, from
     ``n`` updates with the device synchronised at each boundary: the criterion's forward, the optimizer's
     ``backward`` and ``step`` are wrapped for the time (on this trainer only)."""
     spent = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
@@ -111,7 +112,7 @@ def split_update(trainer, sample, device: str, n: int) -> Dict[str, float]:
     finally:
         for obj, attr in ((criterion, "forward"), (optimizer, "backward"), (optimizer, "step")):
             del obj.__dict__[attr]  # the class's method again
-    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    return {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
 
 
 def kernel_profile(trainer, sample, device: str, updates: int, top: bool) -> Dict:
@@ -315,7 +316,7 @@ def markdown(result) -> str:
     unit = "kernels" if meta["device"] == "cuda" else "operators"
     out = [f"# Where an update's time goes ({meta['device']}, {meta['precision']})", "",
            f"{meta['machine']}; torch {meta['torch']}, CUDA {meta['cuda']}; `{meta['command']}`; {meta['seconds']} s. "
-           f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates; split: median "
+           f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates; split: mean "
            "of 3 updates synchronised at each phase.", "",
            f"| shape | configuration | ms / update | tokens/s | {unit} ms | wall / {unit} | {unit} / update | "
            "ops dispatched | forward ms | backward ms | optimizer ms | rest ms | peak MiB | compile s |",
