@@ -88,8 +88,9 @@ def paths(name: str):
     return contextlib.nullcontext() if name == "fast" else fast.references()
 
 
-def tno_counts(tno_type: str, causal: bool, settings: Dict, d1: int, n: int) -> Dict:
-    """Operations of one TNO's forward and backward (input and parameter gradients), batch 1."""
+def tno_counts(tno_type: str, causal: bool, settings: Dict, d1: int, n: int, timed: int = 0) -> Dict:
+    """Operations of one TNO's forward and backward (input and parameter gradients), batch 1, and the median CPU
+    time of ``timed`` forwards and backwards."""
     from fairseq_tnn.modules import build_tno
     torch.manual_seed(0)
     tno = build_tno(tno_type, d1, causal, **settings)
@@ -100,7 +101,14 @@ def tno_counts(tno_type: str, causal: bool, settings: Dict, d1: int, n: int) -> 
     y, fwd = count(lambda: tno(x, layout="dbn"))
     g = torch.randn_like(y)
     _, bwd = count(lambda: y.backward(g))
-    return {"forward": fwd.total, "backward": bwd.total, "forward_ops": dict(fwd.counts), "backward_ops": dict(bwd.counts)}
+    ms = []
+    for _ in range(timed):
+        tno.zero_grad(set_to_none=True)
+        t = time.perf_counter()
+        tno(x, layout="dbn").backward(g)
+        ms.append((time.perf_counter() - t) * 1000.0)
+    return {"forward": fwd.total, "backward": bwd.total, "ms": statistics.median(ms) if ms else None,
+            "forward_ops": dict(fwd.counts), "backward_ops": dict(bwd.counts)}
 
 
 def trainer_counts(trainer, sample) -> Dict:
@@ -118,14 +126,15 @@ def trainer_counts(trainer, sample) -> Dict:
             "forward_ops": dict(fwd.counts), "backward_ops": dict(bwd.counts)}
 
 
-def model_counts(section: str, key: str, n: int, data: str, quick: bool, timed: int) -> Dict:
-    """``trainer_counts`` of one model at batch 1 x n on the CPU, and the median time of ``timed`` updates."""
+def model_counts(section: str, key: str, n: int, data: str, quick: bool, timed: int, vocab: int, width=None) -> Dict:
+    """``trainer_counts`` of one model at batch 1 x n on the CPU (``width``: instead of the preset's), and the median
+    time of ``timed`` updates."""
     from benchmarks import trainer as tr
     arch = {"bound_identity": "tnn_lm_wt103" if section == "causal" else "tnn_mlm_wt103"}.get(key, key)
     bound = "identity" if key == "bound_identity" else None
     torch.manual_seed(1)
-    trainer = tr.build_trainer(section, arch, bound, n, "cpu", "fp32", False, data, quick)
-    sample = tr.synthetic_sample(section, n, 1, tr.QUICK_VOCAB if quick else tr.VOCAB)
+    trainer = tr.build_trainer(section, arch, bound, n, "cpu", "fp32", False, data, quick, width)
+    sample = tr.synthetic_sample(section, n, 1, vocab)
     trainer.train_step([sample])  # allocates the optimizer state: the counts below are a steady update's
     result = trainer_counts(trainer, sample)
     ms = []
@@ -144,20 +153,23 @@ MODEL_IDS = [f"{section}/{key}" for section, key in PRESETS]
 TNO_IDS = [f"{t}-{'causal' if c else 'bidirectional'}{'-rpe' + str(s['rpe_layers']) if s else ''}" for _, t, c, s in TNOS]
 
 
-def run(quick: bool, path_names, n: int, d1: int, timed: int, log, models=None, tno_ids=None) -> Dict:
+def run(quick: bool, path_names, n: int, d1: int, timed: int, log, models=None, tno_ids=None, vocab=None,
+        width=None) -> Dict:
+    """``vocab``: the dictionary's size (default: Wikitext-103's, or the quick one); the counts do not depend on it."""
     import fairseq_tnn
     fairseq_tnn.register()
     from benchmarks import trainer as tr
     rows, tnos = [], []
     with tempfile.TemporaryDirectory() as tmp:
-        data = tr._dictionary_dir(tmp, tr.QUICK_VOCAB if quick else tr.VOCAB)
+        vocab = vocab or (tr.QUICK_VOCAB if quick else tr.VOCAB)
+        data = tr._dictionary_dir(tmp, vocab)
         for section, key in PRESETS:
             if models is not None and f"{section}/{key}" not in models:
                 continue
             row = {"section": section, "model": key, "id": f"{section}/{key}", "label": LABELS.get(key, key)}
             for p in path_names:
                 with paths(p):
-                    row[p] = model_counts(section, key, n, data, quick, timed)
+                    row[p] = model_counts(section, key, n, data, quick, timed, vocab, width)
                 log(f"[{section}] {row['label']:<40} {p:<9} forward {row[p]['forward']:5d}, forward + backward "
                     f"{row[p]['forward_backward']:5d}, update {row[p]['update']:5d}, {row[p]['update_ms'] or 0:8.1f} ms")
             rows.append(row)
@@ -167,8 +179,9 @@ def run(quick: bool, path_names, n: int, d1: int, timed: int, log, models=None, 
         row = {"label": label, "id": tno_id}
         for p in path_names:
             with paths(p):
-                row[p] = tno_counts(tno_type, causal, settings, d1, n)
-            log(f"[tno] {label:<34} {p:<9} forward {row[p]['forward']:4d}, backward {row[p]['backward']:4d}")
+                row[p] = tno_counts(tno_type, causal, settings, d1, n, 5 * timed)
+            log(f"[tno] {label:<34} {p:<9} forward {row[p]['forward']:4d}, backward {row[p]['backward']:4d}, "
+                f"{row[p]['ms'] or 0:.2f} ms")
         tnos.append(row)
     return {"models": rows, "tnos": tnos}
 
@@ -177,7 +190,9 @@ def markdown(result: Dict) -> str:
     meta = result["meta"]
     ps = meta["paths"]
     out = [f"# Operations dispatched per update, eager ({meta['machine']}; torch {meta['torch']})", "",
-           f"Batch 1 x {meta['n']}, CPU, fp32, {'quick sizes' if meta['quick'] else 'the presets at their published sizes'}; "
+           f"Batch 1 x {meta['n']}, CPU, fp32, {'quick sizes' if meta['quick'] else 'the presets at their published sizes'}, "
+           f"vocabulary {meta['vocab']:,}" + (f", width {meta['width']} (depth as published)" if meta.get("width") else "")
+           + "; "
            "views and metadata left out. forward: the model and fairseq's criterion; update: a whole "
            "`Trainer.train_step` (clipping, Adam, bookkeeping). Time: median CPU time of an update at that size, "
            f"{meta['threads']} threads.", ""]
@@ -190,10 +205,13 @@ def markdown(result: Dict) -> str:
             cells += [str(c["forward"]), f"{c['forward_backward']:,}", f"{c['update']:,}",
                       "" if c["update_ms"] is None else f"{c['update_ms']:.1f}"]
         out.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    out += ["", f"One TNO alone, d1 = {meta['d1']}, batch 1 x {meta['n']}:", "",
-            "| TNO | " + " | ".join(f"{p}: forward | {p}: backward" for p in ps) + " |", "|---|" + "---:|" * (2 * len(ps))]
+    out += ["", f"One TNO alone, d1 = {meta['d1']}, batch 1 x {meta['n']} (ms: median CPU time of a forward and "
+                "backward):", "",
+            "| TNO | " + " | ".join(f"{p}: forward | {p}: backward | {p}: ms" for p in ps) + " |",
+            "|---|" + "---:|" * (3 * len(ps))]
     for r in result["tnos"]:
-        out.append(f"| {r['label']} | " + " | ".join(f"{r[p]['forward']} | {r[p]['backward']}" for p in ps) + " |")
+        out.append(f"| {r['label']} | " + " | ".join(
+            f"{r[p]['forward']} | {r[p]['backward']} | " + ("" if r[p]["ms"] is None else f"{r[p]['ms']:.2f}") for p in ps) + " |")
     return "\n".join(out) + "\n"
 
 
@@ -209,19 +227,28 @@ def main(argv=None):
                    help=f"only these TNOs alone (of {', '.join(TNO_IDS)}; default: all; none: --tnos with no value)")
     p.add_argument("--timed", type=int, default=3, help="updates timed per model and path (default 3; 0: none)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--width", type=int, help="every model this wide (embedding and GLU) instead of its preset's, depth "
+                                             "unchanged: the counts do not depend on it, the time does (a short CPU run)")
+    p.add_argument("--vocab", type=int, help="dictionary size (default: Wikitext-103's 50,264, quick 1,000); the counts do "
+                                             "not depend on it, the time does (the output layer)")
     a = p.parse_args(argv)
     if a.timed < 0:
         p.error(f"--timed={a.timed} must be >= 0")
     if a.threads < 1:
         p.error(f"--threads={a.threads} must be >= 1")
+    if a.width is not None and a.width < 8:
+        p.error(f"--width={a.width} must be >= 8")
+    if a.vocab is not None and a.vocab < 8:
+        p.error(f"--vocab={a.vocab} must be >= 8 (fairseq's 4 special symbols and some words)")
     refuse_overwrite(p, a, "opcount.json")
     os.makedirs(a.out, exist_ok=True)
     torch.set_num_threads(a.threads)
     from benchmarks.measure import _machine
     n, d1 = (32, 48) if a.quick else (512, 1536)
     t0 = time.time()
-    result = run(a.quick, a.paths, n, d1, a.timed, lambda m: print(m, flush=True), a.models, a.tnos)
+    result = run(a.quick, a.paths, n, d1, a.timed, lambda m: print(m, flush=True), a.models, a.tnos, a.vocab, a.width)
     result["meta"] = {"machine": _machine(), "torch": torch.__version__, "threads": a.threads, "n": n, "d1": d1,
+                      "vocab": a.vocab or (1000 if a.quick else 50264), "width": a.width,
                       "quick": a.quick, "paths": a.paths, "seconds": round(time.time() - t0, 1),
                       "command": "python benchmarks/opcount.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     md = markdown(result)

@@ -89,8 +89,9 @@ def _dictionary_dir(tmp: str, vocab: int) -> str:
 
 
 def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled: bool,
-                  data: str, quick: bool):
-    """fairseq's Trainer for one configuration, built from a fairseq-train command line."""
+                  data: str, quick: bool, width: int = None):
+    """fairseq's Trainer for one configuration, built from a fairseq-train command line. ``width``: the model's
+    width instead of the preset's (embedding and GLU; a transformer's FFN 4x, 64-wide heads), depth unchanged."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -106,6 +107,12 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
         sizes = {**TRANSFORMER, **(QUICK_TRANSFORMER if quick else {}), "share_decoder_input_output_embed": True}
     else:
         sizes = QUICK_MODEL[section] if quick else {}
+    if width:
+        if arch == "transformer_lm":
+            sizes = {**sizes, "decoder_embed_dim": width, "decoder_ffn_embed_dim": 4 * width,
+                     "decoder_attention_heads": max(1, width // 64)}
+        else:
+            sizes = {**sizes, ("decoder_embed_dim" if causal else "encoder_embed_dim"): width, "glu_dim": width}
     for k, v in sizes.items():
         argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     parser = options.get_training_parser()

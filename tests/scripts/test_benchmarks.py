@@ -306,3 +306,20 @@ def test_operation_counts_fast_paths_against_references(tmp_path):
     assert "| tnn_lm_wt103 | causal | " in md and "| TNN TNO (RPE 6), causal | " in md
     code, log, _ = execute(cmd, command_env(), 300, merge=True)
     assert code == 2 and "refusing to overwrite" in log
+
+
+def test_operation_counts_do_not_depend_on_width_length_or_vocabulary():
+    """Why the docs' table counts the presets at a narrow width, a short length and a small vocabulary (opcount.py
+    --width, --vocab): the operations dispatched are the same; only their sizes change."""
+    import tempfile
+    import fairseq_tnn
+    from benchmarks import trainer as tr
+    from benchmarks.opcount import model_counts
+    fairseq_tnn.register()
+    counts = []
+    for width, n, vocab in ((32, 64, 1000), (48, 96, 1200)):
+        with tempfile.TemporaryDirectory() as tmp:
+            data = tr._dictionary_dir(tmp, vocab)
+            c = model_counts("causal", "tnn_lm_wt103", n, data, True, 0, vocab, width)
+        counts.append((c["forward"], c["forward_backward"], c["update"]))
+    assert counts[0] == counts[1] and counts[0][0] > 50
