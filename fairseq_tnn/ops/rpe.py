@@ -106,7 +106,6 @@ class RpeMlp(torch.autograd.Function):
         if scale is not None:
             out.mul_(scale.to(dt))
         ctx.config = config
-        ctx.param_dtypes = [p.dtype for p in params]
         flat = [x0, scale]
         for state, y, a in saved:
             flat += [*state, y, a]
@@ -127,7 +126,7 @@ class RpeMlp(torch.autograd.Function):
         proj, hidden, final, (w_out, b_out) = _unpack(ps, layers, layernorm)
         g = grad.to(dt)
         if scale is not None:
-            g = g * scale
+            g = g * scale.to(dt)
         grads: List[Optional[torch.Tensor]] = []  # in reverse order of the parameters
         a = norms[-1][-1]
         grads += [g.sum(1), g.mm(a)]  # b_out, w_out

@@ -273,6 +273,7 @@ def test_trainer_memory_against_the_no_mixing_bound(monkeypatch):
     assert "| masked | 4 x 2048 | TNN (RPE 6) | no | 1.15x |" in md
 
 
+@pytest.mark.slow
 def test_operation_counts_fast_paths_against_references(tmp_path):
     """benchmarks/opcount.py --quick: the operations a model and a TNO dispatch, with the fast paths and with their
     references side by side, beside the update's time; plausible counts (the TNO adds tens of operations to the

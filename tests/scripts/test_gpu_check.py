@@ -86,6 +86,7 @@ def test_quick_cpu_check_writes_a_complete_report(tmp_path):
     assert "| causal | 2 x 32 | transformer_lm |" in md and "Tokens per second against fairseq's transformer_lm" in md
 
 
+@pytest.mark.slow
 def test_profile_part_on_cpu(tmp_path):
     """``--cpu --quick --only profile``: issue 39's measurement (benchmarks/gpu_profile.py) at toy sizes, its tables
     in the report: every configuration with its update time, kernel (here: operator) time and count, operations
