@@ -57,16 +57,21 @@ def _is_metadata(func, out) -> bool:
 
 class OpCounter(TorchDispatchMode):
     """Counts the operations dispatched while active (on every thread autograd runs the backward on), by
-    name, views and metadata left out; ``total`` is their sum."""
+    name, views and metadata left out; ``total`` is their sum; ``phases``: the same per ``phase`` that was set."""
 
     def __init__(self):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
+        self.phase = None  # while set, operations are also counted under it in ``phases``
+        self.phases: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if not _is_metadata(func, out):
-            self.counts[str(func.overloadpacket.__name__)] += 1
+            name = str(func.overloadpacket.__name__)
+            self.counts[name] += 1
+            if self.phase is not None:
+                self.phases[self.phase][name] += 1
         return out
 
     @property
@@ -112,18 +117,34 @@ def tno_counts(tno_type: str, causal: bool, settings: Dict, d1: int, n: int, tim
 
 
 def trainer_counts(trainer, sample) -> Dict:
-    """Operations of a fairseq Trainer's training forward (model and criterion, as the task's ``train_step`` calls
-    them), of its backward, and of a whole ``Trainer.train_step`` (clipping, optimizer, bookkeeping), on ``sample``.
-    Run it after a first update (which builds the optimizer state and the constants of the length)."""
-    model, criterion = trainer.model, trainer.criterion
-    model.train()
-    model.zero_grad(set_to_none=True)
-    (loss, _, _), fwd = count(lambda: criterion(model, sample))
-    _, bwd = count(lambda: loss.backward())
-    model.zero_grad(set_to_none=True)
-    _, upd = count(lambda: trainer.train_step([sample]))
-    return {"forward": fwd.total, "forward_backward": fwd.total + bwd.total, "update": upd.total,
-            "forward_ops": dict(fwd.counts), "backward_ops": dict(bwd.counts)}
+    """Operations of one ``Trainer.train_step`` on ``sample`` (clipping, optimizer, bookkeeping included), and of
+    its training forward (the criterion's forward: model and loss, in the task's precision context) and its
+    backward (the optimizer's ``backward``: loss scaling and autograd), attributed by wrapping those two calls on
+    this trainer. Run it after a first update (which builds the optimizer state and the constants of the length)."""
+    criterion, optimizer = trainer.criterion, trainer.optimizer
+    counter = OpCounter()
+
+    def wrap(obj, attr, phase):
+        inner = getattr(obj, attr)
+
+        def attributed(*args, **kwargs):
+            outer, counter.phase = counter.phase, phase
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                counter.phase = outer
+        setattr(obj, attr, attributed)
+
+    wrap(criterion, "forward", "forward")
+    wrap(optimizer, "backward", "backward")
+    try:
+        with counter:
+            trainer.train_step([sample])
+    finally:
+        del criterion.__dict__["forward"], optimizer.__dict__["backward"]  # the classes' methods again
+    fwd, bwd = counter.phases["forward"], counter.phases["backward"]
+    return {"forward": sum(fwd.values()), "forward_backward": sum(fwd.values()) + sum(bwd.values()),
+            "update": counter.total, "forward_ops": dict(fwd), "backward_ops": dict(bwd)}
 
 
 def model_counts(section: str, key: str, n: int, data: str, quick: bool, timed: int, vocab: int, width=None) -> Dict:
