@@ -266,6 +266,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 continue
             arch, bound = arch_of[(section, key)]
             t0 = time.time()
+            torch._dynamo.reset()  # each model compiles afresh, never against the recompile limit of the ones before
             g["configs"].append(measure(key, arch, bound, section, g["n"], g["batch"], device, precision, quick, data,
                                         timed, True, False, None, log))
             compile_spent += time.time() - t0
