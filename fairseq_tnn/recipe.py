@@ -1,20 +1,21 @@
 """The training recipes, in one place: the paper's Wikitext-103 recipe (causal and masked) with its environment
-knobs, and the small recipes of the tests and the benchmarks.
+knobs, the distributed settings CPU ranks need, and the small recipes of the tests and the benchmarks.
 
-Standard library only and no package-relative import: the shell scripts run this file directly, without the
-plugin installed and without importing torch or fairseq. A recipe is a dict {option: value} in command-line
+Standard library only (no torch, no fairseq): the commands that build training command lines
+(fairseq_tnn/commands/train.py, behind scripts/train.sh and scripts/slurm/train.sbatch) import it to print a
+dry run or refuse a bad knob in a fraction of a second. A recipe is a dict {option: value} in command-line
 order, option names with underscores for dashes; ``fairseq_options`` turns it into fairseq-train arguments.
 
-From Python (``from fairseq_tnn import recipe``):
     recipe.CAUSAL_PRESETS, recipe.MASKED_PRESETS      the presets (registered archs) scripts/train.sh takes
     recipe.kind(preset)                               "causal" or "masked" (RecipeError for another name)
+    recipe.KNOBS                                      the paper recipe's environment knobs (defaults, checks, help)
     recipe.paper(preset, data, save_dir, world, env)  the paper's recipe: Paper(kind, update_freq, args)
+    recipe.cpu_ranks(world, init_method, rank)        the distributed settings of a CPU rank on stock fairseq
     recipe.TEST_CAUSAL, TEST_MASKED, NO_LR_SCHEDULE   the tests' tiny recipes (tests/helpers.py)
     recipe.benchmark(kind, arch, tokens_per_sample)   benchmarks/trainer.py's recipe
     recipe.QUALITY                                    benchmarks/quality.py's recipe
+    recipe.SMOKE, recipe.SMOKE_ARGS                   the CPU smoke recipe (scripts/demo.sh, prepare-corpus)
     recipe.fairseq_options(recipe, overrides)         {name: value} -> ["--name", "value", ...]
-From bash (scripts/recipe.sh): ``python fairseq_tnn/recipe.py [--prog NAME] presets | paper ...`` prints bash
-assignments (values quoted) to eval; an error is "NAME: error: ..." on stderr and exit status 2.
 
 The paper's recipe, per kind (docs/references.md#published-configurations: Qin et al., "Toeplitz Neural Network
 for Sequence Modeling", ICLR 2023; docs/references.md#ski-tnn-and-fd-tnn: Moreno, Mei, Walters, "SKI to go
@@ -30,29 +31,16 @@ Faster", NeurIPS 2023, whose appendix gives the FD-TNN learning rates):
     many ("N of M blocks of the train split ... dropped") and logs the metric dropped_blocks with every
     training line. --skip-invalid-size-inputs-valid-test (passed here) drops them from validation too.
     OVERSIZED=error refuses such data before any work (--oversized-blocks error).
-  both: 50,000 updates, dropout 0.1 (preset), json logs, tensorboard, checkpoints in SAVE_ROOT/<run>.
-
-Its environment knobs (defaults in brackets; "causal/masked" where they differ; an empty value is the default):
-  MAX_UPDATE [50000]          TOKENS_PER_SAMPLE [512]     SEQS_PER_UPDATE [128/512]
-  BATCH_PER_GPU [8/16]        LR [5e-4, FD-TNN 1e-3]      WARMUP_UPDATES [4000/3000]
-  SEED [1]                    NUM_WORKERS [1]             LOG_INTERVAL [100]
-  VALIDATE_INTERVAL_UPDATES [1000]  SAVE_INTERVAL_UPDATES [1000]  KEEP_INTERVAL_UPDATES [2]
-  CPU [0]: 1 adds --cpu
-  PRECISION [fp16 on GPU, fp32 with CPU=1]: fp16 (--fp16) | bf16 (--bf16-autocast: fp32 weights, bf16
-    autocast; fairseq's own --bf16 means TPU) | fp32
-  TNN_COMPILE [1 on GPU, 0 with CPU=1]: 1 adds --tnn-compile (torch.compile per TNN layer; a layer whose
-    compilation fails runs eagerly, with a warning), strict adds --tnn-compile strict (that failure stops the run)
-  OVERSIZED [drop] (masked only): drop | error, what happens to a line longer than a block (above)
+  both: 50,000 updates, dropout 0.1 (preset), json logs, tensorboard, checkpoints in the run directory.
+Its knobs, with their defaults and checks, are KNOBS below (``python -m fairseq_tnn train --help`` lists them).
 update-freq = SEQS_PER_UPDATE / (BATCH_PER_GPU x world size), so the tokens per update do not depend on the
-number of processes; a remainder is an error. The run directory's knobs (SAVE_ROOT, RUN_NAME, FORCE, RESUME)
-are scripts/recipe.sh's.
+number of processes; a remainder is an error.
 """
-import argparse
 import os
 import re
-import shlex
-import sys
 from typing import Dict, List, Mapping, NamedTuple, Optional
+
+from fairseq_tnn.commands.common import CommandError, Knob, read_knobs
 
 CAUSAL_PRESETS = ("tnn_lm_wt103", "tnn_lm_wt103_rpe3", "fd_tnn_lm_wt103", "tnn_lm_tiny", "fd_tnn_lm_tiny")
 MASKED_PRESETS = ("tnn_mlm_wt103", "tnn_mlm_wt103_rpe3", "fd_tnn_mlm_wt103", "ski_tnn_mlm_wt103", "tnn_mlm_tiny",
@@ -70,15 +58,80 @@ PAPER_CAUSAL_SCHEDULE = {"lr": "5e-4", "lr_scheduler": "inverse_sqrt", "warmup_u
                          "warmup_init_lr": "1e-07"}
 PAPER_MASKED_SCHEDULE = {"lr": "5e-4", "lr_scheduler": "polynomial_decay", "warmup_updates": "3000"}
 FD_LR = "1e-3"  # FD-TNN's learning rate, both kinds (Moreno et al.'s appendix)
-# The knobs' defaults per kind (LR's is the schedule's, FD_LR for fd_* presets)
-PAPER_KNOBS = {
-    "causal": {"MAX_UPDATE": "50000", "TOKENS_PER_SAMPLE": "512", "SEQS_PER_UPDATE": "128", "BATCH_PER_GPU": "8",
-               "WARMUP_UPDATES": PAPER_CAUSAL_SCHEDULE["warmup_updates"]},
-    "masked": {"MAX_UPDATE": "50000", "TOKENS_PER_SAMPLE": "512", "SEQS_PER_UPDATE": "512", "BATCH_PER_GPU": "16",
-               "WARMUP_UPDATES": PAPER_MASKED_SCHEDULE["warmup_updates"]},
-}
-RUN_KNOBS = {"SEED": "1", "NUM_WORKERS": "1", "LOG_INTERVAL": "100", "VALIDATE_INTERVAL_UPDATES": "1000",
-             "SAVE_INTERVAL_UPDATES": "1000", "KEEP_INTERVAL_UPDATES": "2"}
+SCHEDULE = {"causal": PAPER_CAUSAL_SCHEDULE, "masked": PAPER_MASKED_SCHEDULE}
+
+# What CPU ranks need on stock fairseq (fairseq_tnn/distributed/launch.py explains why): the backends usable on
+# CPU, each with its default first. The launcher and train.sbatch both build a CPU rank's settings with cpu_ranks().
+CPU_BACKENDS = {"distributed_backend": ("gloo",), "ddp_backend": ("legacy_ddp", "no_c10d")}
+
+
+def cpu_ranks(world, init_method: str, rank=None, given: Mapping = ()) -> Dict[str, object]:
+    """The distributed settings of one CPU rank of world (rank None: the caller adds it per rank), in
+    command-line order; a backend named in given (the user's) is left to the user."""
+    settings = {"distributed_world_size": world}
+    if rank is not None:
+        settings["distributed_rank"] = rank
+    settings.update({"distributed_init_method": init_method, "distributed_no_spawn": True})
+    settings.update({name: choices[0] for name, choices in CPU_BACKENDS.items() if name not in given})
+    return settings
+
+
+def _is_int(text: str, least: int) -> bool:
+    return re.fullmatch(r"-?[0-9]+", text) is not None and int(text) >= least
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return float(text) > 0
+    except ValueError:
+        return False
+
+
+def _positive_int(text: str) -> bool:
+    return re.fullmatch(r"[1-9][0-9]*", text) is not None
+
+
+def _by_kind(causal: str, masked: str):
+    return lambda known: causal if known["KIND"] == "causal" else masked
+
+
+def _count(name: str, default: str, help_: str, least: int = 1) -> Knob:
+    allowed = "a positive integer" if least == 1 else f"an integer >= {least}"
+    return Knob(name, default, help_, check=lambda v: _is_int(v, least), allowed=allowed)
+
+
+# The paper recipe's knobs, in the order they are read (a default may use those before it, and KIND and
+# PRESET, the preset's). A default in brackets at the start of a help line is a function of those.
+KNOBS = (
+    _count("MAX_UPDATE", "50000", "updates to train (the masked schedule's length too)"),
+    _count("TOKENS_PER_SAMPLE", "512", "tokens per sequence"),
+    Knob("SEQS_PER_UPDATE", _by_kind("128", "512"),
+         "[128 causal, 512 masked] sequences per update, all processes together (the paper's tokens per update)"),
+    Knob("BATCH_PER_GPU", _by_kind("8", "16"), "[8 causal, 16 masked] sequences per process and step"),
+    Knob("LR", lambda known: FD_LR if known["PRESET"].startswith("fd_") else SCHEDULE[known["KIND"]]["lr"],
+         "[5e-4, FD-TNN 1e-3] peak learning rate", check=_is_number, allowed="a positive number"),
+    _count("WARMUP_UPDATES", _by_kind(PAPER_CAUSAL_SCHEDULE["warmup_updates"], PAPER_MASKED_SCHEDULE["warmup_updates"]),
+           "[4000 causal, 3000 masked] warm-up updates", least=0),
+    _count("SEED", "1", "random seed", least=0),
+    _count("NUM_WORKERS", "1", "data-loading worker processes per training process", least=0),
+    _count("LOG_INTERVAL", "100", "updates between training log lines"),
+    _count("VALIDATE_INTERVAL_UPDATES", "1000", "updates between validations (0: at the end of each epoch only)", 0),
+    _count("SAVE_INTERVAL_UPDATES", "1000", "updates between checkpoints (0: at the end of each epoch only)", 0),
+    _count("KEEP_INTERVAL_UPDATES", "2", "checkpoint_<epoch>_<update>.pt files kept (-1: all)", least=-1),
+    Knob("CPU", "0", "1 trains on the CPU (--cpu, fp32, eager layers; several processes are gloo ranks)",
+         check=lambda v: v in ("0", "1"), allowed="0 (train on GPUs) or 1 (train on the CPU)"),
+    Knob("PRECISION", lambda known: "fp32" if known["CPU"] == "1" else "fp16",
+         "[fp16 on GPU, fp32 with CPU=1] fp16 (--fp16) | bf16 (--bf16-autocast: fp32 weights, bf16 autocast; "
+         "fairseq's own --bf16 means TPU) | fp32", check=lambda v: v in ("fp16", "bf16", "fp32"),
+         allowed="fp16, bf16 or fp32"),
+    Knob("TNN_COMPILE", lambda known: "0" if known["CPU"] == "1" else "1",
+         "[1 on GPU, 0 with CPU=1] 1 adds --tnn-compile (torch.compile per TNN layer; a layer whose compilation "
+         "fails runs eagerly, with a warning), strict adds --tnn-compile strict (that failure stops the run)",
+         check=lambda v: v in ("0", "1", "strict"),
+         allowed="0 or 1 (--tnn-compile), or strict (--tnn-compile strict)"),
+    Knob("OVERSIZED", "drop", "masked presets: what happens to a line longer than a block, drop (counted in the "
+         "log) or error (refused before any work)", choices=("drop", "error")),
+)
 
 # The tests' tiny causal recipe (tests/helpers.py: LM_OPTIONS): Adam with an inverse-sqrt schedule, on CPU.
 TEST_CAUSAL = {
@@ -109,8 +162,17 @@ QUALITY = {**ADAM, "lr": "1e-3", "lr_scheduler": "inverse_sqrt", "warmup_updates
            "log_interval": "50", "num_workers": "0", "cpu": False}
 
 
-class RecipeError(ValueError):
-    """A bad preset or knob: the message names it, its value and what is allowed."""
+# The CPU smoke recipe: the paper's causal recipe (paper() below) shortened to minutes on one CPU process, as
+# scripts/train.sh's knobs (SMOKE) and fairseq-train options after the data (SMOKE_ARGS: a lighter weight decay
+# than the paper's 0.2 at this size). scripts/demo.sh trains with it, and prepare-corpus prints it as the next
+# step. 300 updates of 16 sequences x 128 tokens, a validation every 50 updates, the last checkpoint kept.
+SMOKE = {"CPU": "1", "NPROC": "1", "MAX_UPDATE": "300", "TOKENS_PER_SAMPLE": "128", "SEQS_PER_UPDATE": "16",
+         "BATCH_PER_GPU": "16", "LR": "0.003", "WARMUP_UPDATES": "50", "VALIDATE_INTERVAL_UPDATES": "50",
+         "SAVE_INTERVAL_UPDATES": "100", "KEEP_INTERVAL_UPDATES": "1", "LOG_INTERVAL": "25", "NUM_WORKERS": "0"}
+SMOKE_ARGS = ["--weight-decay", "0.01"]
+
+# A bad preset or knob: the message names it, its value and what is allowed (the commands' one-line error, exit 2).
+RecipeError = CommandError
 
 
 class Paper(NamedTuple):
@@ -142,26 +204,17 @@ def kind(preset: str) -> str:
     raise RecipeError(f"unknown preset '{preset}'; choose one of: {' '.join(PRESETS)}")
 
 
-def _positive_int(text: str) -> bool:
-    return re.fullmatch(r"[1-9][0-9]*", text) is not None
+def read(preset: str, env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The values of KNOBS for preset from env (default os.environ), checked, with KIND and PRESET."""
+    return read_knobs(KNOBS, env, known={"PRESET": preset, "KIND": kind(preset)})
 
 
 def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[Mapping[str, str]] = None,
           user_dir: str = USER_DIR) -> Paper:
     """The paper's recipe for preset on world processes, its knobs read from env (default os.environ): the
     fairseq-train arguments after the program, data first, checkpoints and logs in save_dir."""
-    env = os.environ if env is None else env
-    kind_ = kind(preset)
-
-    def knob(name, default):
-        return env.get(name) or default
-
-    knobs = {name: knob(name, default) for name, default in {**PAPER_KNOBS[kind_], **RUN_KNOBS}.items()}
-    schedule = PAPER_CAUSAL_SCHEDULE if kind_ == "causal" else PAPER_MASKED_SCHEDULE
-    lr = knob("LR", FD_LR if preset.startswith("fd_") else schedule["lr"])
-    oversized = knob("OVERSIZED", "drop")
-    if oversized not in ("drop", "error"):
-        raise RecipeError(f"OVERSIZED must be drop or error, not '{oversized}'")
+    knobs = read(preset, env)
+    kind_ = knobs["KIND"]
     seqs, batch = knobs["SEQS_PER_UPDATE"], knobs["BATCH_PER_GPU"]
     if not (_positive_int(seqs) and _positive_int(batch) and _positive_int(str(world))):
         raise RecipeError(f"SEQS_PER_UPDATE ({seqs}), BATCH_PER_GPU ({batch}) and the number of processes ({world}) "
@@ -171,18 +224,10 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
         raise RecipeError(f"SEQS_PER_UPDATE={seqs} is not divisible by BATCH_PER_GPU={batch} x {world} processes = "
                           f"{per_step}; change BATCH_PER_GPU or the number of processes")
     update_freq = int(seqs) // per_step
-    cpu = knob("CPU", "0")
-    if cpu not in ("0", "1"):
-        raise RecipeError(f"CPU must be 0 (train on GPUs) or 1 (train on the CPU), not '{cpu}'")
-    precision = knob("PRECISION", "fp32" if cpu == "1" else "fp16")
-    if precision not in ("fp16", "bf16", "fp32"):
-        raise RecipeError(f"PRECISION must be fp16, bf16 or fp32, not '{precision}'")
+    cpu, precision, compile_ = knobs["CPU"], knobs["PRECISION"], knobs["TNN_COMPILE"]
     if cpu == "1" and precision == "fp16":
         raise RecipeError("CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16")
-    compile_ = knob("TNN_COMPILE", "0" if cpu == "1" else "1")
-    if compile_ not in ("0", "1", "strict"):
-        raise RecipeError(f"TNN_COMPILE must be 0 or 1 (--tnn-compile), or strict (--tnn-compile strict), "
-                          f"not '{compile_}'")
+    lr, oversized, schedule = knobs["LR"], knobs["OVERSIZED"], SCHEDULE[kind_]
 
     options = {"user_dir": user_dir, "arch": preset, **TASK[kind_]}
     if kind_ == "causal":
@@ -208,41 +253,3 @@ def benchmark(kind_: str, arch: str, tokens_per_sample: int) -> Dict:
     """benchmarks/trainer.py's recipe for one configuration (the caller adds precision, device and sizes)."""
     return {"user_dir": USER_DIR, "arch": arch, "task": TASK[kind_]["task"], "criterion": TASK[kind_]["criterion"],
             "tokens_per_sample": str(tokens_per_sample), **BENCHMARK}
-
-
-def _bash_assign(name: str, value) -> str:
-    if isinstance(value, list):
-        return f"{name}=({' '.join(shlex.quote(str(v)) for v in value)})"
-    return f"{name}={shlex.quote(str(value))}"
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="recipe.py", description="The recipes as bash assignments, for scripts/recipe.sh.")
-    p.add_argument("--prog", default="recipe.py", help="the name errors start with (the calling script's)")
-    sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("presets", help="TNN_CAUSAL_PRESETS and TNN_MASKED_PRESETS")
-    q = sub.add_parser("paper", help="RECIPE_KIND, RECIPE_UPDATE_FREQ and RECIPE_ARGS of the paper's recipe, "
-                                     "its knobs read from the environment")
-    q.add_argument("preset")
-    q.add_argument("data", help="the binarised data directory (absolute)")
-    q.add_argument("save_dir", help="the run directory (absolute)")
-    q.add_argument("world", help="the number of processes")
-    q.add_argument("user_dir", help="the plugin directory fairseq-train is given")
-    args = p.parse_args(argv)
-    if args.command == "presets":
-        print(_bash_assign("TNN_CAUSAL_PRESETS", " ".join(CAUSAL_PRESETS)))
-        print(_bash_assign("TNN_MASKED_PRESETS", " ".join(MASKED_PRESETS)))
-        return 0
-    try:
-        recipe = paper(args.preset, args.data, args.save_dir, args.world, user_dir=args.user_dir)
-    except RecipeError as e:
-        print(f"{args.prog}: error: {e}", file=sys.stderr)
-        return 2
-    print(_bash_assign("RECIPE_KIND", recipe.kind))
-    print(_bash_assign("RECIPE_UPDATE_FREQ", recipe.update_freq))
-    print(_bash_assign("RECIPE_ARGS", recipe.args))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -113,6 +113,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped where none is present, as in CI)")
     config.addinivalue_line("markers", "slow: takes more than about 20 s on 2 CPU cores (left out of "
                                        "`bash scripts/test.sh --fast`)")
+    config.addinivalue_line("markers", "runs_doc(*patterns): runs the commands of README.md and docs/*.md that these "
+                                       "regular expressions match (tests/scripts/test_docs.py reads the marks)")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -15,6 +15,15 @@ from typing import List, Optional
 
 # command -> (module under fairseq_tnn.commands, one-line summary)
 COMMANDS = {
+    "train": ("train", "train a preset with the paper's recipe: one process, this machine's, or several machines'"),
+    "slurm-train": ("slurm_train", "train a preset inside a SLURM job, under srun (scripts/slurm/train.sbatch)"),
+    "evaluate": ("evaluate", "perplexity against evaluation length, and the valid/test table (eval_extrapolation.sh)"),
+    "demo": ("demo", "TNN and FD-TNN trained side by side on data/sample on CPU, evaluated and reported (demo.sh)"),
+    "slurm-evaluate": ("slurm_evaluate", "one task of the evaluation's SLURM array (extrapolation.sbatch)"),
+    "preprocess": ("preprocess", "binarise a corpus encoded into pieces (fairseq-preprocess)"),
+    "prepare-corpus": ("prepare_corpus", "your own text to fairseq data: check, split, tokenizer, encode, binarise"),
+    "prepare-wikitext-103": ("prepare_wikitext", "download, GPT-2 BPE-encode and binarise Wikitext-103"),
+    "make-sample-data": ("make_sample_data", "build data/sample from the King James Bible (Debian's packages)"),
 }
 
 

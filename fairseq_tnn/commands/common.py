@@ -11,7 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository (fairseq_tnn/commands/common.py)
+# the repository (fairseq_tnn/commands/common.py), as the scripts name it: symbolic links kept, as bash's pwd
+# keeps them (a checkout whose fairseq_tnn/ is a link trains with --user-dir <checkout>/fairseq_tnn)
+ROOT = Path(os.path.abspath(__file__)).parents[2]
 USER_DIR = ROOT / "fairseq_tnn"  # what --user-dir names
 
 
@@ -72,11 +74,13 @@ class Knob:
     allowed: str = ""  # what check accepts, in words ("a positive integer")
 
 
-def read_knobs(knobs: Sequence[Knob], env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def read_knobs(knobs: Sequence[Knob], env: Optional[Mapping[str, str]] = None,
+               known: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """{name: value} of knobs from env (default os.environ), an empty value meaning the default; a value not
-    allowed is a CommandError naming the knob, its value and what is allowed."""
+    allowed is a CommandError naming the knob, its value and what is allowed. known: values the defaults may
+    use besides the knobs read before (e.g. the preset), returned with the knobs."""
     env = os.environ if env is None else env
-    values: Dict[str, str] = {}
+    values: Dict[str, str] = dict(known or {})
     for knob in knobs:
         value = env.get(knob.name) or ""
         if not value:
@@ -113,3 +117,13 @@ def count_gpus(env: Optional[Mapping[str, str]] = None) -> int:
         return 0
     out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
     return sum(1 for line in out.splitlines() if line.startswith("GPU"))
+
+
+def knobs_help(knobs: Sequence[Knob]) -> str:
+    """The knobs' help lines for --help: NAME [default] help. A default that is a function of other values
+    is described in brackets at the start of its help."""
+    lines = []
+    for knob in knobs:
+        default = "" if callable(knob.default) else f" [{knob.default}]"
+        lines.append(f"  {knob.name}{default} {knob.help}")
+    return "\n".join(lines)

@@ -11,8 +11,8 @@ the code and both fingerprints, and the fix is skipped or still applied, as its 
 again changes nothing. Each fix's module says why in full; tests/reliability/test_patches.py checks the
 fingerprints against the installed fairseq.
 """
-from . import (broadcast_unpickle, checkpoint_loader, fp16_syncs, numpy2_compat_long, progress_bar_log_file,
-               stop_prefetch_at_exit)
+from . import (atomic_save, broadcast_unpickle, checkpoint_loader, fp16_syncs, numpy2_compat_long,
+               progress_bar_log_file, stop_prefetch_at_exit)
 from .base import Patch
 
 FAIRSEQ = "fairseq 0.12.3.1 (fairseq-fixed)"
@@ -42,6 +42,41 @@ PATCHES = (
         on_mismatch="apply",  # it only wraps the call: any loader still gets the allowlist and the clear error
         replaces="fairseq.checkpoint_utils:load_checkpoint_to_cpu",
         replacement=checkpoint_loader.checkpoint_loader,
+    ),
+    Patch(
+        name="resume-from-readable",
+        why="fairseq-train resuming from checkpoint_last.pt stops when that file is unreadable and starts from "
+            "update 0 when it is missing beside older checkpoints; it resumes from the newest readable one, "
+            "with a warning, and stops naming every file only when none can be read",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.checkpoint_utils:load_checkpoint",
+        fingerprint="fa5f56e0443af37c",
+        on_mismatch="skip",  # it relies on how load_checkpoint picks checkpoint_last.pt and --restore-file
+        replaces="fairseq.checkpoint_utils:load_checkpoint",
+        replacement=checkpoint_loader.resume_from_readable,
+    ),
+    Patch(
+        name="atomic-checkpoint-copies",
+        why="save_checkpoint copies the first file of a save to checkpoint_best.pt, checkpoint_last.pt, ... with "
+            "shutil.copyfile, which truncates the destination first: a kill during the copy left a cut "
+            "checkpoint_last.pt; each copy goes to <file>.tmp, is fsynced and renamed over the file",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.checkpoint_utils:save_checkpoint",
+        fingerprint="646286c29c92fe30",
+        on_mismatch="apply",  # an atomic copy is still a copy, whatever the code that asks for it
+        replaces="fairseq.checkpoint_utils:PathManager",
+        replacement=atomic_save.path_manager,
+    ),
+    Patch(
+        name="durable-checkpoint-write",
+        why="torch_persistent_save renames <file>.tmp over the file without syncing it to the disk: after a crash "
+            "of the machine the renamed file could be empty; it is fsynced before the rename, the directory after",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.checkpoint_utils:torch_persistent_save",
+        fingerprint="a257ae8ee1c78765",
+        on_mismatch="skip",
+        replaces="fairseq.checkpoint_utils:torch_persistent_save",
+        replacement=atomic_save.persistent_save,
     ),
     Patch(
         name="progress-bar-log-file",

@@ -22,8 +22,9 @@ from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageMode
 
 from ..models.tnn_lm import decoding_length
 from ..models.tnn_mlm import NOT_FOR_EVAL_LM
+from .batches import ResumableBatchesMixin
 from .data_checks import check_split, check_tokens_per_sample, split_path
-from ..distributed.check import check_joined
+from ..distributed.check import check_joined, refuse_unjoinable
 from .precision import Bf16AutocastMixin, bf16_autocast_field
 from .step_metrics import StepMetricsMixin
 
@@ -78,7 +79,12 @@ def check_prompts(src_tokens, pad: int, max_len: Optional[int]):
 
 
 @register_task("tnn_language_modeling", dataclass=TnnLanguageModelingConfig)
-class TnnLanguageModelingTask(StepMetricsMixin, Bf16AutocastMixin, LanguageModelingTask):
+class TnnLanguageModelingTask(ResumableBatchesMixin, StepMetricsMixin, Bf16AutocastMixin, LanguageModelingTask):
+    @classmethod
+    def add_args(cls, parser):
+        refuse_unjoinable(parser)  # while fairseq parses the command line, before it sets up distributed training
+        super().add_args(parser)
+
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):
         check_tokens_per_sample(args.tokens_per_sample)
         check_joined()

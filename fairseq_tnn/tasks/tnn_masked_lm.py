@@ -29,8 +29,9 @@ from fairseq.tasks import register_task
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
 from ..models.tnn_mlm import NOT_FOR_EVAL_LM
+from .batches import ResumableBatchesMixin
 from .data_checks import check_split, check_tokens_per_sample, split_path
-from ..distributed.check import check_joined
+from ..distributed.check import check_joined, refuse_unjoinable
 from .precision import Bf16AutocastMixin, bf16_autocast_field
 from .step_metrics import StepMetricsMixin
 from .tnn_language_modeling import model_class
@@ -53,7 +54,14 @@ class TnnMaskedLMConfig(MaskedLMConfig):
 
 
 @register_task("tnn_masked_lm", dataclass=TnnMaskedLMConfig)
-class TnnMaskedLMTask(StepMetricsMixin, Bf16AutocastMixin, MaskedLMTask):
+class TnnMaskedLMTask(ResumableBatchesMixin, StepMetricsMixin, Bf16AutocastMixin, MaskedLMTask):
+    items_follow_epoch = True  # each block's mask is drawn from the seed, the epoch and the index
+
+    @classmethod
+    def add_args(cls, parser):
+        refuse_unjoinable(parser)  # while fairseq parses the command line, before it sets up distributed training
+        super().add_args(parser)
+
     def __init__(self, cfg, dictionary=None):
         check_tokens_per_sample(cfg.tokens_per_sample, minimum=2)  # one position is the <s> token
         check_joined()

@@ -87,6 +87,7 @@ def test_fd_tnn_lm_trains_and_extrapolates(data_bin, tmp_path):
     assert math.isfinite(eval_loss(log)[0])
 
 
+@pytest.mark.runs_doc(r'^fairseq-validate data-bin/wikitext-103 ')
 @pytest.mark.parametrize("arch", ["tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"])
 def test_masked_lm_trains_and_validates_at_8x_length(data_bin, tmp_path, arch):
     # 128 tokens: the longest sample line (112 pieces + eos + bos) fits one block in "complete" mode

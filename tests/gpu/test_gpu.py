@@ -25,6 +25,7 @@ def small(arch):
     return {"decoder_layers": 2} if arch in CAUSAL else {"encoder_layers": 2}
 
 
+@pytest.mark.runs_doc(r'^(FAIRSEQ_BIN=\S+ )?python3? -m pytest tests/gpu/test_gpu\.py')
 @pytest.mark.parametrize("precision", ["--fp16", "--bf16-autocast"])
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)
 def test_fairseq_train_on_gpu(data_bin, tmp_path, arch, precision):

@@ -1,10 +1,13 @@
 """Multi-process CPU training through fairseq_tnn.distributed.launch (torchrun underneath): one real data-parallel
 run, rank 0 alone writes checkpoints, per-update losses equal one process with --update-freq 2, and resuming works
-on torch >= 2.6 (rank 0 broadcasts the checkpoint). Then the launcher's command lines, errors, and what it makes of
-torchrun's handling of a failing rank and of a signal."""
+on torch >= 2.6 (rank 0 broadcasts the checkpoint); two "machines" (two launches with --nnodes 2 on this one, 1
+and 2 processes each) train as one process at the same tokens per update; plain torchrun, on one machine or two,
+and --distributed-world-size on CPU are refused with the launcher command that works. Then the launcher's command
+lines, errors, and what it makes of torchrun's handling of a failing rank and of a signal."""
 import fractions
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,7 +30,7 @@ TRAIN = lm_args(tokens_per_sample=64, batch_size=4, log_interval=1, no_epoch_che
 FIRST, RESUMED = 6, 8  # updates in the first 2-process run, and after resuming it
 
 # Installed as sitecustomize in the launched processes: records every write under TNN_WATCH_DIR
-# with the rank (from --distributed-rank) of the process that made it; and a process about to write a
+# with the rank (torchrun's RANK) of the process that made it; and a process about to write a
 # file whose path contains TNN_HOLD_WRITES waits there until it is killed (the SIGKILL test's checkpoint
 # that must not be written: without the hold, the run could reach it between the kill's cue and the kill).
 SITECUSTOMIZE = """
@@ -44,7 +47,7 @@ def _record(event, args):
     else:
         return
     if writing and str(path).startswith(os.environ["TNN_WATCH_DIR"]):
-        rank = sys.argv[sys.argv.index("--distributed-rank") + 1] if "--distributed-rank" in sys.argv else "?"
+        rank = os.environ.get("RANK", "?")  # torchrun's, which fairseq joins under (--distributed-rank may say -1)
         with open(os.environ["TNN_WRITES_LOG"], "a") as log:
             log.write(f"{rank} {event} {path}\\n")
 
@@ -115,6 +118,7 @@ def assert_only_rank_0_wrote(writes, save_dir):
     assert any(w.endswith(str(save_dir / "checkpoint_last.pt")) for w in writes), writes
 
 
+@pytest.mark.runs_doc(r'^python -m fairseq_tnn\.distributed\.launch --nproc 2 --cpu -- ')
 @pytest.mark.slow
 def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc, hook_dir):
     save_dir, log, writes, first = two_procs
@@ -150,6 +154,77 @@ def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin
     for update, (loss, _) in resumed.items():  # it continues exactly where the uninterrupted run goes
         assert loss == pytest.approx(single[update][0], abs=1.1e-3), (update, resumed, single)
     assert_only_rank_0_wrote(writes, save_dir)
+
+
+def launch_nodes(nnodes, nproc, train, run_dir, hook_dir):
+    """The launcher run as `nnodes` machines would run it, here as that many launches on this machine (node
+    ranks 0 to nnodes - 1, the master at 127.0.0.1 on a free port), on CPU, `nproc` processes each: each
+    node's output (node 0 first) and the writes under the --save-dir in `train` (rank, event, path)."""
+    save_dir = Path(train[train.index("--save-dir") + 1])
+    writes = run_dir / "writes.txt"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TNN_WATCH_DIR=str(save_dir),
+               TNN_WRITES_LOG=str(writes), PYTHONPATH=with_hooks(hook_dir))
+    port, procs, logs = launch.free_port(), [], [run_dir / f"node{r}.log" for r in range(nnodes)]
+    for rank in range(nnodes):
+        cmd = [cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", str(nproc), "--cpu",
+               "--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", "127.0.0.1", "--master-port",
+               str(port), "--log-dir", str(run_dir / f"ranks{rank}"), "--", *map(str, train)]
+        with open(logs[rank], "w") as log:  # files, not pipes: a node blocked on a full pipe would stall the others
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env))
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    out = [log.read_text() for log in logs]
+    assert codes == [0] * nnodes, "\n".join(o[-3000:] for o in out)
+    return out, writes.read_text().splitlines() if writes.exists() else []
+
+
+def assert_same_parameters(a_path, b_path):
+    a, b = (torch.load(p, map_location="cpu")["model"] for p in (a_path, b_path))
+    assert a.keys() == b.keys()
+    for name in a:  # all-reduce vs. accumulation: the same sums, to round-off
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.slow
+def test_two_machines_train_as_one_process_with_update_freq_2(data_bin, tmp_path, hook_dir, one_proc):
+    """Two "machines" (two launches with --nnodes 2, node ranks 0 and 1), one CPU process each: one run of 2
+    ranks ("training on 2 devices"), whose losses and parameters equal one process's at the same tokens per
+    update (--update-freq 2), and whose checkpoints only rank 0, on node 0, writes."""
+    save_dir = tmp_path / "checkpoints"
+    (node0, node1), writes = launch_nodes(2, 1, [data_bin, *TRAIN, "--max-update", FIRST, "--save-dir", save_dir],
+                                          tmp_path, hook_dir)
+    assert "torchrun starts 1 CPU processes on node 0 of 2" in node0 and "on node 1 of 2" in node1
+    assert "training on 2 devices" in node0 and "initialized host" in node1, node1[-3000:]
+    assert "train_inner" not in node1  # rank 1 logs warnings only
+    assert_only_rank_0_wrote(writes, save_dir)
+    dist, single = train_inner(node0), train_inner(one_proc[1])
+    assert sorted(dist) == list(range(1, FIRST + 1)), node0[-3000:]
+    for update, (loss, bsz) in dist.items():
+        assert (loss, bsz) == (single[update][0], 8), (update, dist, single)
+    assert_same_parameters(save_dir / "checkpoint_last.pt", one_proc[0] / f"checkpoint_1_{FIRST}.pt")
+
+
+@pytest.mark.slow
+@pytest.mark.runs_doc(r"^python -m fairseq_tnn\.distributed\.launch --nproc \d+ (--cpu )?--nnodes 2 --node-rank [01] ")
+def test_two_machines_of_two_processes_train_as_one_process_with_update_freq_4(data_bin, tmp_path, hook_dir):
+    """2 machines x 2 CPU processes (world 4), 2 sequences per process: equal to one process with 2 sequences
+    per batch and --update-freq 4."""
+    train = lm_args(tokens_per_sample=64, batch_size=2, log_interval=1, no_epoch_checkpoints=True,
+                    disable_validation=True) + ["--max-update", 4]
+    single = run([cli("fairseq-train"), data_bin, *train, "--update-freq", 4, "--save-dir", tmp_path / "single"])
+    save_dir = tmp_path / "checkpoints"
+    (node0, node1), writes = launch_nodes(2, 2, [data_bin, *train, "--save-dir", save_dir], tmp_path, hook_dir)
+    assert "training on 4 devices" in node0 and "[rank 3]" in node1, node1[-3000:]
+    assert_only_rank_0_wrote(writes, save_dir)
+    dist, single = train_inner(node0), train_inner(single)
+    assert sorted(dist) == sorted(single) == [1, 2, 3, 4], node0[-3000:]
+    for update, (loss, bsz) in dist.items():
+        assert (loss, bsz) == (single[update][0], 8), (update, dist, single)
+    assert_same_parameters(save_dir / "checkpoint_last.pt", tmp_path / "single" / "checkpoint_last.pt")
 
 
 MASKED_TRAIN = mlm_args(batch_size=4, disable_validation=True)
@@ -237,18 +312,64 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
         assert loss == pytest.approx(reference[update][0], abs=1.1e-3), (update, resumed, reference)
 
 
+def launcher_line(log):
+    """The launcher command that a refusal names, split into words."""
+    marker = "run this on this machine instead: "
+    (command,) = {l.split(marker, 1)[1] for l in log.splitlines() if marker in l}  # the same for each rank
+    return shlex.split(command)
+
+
 @pytest.mark.slow
 def test_plain_torchrun_on_cpu_is_refused_instead_of_training_twice(data_bin, tmp_path):
     """Stock fairseq ignores torchrun's environment on CPU: both processes would train alone and write the
-    same checkpoint files. The plugin's tasks refuse that, naming the launcher to use."""
+    same checkpoint files. The plugin's tasks refuse that while fairseq parses the command line, naming the
+    launcher command that runs the same arguments."""
     save_dir = tmp_path / "checkpoints"
-    log = run([cli("torchrun"), "--nproc-per-node", 2, cli("fairseq-train"), data_bin, *TRAIN, "--max-update", 2,
-               "--save-dir", save_dir], expect_ok=False)
+    train = [data_bin, *TRAIN, "--max-update", 2, "--save-dir", save_dir]
+    log = run([cli("torchrun"), "--nproc-per-node", 2, cli("fairseq-train"), *train], expect_ok=False)
     # whichever rank gets there first; torchrun then stops the other
-    assert re.search(r"started as rank [01] of WORLD_SIZE=2", log), log[-3000:]
-    assert "python -m fairseq_tnn.distributed.launch --nproc N --cpu" in log, log[-3000:]
-    assert "training on 1 devices" not in log
-    assert not list(save_dir.glob("*.pt"))
+    assert re.search(r"fairseq-train: error: this process is rank [01] of the 2 that torchrun started", log), log[-3000:]
+    words = launcher_line(log)
+    assert words[1:] == ["-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu", "--", *map(str, train)]
+    assert Path(words[0]).name.startswith("python") and "training on 1 devices" not in log
+    assert not save_dir.exists()
+
+
+@pytest.mark.slow
+def test_plain_torchrun_on_two_machines_is_refused_naming_each_machines_launcher_command(data_bin, tmp_path):
+    """torchrun --nnodes 2 --node-rank R --master-addr ... fairseq-train ..., as users type it on each of two
+    machines (here two torchruns on this one), with --distributed-world-size 2 (on CPU fairseq would divide by
+    the number of CUDA devices): each node's ranks are refused, naming the launcher command for that node, with
+    its node rank and the master torchrun was given (test_two_machines_train_as_one_process_with_update_freq_2
+    runs such commands)."""
+    save_dir = tmp_path / "checkpoints"
+    train = [data_bin, *TRAIN, "--max-update", 2, "--save-dir", save_dir]
+    port, procs = launch.free_port(), []
+    for rank in range(2):
+        cmd = [cli("torchrun"), "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+               "--master-port", str(port), "--nproc-per-node", "1", cli("fairseq-train"), *map(str, train),
+               "--distributed-world-size", "2"]
+        with open(tmp_path / f"node{rank}.log", "w") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1")))
+    assert [p.wait(timeout=300) for p in procs] == [1, 1]  # torchrun's status when a rank fails
+    for rank in range(2):
+        log = (tmp_path / f"node{rank}.log").read_text()
+        assert f"fairseq-train: error: this process is rank {rank} of the 2 that torchrun started" in log, log[-3000:]
+        assert launcher_line(log)[1:] == [
+            "-m", "fairseq_tnn.distributed.launch", "--nproc", "1", "--cpu", "--nnodes", "2", "--node-rank", str(rank),
+            "--master-addr", "127.0.0.1", "--master-port", str(port), "--", *map(str, train)]
+    assert not save_dir.exists()
+
+
+def test_distributed_world_size_on_cpu_without_a_launcher_is_refused(data_bin, tmp_path):
+    """fairseq-train --distributed-world-size 2 on CPU would stop on an assertion that 2 GPUs exist: refused
+    before any work, with the launcher's command for the same arguments."""
+    train = [data_bin, *TRAIN, "--max-update", 2, "--save-dir", tmp_path / "checkpoints"]
+    log = run([cli("fairseq-train"), *train, "--distributed-world-size", 2], expect_ok=False)
+    assert log.splitlines()[-1].startswith("fairseq-train: error: --distributed-world-size 2 on CPU"), log[-3000:]
+    assert launcher_line(log)[1:] == ["-m", "fairseq_tnn.distributed.launch", "--nproc", "2", "--cpu", "--",
+                                      *map(str, train)]
+    assert not (tmp_path / "checkpoints").exists()
 
 
 @pytest.mark.slow
@@ -291,6 +412,7 @@ def expected_rank_flags(n):
             "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
 
 
+@pytest.mark.runs_doc(r'^python -m fairseq_tnn\.distributed\.launch --nproc 2 --cpu --dry-run -- ')
 def test_dry_run_cpu_prints_one_torchrun_command(capsys, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(6)))
@@ -301,6 +423,7 @@ def test_dry_run_cpu_prints_one_torchrun_command(capsys, monkeypatch):
                          *expected_rank_flags(3)]
 
 
+@pytest.mark.runs_doc(r'^python -m fairseq_tnn\.distributed\.launch --nproc 8 -- ')
 def test_dry_run_variants(capsys, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # set by the user: left alone
     # --cpu among fairseq's arguments means CPU; a CPU-capable --ddp-backend is kept; a free port from torchrun
@@ -332,6 +455,45 @@ def test_dry_run_variants(capsys, monkeypatch):
                               "distributed_training.ddp_backend=legacy_ddp"]
 
 
+def node_flags(nnodes, rank, addr="10.1.2.3", port=29500):
+    return ["--nnodes", str(nnodes), "--node-rank", str(rank), "--master-addr", addr, "--master-port", str(port)]
+
+
+@pytest.mark.runs_doc(r"^python -m fairseq_tnn\.distributed\.launch --nproc \d+ (--cpu )?--nnodes 2 --node-rank [01] ")
+def test_dry_run_on_two_machines_prints_each_nodes_command(capsys, monkeypatch):
+    """Each node runs the launcher with its own --node-rank. On CPU: torchrun with the same node options, the
+    world (2 x 3) and the rank left to torchrun (-1: env:// reads its RANK). On GPUs: fairseq-train with
+    the world, node 0's address and this node's first rank (node rank x 3); fairseq spawns ranks from it."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for rank in range(2):
+        (cpu,) = dry_run(capsys, "--nproc", 3, "--cpu", *node_flags(2, rank), "--dry-run", "--", "d")
+        assert cpu[len(PREFIX) + 3:] == [
+            "--nproc-per-node", "3", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "10.1.2.3",
+            "--master-port", "29500", "--tee", "1:3,2:3", "-m", "fairseq_cli.train", "d", "--cpu",
+            "--distributed-world-size", "6", "--distributed-rank", "-1", "--distributed-init-method", "env://",
+            "--distributed-no-spawn", "--distributed-backend", "gloo", "--ddp-backend", "legacy_ddp"]
+        (gpu,) = dry_run(capsys, "--nproc", 3, "--gpu", *node_flags(2, rank), "--dry-run", "--", "d")
+        assert gpu == [sys.executable, "-m", "fairseq_cli.train", "d", "--distributed-world-size", "6",
+                       "--distributed-init-method", "tcp://10.1.2.3:29500", "--distributed-rank", str(3 * rank)]
+    # one process per machine: torchrun still joins the two (CPU), fairseq still spawns one (GPU)
+    (cpu,) = dry_run(capsys, "--nproc", 1, "--cpu", "--hydra", *node_flags(2, 1), "--dry-run", "--", "--config-name", "c")
+    assert cpu[len(PREFIX) + 3:][:11] == ["--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "1",
+                                          "--master-addr", "10.1.2.3", "--master-port", "29500", "-m"]
+    assert "distributed_training.distributed_rank=-1" in cpu and "distributed_training.distributed_world_size=2" in cpu
+    # a machine with more GPUs than --nproc: fairseq spawns one process per visible GPU, so the launcher hides the rest
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    (gpu,) = dry_run(capsys, "--nproc", 2, "--gpu", *node_flags(2, 1), "--dry-run", "--", "d")
+    assert gpu[0] == "CUDA_VISIBLE_DEVICES=4,5" and gpu[-2:] == ["--distributed-rank", "2"], gpu
+
+
+def test_an_unresolvable_master_address_is_refused_before_any_work(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        launch.main(["--nproc", "1", "--cpu", *node_flags(2, 1, addr="no-such-host.invalid"), "--", "d"])
+    assert exit_info.value.code == 2
+    assert "error: --master-addr no-such-host.invalid: cannot resolve it on this machine" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--nproc", "0", "--", "d"], "--nproc must be at least 1"),
     (["--nproc", "-2", "--", "d"], "--nproc must be at least 1"),
@@ -339,7 +501,20 @@ def test_dry_run_variants(capsys, monkeypatch):
     (["--cpu", "--", "d"], "required: --nproc"),
     (["--nproc", "2", "d"], "missing '--'"),
     (["--nproc", "2", "--"], "no fairseq-train arguments after '--'"),
-    (["--nproc", "2", "--port", "70000", "--", "d"], "--port must be in 1..65535"),
+    (["--nproc", "2", "--port", "70000", "--", "d"], "--master-port must be in 1..65535 (got 70000)"),
+    (["--nproc", "2", "--master-port", "0", "--", "d"], "--master-port must be in 1..65535 (got 0)"),
+    (["--nproc", "2", "--nnodes", "0", "--", "d"], "--nnodes must be at least 1 (got 0)"),
+    (["--nproc", "2", "--nnodes", "2", "--node-rank", "2", "--master-addr", "a", "--master-port", "9", "--", "d"],
+     "--node-rank must be in 0..1 for --nnodes 2 (got 2)"),
+    (["--nproc", "2", "--node-rank", "-1", "--", "d"], "--node-rank must be in 0..0 for --nnodes 1 (got -1)"),
+    (["--nproc", "2", "--node-rank", "1", "--", "d"], "--node-rank must be in 0..0 for --nnodes 1 (got 1)"),
+    (["--nproc", "2", "--nnodes", "2", "--node-rank", "1", "--master-port", "9", "--", "d"],
+     "--nnodes 2 needs --master-addr and --master-port: node 0's address and a free port there, the same on every node"),
+    (["--nproc", "2", "--nnodes", "2", "--master-addr", "10.0.0.1", "--", "d"], "--nnodes 2 needs --master-addr and"),
+    (["--nproc", "2", "--master-addr", "127.0.0.1", "--", "d"], "--master-addr 127.0.0.1 needs --master-port"),
+    (["--nproc", "2", "--master-addr", "", "--", "d"], "--master-addr must be a host name or an IP address (got '')"),
+    (["--nproc", "2", "--master-addr", "tcp://h", "--", "d"], "--master-addr must be a host name or an IP address"),
+    (["--nproc", "2", "--nnodes", "two", "--", "d"], "argument --nnodes: invalid int value: 'two'"),
     (["--nproc", "2", "--cpu", "--gpu", "--", "d"], "not allowed with argument"),
     (["--nproc", "2", "--cpu", "--", "d", "--distributed-world-size", "2"], "--distributed-world-size is set by the launcher"),
     (["--nproc", "2", "--cpu", "--", "d", "--distributed-rank=1"], "--distributed-rank is set by the launcher"),

@@ -11,6 +11,7 @@ from helpers import ROOT, command_env, execute
 SECTIONS = {"causal", "bidirectional", "rpe", "layer"}
 
 
+@pytest.mark.runs_doc(r'^python benchmarks/run\.py (?!--device)')
 @pytest.mark.slow
 def test_quick_benchmark_writes_json_markdown_and_plots(tmp_path):
     out = tmp_path / "bench"
@@ -63,6 +64,7 @@ def test_quick_benchmark_writes_json_markdown_and_plots(tmp_path):
     assert (out / "results.json").read_bytes() == before
 
 
+@pytest.mark.runs_doc(r'^python3? benchmarks/run\.py --device ')
 @pytest.mark.slow
 def test_trainer_benchmark_through_fairseqs_trainer(tmp_path):
     """``run.py --device cpu --quick --modes eager``: whole updates through fairseq's Trainer, every

@@ -1,10 +1,17 @@
-"""Every command shown in README.md and docs/*.md is run by a test. Those that run on CPU in seconds on the
-bundled sample run here as written, from their code block, in a directory laid out as after the demo
-(AS_WRITTEN; those that need a GPU, SLURM or Wikitext-103 and have a dry run, in their dry-run form: DRY_RUN=1
-and the command as written); for the others the table COVERAGE names the tests that run them (the same command
-on data/sample with tiny presets, or its dry run checked flag by flag), and every ```python block is run as
-written by the tests PYTHON_RUN_BY names. A command added to the docs without a row here, a row whose tests
-are gone, a Python example no test runs and a link to a missing page all fail."""
+"""Every command shown in README.md and docs/*.md is run by a test, and this file names no test. A command is
+run in one of three ways:
+- here, as written (AS_WRITTEN, below): those that run on CPU in seconds on the bundled sample, from their code
+  block, in a directory laid out as after the demo; those that need a GPU, SLURM or Wikitext-103 and have a dry
+  run, in their dry-run form (DRY_RUN=1 and the command as written);
+- by CI itself (RUN_BY_CI: .ci/run, or a script it runs, runs the command);
+- by the test that carries the command's mark, ``@pytest.mark.runs_doc(<regular expression on the command
+  line>)``, in the form this machine can run: the same command on data/sample with tiny presets, under CI's
+  one-node SLURM, or its dry run checked flag by flag. The marks are read from the test files' source
+  (doc_marks()), so that this file runs alone.
+The pages whose every block a test runs as written, in order, are RUN_AS_WRITTEN; every ```python block is run
+as written by the test files PYTHON_RUN_BY names. A command added to the docs that nothing runs, a mark or row
+that no documented command matches, a Python example no test runs and a link to a missing page all fail."""
+import ast
 import json
 import re
 import sys
@@ -15,83 +22,34 @@ import pytest
 from helpers import ROOT, command_env, execute
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-CI = "ci: .ci/run"  # the command CI itself runs
-# Pages whose every block a test runs as written, in order (no per-command rows needed)
+# Pages whose every block a test file runs as written, in order (no per-command rows needed)
 RUN_AS_WRITTEN = {"docs/using-models.md": "scripts/test_docs_using_models.py"}
-# The tests that run each page's ```python blocks as written
+# The test files that run each page's ```python blocks as written
 PYTHON_RUN_BY = {"README.md": ["scripts/test_docs_using_models.py", "modules/test_without_fairseq.py"],
                  **{page: [runner] for page, runner in RUN_AS_WRITTEN.items()}}
-
-# (regex on the command line, tests that run it)
-COVERAGE = [
-    (r"^bash scripts/demo\.sh$", ["scripts/test_demo.py::test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports"]),
-    (r"^bash scripts/test\.sh( --fast)?$", [CI]),  # the suite's own runner (--fast: a part of the suite)
-    (r"^bash scripts/setup\.sh$", ["scripts/test_demo.py::test_demo_trains_tnn_and_fd_tnn_side_by_side_and_reports"]),
-    (r"^bash scripts/preprocess\.sh data/sample data-bin/sample$",
-     ["scripts/test_preprocess.py::test_preprocess_skips_a_binarised_dir_and_redoes_it_with_force"]),
-    (r"^bash scripts/prepare-wikitext-103\.sh$", ["scripts/test_prepare_wikitext.py::test_prepare_runs_offline_from_manually_placed_files",
-                                                  "scripts/test_prepare_wikitext.py::test_prepare_dry_run_prints_the_pipeline"]),
-    (r"^bash scripts/prepare-corpus\.sh ", ["scripts/test_prepare_corpus.py::test_one_file_is_split_and_fairseqs_data_decodes_back_to_it",
-                                            "scripts/test_prepare_corpus.py::test_the_sample_text_gives_the_committed_sample_byte_for_byte"]),
-    # the run on a corpus of one's own: the commands prepare-corpus.sh prints, which this test runs as printed
-    (r"^(CPU=1 MAX_UPDATE=300 .* bash scripts/train\.sh tnn_lm_tiny data-bin/debian-copyright$"
-     r"|CPU=1 DATA=data-bin/debian-copyright LENGTHS=\".*\" bash scripts/eval_extrapolation\.sh "
-     r"|echo .* \| \.venv/bin/fairseq-interactive data-bin/debian-copyright )",
-     ["scripts/test_prepare_corpus.py::test_the_printed_next_steps_train_evaluate_and_generate"]),
-    (r"^\.venv/bin/python benchmarks/prepare_corpus\.py ", ["scripts/test_prepare_corpus.py::test_the_benchmark_reports_what_the_command_made"]),
-    (r"^(NPROC=1 |DRY_RUN=1 )?bash scripts/train\.sh \w+_wt103(_rpe3)? data-bin/wikitext-103$",
-     ["scripts/test_train_sh.py::test_train_dry_run_recipe_flag_by_flag"]),
-    (r"^OMP_NUM_THREADS=1 CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$",
-     ["scripts/test_train_sh.py::test_train_sh_trains_on_cpu_with_json_log_and_tensorboard"]),
-    (r"^CPU=1 MAX_UPDATE=1 .* bash scripts/train\.sh tnn_mlm_tiny data-bin/sample$",
-     ["scripts/test_train_sh.py::test_train_retries_a_run_that_saved_no_checkpoint"]),
-    (r"^python -m fairseq_tnn\.distributed\.launch --nproc 2 --cpu -- ",
-     ["reliability/test_distributed.py::test_two_processes_train_as_one_with_update_freq_2"]),
-    (r"^python -m fairseq_tnn\.distributed\.launch --nproc 8 -- ", ["reliability/test_distributed.py::test_dry_run_variants"]),
-    (r"^python -m fairseq_tnn\.distributed\.launch --nproc 2 --cpu --dry-run -- ",
-     ["reliability/test_distributed.py::test_dry_run_cpu_prints_one_torchrun_command"]),
-    (r"^(sbatch (--nodes=2 |--job-name=\w+ )?|DRY_RUN=1 SLURM_\S+ SLURM_\S+ SLURM_\S+ CUDA_VISIBLE_DEVICES=\S+ bash )"
-     r"scripts/slurm/train\.sbatch \w+_wt103(_rpe3)?$",
-     ["scripts/test_slurm.py::test_sbatch_dry_run_is_train_sh_recipe_under_srun"]),
-    (r"^sbatch --gpus-per-node=4 --ntasks-per-node=4 scripts/slurm/train\.sbatch fd_tnn_lm_wt103$",
-     ["scripts/test_slurm.py::test_every_layout_trains_at_the_papers_tokens_per_update"]),
-    (r"^CPU=1 DATA=data-bin/sample sbatch --gpus-per-node=0 --ntasks-per-node=1 --cpus-per-task=1 scripts/slurm/train\.sbatch tnn_lm_tiny$",
-     ["scripts/test_slurm_real.py::test_one_task_on_cpu_trains_and_saves"]),
-    (r"^CPU=1 DATA=data-bin/sample sbatch --gpus-per-node=0 --ntasks-per-node=2 --cpus-per-task=1 scripts/slurm/train\.sbatch tnn_lm_tiny$",
-     ["scripts/test_slurm_real.py::test_two_tasks_on_one_node_train_as_one_task_at_the_same_tokens_per_update"]),
-    (r"^bash scripts/slurm/local_cluster\.sh (start|stop)$", [CI]),
-    (r"^(jid=\$\(sbatch --parsable|REPORT_ONLY=1 sbatch) .*scripts/slurm/extrapolation\.sbatch ",
-     ["scripts/test_slurm_real.py::test_extrapolation_array_and_its_report_job"]),
-    (r"^fairseq-hydra-train --config-dir configs/experiments ",
-     ["scripts/test_experiment_configs.py::test_hydra_experiment_trains_two_updates_with_the_local_launcher",
-      "scripts/test_experiment_configs.py::test_experiment_yaml_equals_train_sh_recipe"]),
-    (r"^fairseq-hydra-train --config-dir configs --config-name tnn_lm_sample ",
-     ["cli/test_cli.py::test_hydra_train_with_a_config_from_configs"]),
-    (r"^python scripts/plot_training\.py ", ["scripts/test_plot_training.py::test_plot_training_on_the_train_log"]),
-    (r"^DATA=\S+ bash scripts/eval_extrapolation\.sh ",
-     ["scripts/test_eval_extrapolation.py::test_eval_extrapolation_scores_every_token_at_every_length",
-      "scripts/test_eval_extrapolation.py::test_eval_extrapolation_dry_run_commands"]),
-    (r"^fairseq-eval-lm data-bin/sample ", ["cli/test_cli.py::test_eval_lm_scores_every_token"]),
-    (r"^fairseq-validate data-bin/wikitext-103 ", ["cli/test_cli.py::test_masked_lm_trains_and_validates_at_8x_length"]),
-    (r"^python scripts/plot_kernels\.py checkpoints/\S+ ", ["scripts/test_plot_kernels.py::test_checkpoint_figures_and_json"]),
-    (r"^python scripts/plot_kernels\.py --init-study ",
-     ["scripts/test_plot_kernels.py::test_init_study_reproduces_the_smoothness_and_decay_figures"]),
-    (r"^python benchmarks/run\.py (?!--device)", ["scripts/test_benchmarks.py::test_quick_benchmark_writes_json_markdown_and_plots"]),
-    (r"^python benchmarks/memory\.py ", ["scripts/test_benchmarks.py::test_memory_accounting_of_every_configuration"]),
-    (r"^python benchmarks/ski_diagnostics\.py ", ["scripts/test_quality.py::test_diagnostics_command_writes_its_tables"]),
-    (r"^python benchmarks/quality\.py ", ["scripts/test_quality.py::test_quality_quick_trains_every_model_through_fairseq"]),
-    (r"^python3? benchmarks/run\.py --device ",
-     ["scripts/test_benchmarks.py::test_trainer_benchmark_through_fairseqs_trainer",  # eager
-      "scripts/test_gpu_check.py::test_quick_cpu_check_writes_a_complete_report",  # compiled, fp32 and bf16
-      "scripts/test_benchmarks.py::test_trainer_benchmark_refuses_cuda_without_a_gpu"]),
-    (r"^(PRECISION=bf16|TNN_COMPILE=0|TNN_COMPILE=strict) bash scripts/train\.sh \w+_wt103 data-bin/wikitext-103$",
-     ["scripts/test_train_sh.py::test_train_dry_run_precision_and_compile",
-      "scripts/test_train_sh.py::test_train_dry_run_compile_mode"]),
-    (r"^(PYTHONPATH=\S+ FAIRSEQ_BIN=\S+ PYTHON=python3 )?bash scripts/gpu_check\.sh( --cpu --quick)?$",
-     ["scripts/test_gpu_check.py::test_quick_cpu_check_writes_a_complete_report",
-      "scripts/test_gpu_check.py::test_refuses_without_a_gpu_unless_cpu"]),
-    (r"^(FAIRSEQ_BIN=\S+ )?python3? -m pytest tests/gpu/test_gpu\.py", ["gpu/test_gpu.py::test_fairseq_train_on_gpu"]),
+# (regex on the command line, the file that runs it): CI's own commands; the runner must name the script
+RUN_BY_CI = [
+    (r"^bash scripts/test\.sh( --fast)?$", ".ci/run"),  # the suite's own runner (--fast: a part of the suite)
+    (r"^bash scripts/slurm/local_cluster\.sh (start|stop)$", ".ci/run"),
+    (r"^bash scripts/setup\.sh$", "scripts/test.sh"),  # which .ci/run runs
 ]
+MARK = "pytest.mark.runs_doc"
+
+
+def doc_marks():
+    """[(pattern, "file::test")] of every ``@pytest.mark.runs_doc(pattern, ...)`` on a test function under tests/."""
+    marks = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
+                for decorator in node.decorator_list:
+                    if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == MARK:
+                        where = f"{path.relative_to(ROOT / 'tests')}::{node.name}"
+                        marks += [(ast.literal_eval(arg), where) for arg in decorator.args]
+    return marks
+
+
+MARKS = doc_marks()
 
 
 def doc_commands(path: Path):
@@ -113,7 +71,13 @@ def doc_commands(path: Path):
 
 
 ALL = [(p.relative_to(ROOT), c) for p in DOCS for c in doc_commands(p)]
-COVERED_BY_ROWS = [(p, c) for p, c in ALL if str(p) not in RUN_AS_WRITTEN]
+OUTSIDE_RUN_AS_WRITTEN = [(p, c) for p, c in ALL if str(p) not in RUN_AS_WRITTEN]
+
+
+def run_by_ci(command):
+    """The file of RUN_BY_CI that runs command, or None."""
+    runners = [runner for pattern, runner in RUN_BY_CI if re.search(pattern, command)]
+    return runners[0] if runners else None
 
 
 @pytest.mark.parametrize("page,command", ALL, ids=[f"{p}:{c[:40]}" for p, c in ALL])
@@ -122,17 +86,24 @@ def test_every_command_is_run_by_a_test(page, command):
         runner = (ROOT / "tests" / RUN_AS_WRITTEN[str(page)]).read_text()
         assert str(page) in runner or page.name in runner, f"{RUN_AS_WRITTEN[str(page)]} no longer runs {page}"
         return
-    rows = [tests for pattern, tests in COVERAGE if re.search(pattern, command)]
     if as_written(command):
-        return  # test_doc_command_runs_as_written runs it (and a row, if any, names a closer test)
-    assert rows, f"{page}: no test runs `{command}`; add one and a row to COVERAGE in tests/scripts/test_docs.py"
-    for tests in rows:
-        for test in tests:
-            if test == CI:
-                assert command.split(" --")[0] in (ROOT / ".ci" / "run").read_text()
-                continue
-            file, name = test.split("::")
-            assert re.search(rf"^def {name}\(", (ROOT / "tests" / file).read_text(), re.M), f"{test} is gone"
+        return  # test_doc_command_runs_as_written runs it (and a mark, if any, names a test closer to it)
+    runner = run_by_ci(command)
+    if runner:
+        script = re.search(r"scripts/\S+", command).group(0)
+        assert script in (ROOT / runner).read_text(), f"{runner} no longer runs {script}"
+        return
+    assert any(re.search(pattern, command) for pattern, _ in MARKS), \
+        f"{page}: no test runs `{command}`; run it here as written (a row of AS_WRITTEN in tests/scripts/" \
+        f"test_docs.py) or mark the test that runs it with @{MARK}(r\"<regular expression matching it>\")"
+
+
+def test_every_mark_and_ci_row_matches_a_documented_command():
+    commands = [c for _, c in ALL]
+    stale = [f"{where}: {pattern}" for pattern, where in MARKS if not any(re.search(pattern, c) for c in commands)]
+    stale += [pattern for pattern, _ in RUN_BY_CI if not any(re.search(pattern, c) for c in commands)]
+    assert not stale, stale
+    assert len({where for _, where in MARKS}) >= 10, MARKS  # the marks are found (a decorator renamed reads as none)
 
 
 def test_every_python_example_is_run_by_a_test():
@@ -260,7 +231,7 @@ def as_written(command):
     return rows[0] if rows else None
 
 
-RUN_HERE = list(dict.fromkeys(c for _, c in COVERED_BY_ROWS if as_written(c)))  # once each, in the docs' order
+RUN_HERE = list(dict.fromkeys(c for _, c in OUTSIDE_RUN_AS_WRITTEN if as_written(c)))  # once each, in the docs' order
 
 
 def test_every_as_written_row_is_used():

@@ -1,15 +1,18 @@
-"""scripts/eval_extrapolation.sh and scripts/extrapolation_report.py on the checkpoints of a real train.sh run
-(conftest's train_sh_run): every test token scored at every length, the report and Table-1 layout, refusals,
-the dry run's commands, the training length read from the checkpoints."""
+"""scripts/eval_extrapolation.sh (the evaluate command, fairseq_tnn/commands/evaluate.py) and its report
+(fairseq_tnn/commands/extrapolation_report.py) on the checkpoints of a real train.sh run (conftest's
+train_sh_run): every test token scored at every length, the report and Table-1 layout, refusals, the dry run's
+commands, the training length read from the checkpoints, the knobs' checks and --help."""
 import json
 import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import SCRIPTS, USER_DIR, cli, flags, ok, script_module, sh, split_tokens
+from fairseq_tnn.commands import evaluate, extrapolation_report
+from helpers import SCRIPTS, USER_DIR, cli, flags, ok, sh, split_tokens
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +77,8 @@ def test_eval_extrapolation_dry_run_commands(train_sh_run, data_bin, tmp_path):
         assert e[1] == str(data_bin) and f["--user-dir"] == [USER_DIR] and f["--task"] == ["tnn_language_modeling"]
         assert f["--sample-break-mode"] == ["none"] and f["--context-window"] == ["0"] and f["--batch-size"] == ["1"]
         assert f["--max-tokens"] == f["--tokens-per-sample"] and f["--path"] == [str(train_sh_run / "checkpoint_best.pt")]
-    assert "extrapolation_report.py" in out.splitlines()[-1] and not (tmp_path / "extrapolation").exists()
+    assert " -m fairseq_tnn.commands.extrapolation_report " in out.splitlines()[-1]
+    assert not (tmp_path / "extrapolation").exists()
 
 
 def test_eval_extrapolation_training_length_from_checkpoints(train_sh_run, data_bin, tmp_path):
@@ -99,12 +103,12 @@ def test_eval_extrapolation_training_length_from_checkpoints(train_sh_run, data_
 
 def test_report_one_row_per_model_and_refuses_incomplete(extrapolation, data_bin, tmp_path, capsys):
     src, *_ = extrapolation
-    report = script_module("extrapolation_report")
+    report = extrapolation_report
     out_dir = tmp_path / "two"
     for label in ("TNN", "FD-TNN"):
         shutil.copytree(src / "raw" / "tnn_lm_tiny", out_dir / "raw" / label)
     args = ["--data", str(data_bin), "--lengths", "64", "128", "512", "--table-tokens", "64"]
-    report.main(["--out-dir", str(out_dir), *args, "--models", "TNN=a.pt", "FD-TNN=b.pt"])
+    assert report.main(["--out-dir", str(out_dir), *args, "--models", "TNN=a.pt", "FD-TNN=b.pt"]) == 0
     md = (out_dir / "extrapolation.md").read_text()
     assert [line.split(" |")[0] for line in md.splitlines() if line.startswith("| ") and "---" not in line] == \
         ["| model", "| TNN", "| FD-TNN"]
@@ -115,7 +119,38 @@ def test_report_one_row_per_model_and_refuses_incomplete(extrapolation, data_bin
     log = bad / "raw" / "TNN" / "test.L128.cw0.log"
     log.write_text(re.sub(r"Evaluated [0-9,]+ tokens", "Evaluated 1,000 tokens", log.read_text()))
     (bad / "raw" / "TNN" / "test.L64.cw0.log").unlink()
-    with pytest.raises(SystemExit) as exc:
-        report.main(["--out-dir", str(bad), *args, "--models", "TNN=a.pt"])
-    assert "scored 1000 of" in str(exc.value) and "no complete fairseq-eval-lm log for test at L=64" in str(exc.value)
+    capsys.readouterr()
+    assert report.main(["--out-dir", str(bad), *args, "--models", "TNN=a.pt"]) == 1
+    err = capsys.readouterr().err
+    assert "extrapolation_report: error: incomplete evaluations, nothing written" in err, err
+    assert "scored 1000 of" in err and "no complete fairseq-eval-lm log for test at L=64" in err, err
     assert not (bad / "extrapolation.json").exists()
+
+
+@pytest.mark.parametrize("knob,value,message", [
+    ("LENGTHS", "64 0", "LENGTHS must be positive integers separated by spaces, not '64 0'"),
+    ("TABLE", "yes", "TABLE must be 0 or 1, not 'yes'"),
+    ("TABLE_TOKENS", "-5", "TABLE_TOKENS must be a positive integer, not '-5'"),
+    ("CONTEXT_WINDOW", "-1", "CONTEXT_WINDOW must be a non-negative integer, not '-1'"),
+    ("NAME", "a/b", "NAME must be letters, digits, '.', '_' or '-', not 'a/b'"),
+    ("EXTRA_ARGS", "--x 'y", "EXTRA_ARGS must be words a shell can split (balanced quotes), not '--x 'y'"),
+    ("FORCE", "2", "FORCE must be 0 or 1, not '2'"),
+])
+def test_a_bad_knob_is_one_line_before_any_work(train_sh_run, data_bin, tmp_path, monkeypatch, capsys, knob, value,
+                                                message):
+    """In-process, as the script hands over: one line naming the knob, its value and what is allowed; exit 2."""
+    for name, v in {"DATA": str(data_bin), "RESULTS_ROOT": str(tmp_path), knob: value}.items():
+        monkeypatch.setenv(name, v)
+    assert evaluate.main([str(train_sh_run / "checkpoint_last.pt")], "eval_extrapolation.sh") == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", f"eval_extrapolation.sh: error: {message}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_every_knob_with_its_default():
+    out, _ = ok([sys.executable, "-m", "fairseq_tnn", "evaluate", "--help"])
+    assert out.startswith("usage: fairseq-tnn evaluate [label=]<checkpoint.pt>...\n"), out
+    for knob in evaluate.KNOBS:
+        assert re.search(rf"^  {knob.name} \[{re.escape(knob.default)}\]", out, re.M), (knob.name, out)
+    out, _ = ok(["bash", SCRIPTS / "slurm" / "extrapolation.sbatch", "--help"])
+    assert out.startswith("usage: sbatch scripts/slurm/extrapolation.sbatch ") and "SLURM_ARRAY_TASK_ID" in out

@@ -81,6 +81,7 @@ def test_experiment_yaml_equals_train_sh_recipe(data_bin, tmp_path, experiment):
     assert yml.model.get("tno_type") == cli_cfg.model.tno_type
 
 
+@pytest.mark.runs_doc(r'^fairseq-hydra-train --config-dir configs/experiments ')
 def test_hydra_experiment_trains_two_updates_with_the_local_launcher(data_bin, tmp_path):
     log = run([cli("fairseq-hydra-train"), "--config-dir", ROOT / "configs" / "experiments", "--config-name",
                "ski_tnn_mlm_wt103", f"task.data={data_bin}", f"common.user_dir={USER_DIR}",

@@ -46,6 +46,7 @@ def test_refuses_an_existing_out_and_bad_options(tmp_path):
         assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.runs_doc(r'^(PYTHONPATH=\S+ FAIRSEQ_BIN=\S+ PYTHON=python3 )?bash scripts/gpu_check\.sh( --cpu --quick)?$')
 @pytest.mark.slow
 def test_quick_cpu_check_writes_a_complete_report(tmp_path):
     """What CI runs: every part at toy sizes on the CPU, all passing, and a report with every section."""

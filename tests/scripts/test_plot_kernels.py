@@ -49,6 +49,7 @@ def ski_checkpoint(data_bin, tmp_path_factory):
     return save / "checkpoint_last.pt"
 
 
+@pytest.mark.runs_doc(r'^python scripts/plot_kernels\.py checkpoints/\S+ ')
 def test_checkpoint_figures_and_json(ski_checkpoint, tmp_path, capsys):
     out = tmp_path / "k"
     log = run([sys.executable, SCRIPTS / "plot_kernels.py", ski_checkpoint, "--channels", 1, 3, "--out", out])

@@ -3,9 +3,12 @@ log format, update times counted once."""
 import json
 import sys
 
+import pytest
+
 from helpers import SCRIPTS, ok, script_module, sh
 
 
+@pytest.mark.runs_doc(r'^python scripts/plot_training\.py ')
 def test_plot_training_on_the_train_log(train_sh_run, tmp_path):
     out = tmp_path / "fig" / "valid.png"
     log = train_sh_run / "train.log"

@@ -21,8 +21,8 @@ def test_preprocess_skips_a_binarised_dir_and_redoes_it_with_force(data_bin, tmp
     env = {"FAIRSEQ_BIN": str(BIN)}
     before = (dest / "train.bin").read_bytes()
     (dest / "train.bin").write_bytes(b"damaged")
-    out, _ = ok(["bash", SCRIPTS / "preprocess.sh", ROOT / "data" / "sample", dest], env)
-    assert "already binarised (FORCE=1 to redo)" in out and (dest / "train.bin").read_bytes() == b"damaged"
+    _, err = ok(["bash", SCRIPTS / "preprocess.sh", ROOT / "data" / "sample", dest], env)
+    assert "already binarised (FORCE=1 to redo)" in err and (dest / "train.bin").read_bytes() == b"damaged"
     ok(["bash", SCRIPTS / "preprocess.sh", ROOT / "data" / "sample", dest], {**env, "FORCE": "1"})
     assert (dest / "train.bin").read_bytes() == before
 

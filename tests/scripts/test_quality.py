@@ -22,6 +22,7 @@ def test_the_default_low_rank_starts_below_the_band_and_sum_above_it():
 
 
 
+@pytest.mark.runs_doc(r'^python benchmarks/ski_diagnostics\.py ')
 def test_diagnostics_command_writes_its_tables(tmp_path):
     out = tmp_path / "diag"
     run([sys.executable, ROOT / "benchmarks/ski_diagnostics.py", "--n", "64", "--dim", "8", "--out", out])
@@ -34,6 +35,7 @@ def test_diagnostics_command_writes_its_tables(tmp_path):
     assert code == 2 and "refusing to overwrite" in err
 
 
+@pytest.mark.runs_doc(r'^python benchmarks/quality\.py ')
 @pytest.mark.slow
 def test_quality_quick_trains_every_model_through_fairseq(tmp_path):
     out = tmp_path / "q"

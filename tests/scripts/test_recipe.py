@@ -1,7 +1,7 @@
 """fairseq_tnn/recipe.py, the one module of the training recipes: its presets are fairseq's registered archs, it
-runs without torch, fairseq or the plugin installed, and the benchmarks' recipe is the paper's optimizer. The
-paper's recipe itself, its knobs and refusals are checked through scripts/train.sh (tests/scripts/test_train_sh.py)."""
-import shlex
+and the train command run without torch, fairseq or the plugin installed, the knobs' help comes from their
+declarations, and the benchmarks' recipe is the paper's optimizer. The paper's recipe itself, its knobs and
+refusals are checked through scripts/train.sh (tests/scripts/test_train_sh.py)."""
 import subprocess
 import sys
 
@@ -9,9 +9,6 @@ import pytest
 
 from fairseq_tnn import recipe
 from helpers import ROOT, arch_presets
-
-RECIPE_PY = ROOT / "fairseq_tnn" / "recipe.py"
-
 
 def test_presets_are_the_registered_archs():
     assert list(recipe.CAUSAL_PRESETS) == arch_presets("tnn_lm")
@@ -21,17 +18,35 @@ def test_presets_are_the_registered_archs():
         recipe.kind("tnn_lm")
 
 
-def test_the_command_line_prints_bash_and_errors_exit_2_without_torch():
-    """Run as the scripts run it, with -S -I: no site-packages (no torch, no fairseq, no plugin installed)."""
-    python = [sys.executable, "-S", "-I", str(RECIPE_PY)]
-    out = subprocess.run([*python, "presets"], capture_output=True, text=True, check=True).stdout
-    assert out == ("TNN_CAUSAL_PRESETS=" + shlex.quote(" ".join(recipe.CAUSAL_PRESETS)) + "\n"
-                   "TNN_MASKED_PRESETS=" + shlex.quote(" ".join(recipe.MASKED_PRESETS)) + "\n")
-    proc = subprocess.run([*python, "--prog", "train.sh", "paper", "tnn_lm_wt103", "/d", "/s", "3", "/u"],
-                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"})
+def test_the_entry_point_needs_no_torch_and_errors_exit_2(data_bin):
+    """The train command as the scripts run it, but with -S -I: no site-packages (no torch, no fairseq, no plugin
+    installed); a knob's error is one line, exit status 2."""
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); from fairseq_tnn.commands import main; sys.exit(main())"
+    proc = subprocess.run([sys.executable, "-S", "-I", "-c", code, "--prog", "train.sh", "train", "tnn_lm_wt103",
+                           str(data_bin)], capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "NPROC": "3", "DRY_RUN": "1"})
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == ("train.sh: error: SEQS_PER_UPDATE=128 is not divisible by BATCH_PER_GPU=8 x 3 processes = "
                            "24; change BATCH_PER_GPU or the number of processes\n")
+
+
+def test_help_lists_every_knob_from_its_declaration(capsys):
+    """`python -m fairseq_tnn train --help` (the scripts' headers point there): every knob, in the order read,
+    with the default it is declared with."""
+    from fairseq_tnn.commands import main, train
+    assert main(["train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m fairseq_tnn train <preset> <data-bin> ")
+    knobs = [*recipe.KNOBS, *train.TRAIN_KNOBS, *train.RUN_KNOBS]
+    lines = [line for line in out.splitlines() if line.startswith("  ")]
+    assert [line.split()[0] for line in lines[:len(knobs)]] == [k.name for k in knobs]
+    for line in ("  MAX_UPDATE [50000] ", "  SEQS_PER_UPDATE [128 causal, 512 masked] ", "  CPU [0] ",
+                 "  NNODES [1] ", "  MASTER_ADDR [127.0.0.1 when NNODES=1, required otherwise] "):
+        assert line in out, line
+    assert main(["slurm-train", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: python -m fairseq_tnn slurm-train <preset> ") and "  PORT [10000 + job id" in out
+    assert "NPROC" not in out  # the allocation decides
 
 
 def test_benchmark_recipe_is_the_papers_optimizer():

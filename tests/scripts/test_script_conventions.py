@@ -9,15 +9,14 @@ import pytest
 
 from helpers import ROOT, SCRIPTS, SLURM, ok, sh
 
-LIBRARIES = [SCRIPTS / "lib.sh", SCRIPTS / "recipe.sh"]  # sourced, not run
+LIBRARIES = [SCRIPTS / "lib.sh"]  # sourced, not run
 BASH_SCRIPTS = [SCRIPTS / "train.sh", SCRIPTS / "prepare-wikitext-103.sh", SCRIPTS / "eval_extrapolation.sh",
                 *LIBRARIES, *sorted(SLURM.glob("*.sbatch")), SLURM / "local_cluster.sh", SCRIPTS / "demo.sh",
                 SCRIPTS / "preprocess.sh", SCRIPTS / "prepare-corpus.sh", SCRIPTS / "setup.sh", SCRIPTS / "test.sh",
                 SCRIPTS / "make_sample_data.sh",
                 SCRIPTS / "gpu_check.sh"]
-PY_SCRIPTS = [SCRIPTS / "extrapolation_report.py", SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
-              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py", SCRIPTS / "prepare_corpus.py",
-              SCRIPTS / "make_sample_data.py"]
+PY_SCRIPTS = [SCRIPTS / "plot_training.py", SCRIPTS / "gpt2_bpe_encode.py",
+              SCRIPTS / "plot_kernels.py", SCRIPTS / "make_experiment_configs.py"]
 # the venv that runs pytest has the fairseq CLIs; keep SLURM variables of a real job out of the dry runs
 
 
@@ -30,8 +29,8 @@ def test_bash_syntax_and_strict_mode(script):
 
 
 def test_every_script_uses_the_shared_helpers():
-    """scripts/lib.sh holds die, say, usage_error, quote_cmd and is_pos_int; every script that uses one sources it
-    (directly or through recipe.sh) and none defines its own copy."""
+    """scripts/lib.sh holds die, say, usage_error, quote_cmd, is_pos_int and hand_over; every script that uses one
+    sources it and none defines its own copy."""
     scripts = sorted({*SCRIPTS.glob("*.sh"), *SLURM.glob("*.sh"), *SLURM.glob("*.sbatch")})
     assert set(scripts) == set(BASH_SCRIPTS)  # a new script is checked here too
     users = []
@@ -39,9 +38,9 @@ def test_every_script_uses_the_shared_helpers():
         if script.name == "lib.sh":
             continue
         text = script.read_text()
-        if re.search(r"\b(die|say|usage_error|quote_cmd|is_pos_int)\b", text):
+        if re.search(r"\b(die|say|usage_error|quote_cmd|is_pos_int|hand_over)\b", text):
             users.append(script.name)
-            assert re.search(r'^\s*source "\$ROOT/scripts/(lib|recipe)\.sh"', text, re.M), f"{script.name} does not source lib.sh"
+            assert re.search(r'^\s*source "\$ROOT/scripts/lib\.sh"', text, re.M), f"{script.name} does not source lib.sh"
         own = re.findall(r"^\s*(\w*die|say|quote_cmd|usage_error|is_pos_int)\s*\(\)", text, re.M)
         assert not own, f"{script.name} defines {own}; use scripts/lib.sh's"
     assert set(users) == {s.name for s in scripts} - {"lib.sh", "test.sh"}, users  # test.sh: two lines, no errors
@@ -66,14 +65,31 @@ def test_python_scripts_compile_and_have_help(script):
 
 @pytest.mark.parametrize("cmd", [
     ["train.sh"], ["train.sh", "tnn_lm_tiny"], ["train.sh", "no_such_preset", "data-bin"],
-    ["eval_extrapolation.sh"], ["prepare-wikitext-103.sh", "a", "b"], ["prepare-wikitext-103.sh", "--help"],
+    ["eval_extrapolation.sh"], ["prepare-wikitext-103.sh", "a", "b"], ["prepare-wikitext-103.sh", "--dest"],
     ["preprocess.sh"], ["preprocess.sh", "data/sample"], ["preprocess.sh", "/no/such/dir", "/tmp/x"],
     ["demo.sh", "--fast"], ["setup.sh", "x"], ["make_sample_data.sh", "x"], ["slurm/local_cluster.sh"],
     ["slurm/local_cluster.sh", "restart"], ["prepare-corpus.sh"], ["prepare-corpus.sh", "a", "b", "c"],
-    ["prepare-corpus.sh", "--help"],
+    ["prepare-corpus.sh", "-x"],
 ], ids=lambda c: " ".join(c) or "none")
 def test_wrong_arguments_print_usage_and_fail(cmd):
     rc, out, err = sh(["bash", SCRIPTS / cmd[0], *cmd[1:]])
     assert rc == 2, (rc, out, err)
     assert "usage: bash scripts/" + cmd[0] in err
     assert out == ""
+
+
+@pytest.mark.parametrize("script,knobs", [
+    ("prepare-corpus.sh", ["BPE [sentencepiece]", "VOCAB_SIZE [0]", "TOKENS_PER_SAMPLE [512]", "FORCE [0]"]),
+    ("preprocess.sh", ["FORCE [0]", "WORKERS [0]", "SRCDICT "]),
+    ("prepare-wikitext-103.sh", ["RAW_DIR [", "CONNECT_TIMEOUT [10]", "DRY_RUN [0]"]),
+    ("make_sample_data.sh", ["KJV_VERSION [4.38]", "TRAIN_BOOKS [Ge Psa John Rom]", "VOCAB_SIZE [2000]"]),
+])
+def test_a_handing_over_script_names_its_command_whose_help_lists_the_knobs(script, knobs):
+    """The script's header names `python -m fairseq_tnn <command> --help`; that and the script's --help print
+    the usage and every knob with its default (fairseq_tnn/commands)."""
+    command = re.search(r"python -m fairseq_tnn ([\w-]+) --help", (SCRIPTS / script).read_text()).group(1)
+    for argv in (["bash", SCRIPTS / script, "--help"], [sys.executable, "-m", "fairseq_tnn", command, "--help"]):
+        out, _ = ok(argv)
+        assert "usage: " in out and "knobs are environment variables" in out, out
+        for knob in knobs:
+            assert f"\n  {knob}" in out, (knob, out)

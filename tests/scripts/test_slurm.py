@@ -40,6 +40,7 @@ def header_layout():
 LAYOUTS = [header_layout(), (2, 8, 8), (1, 4, 8), (1, 4, 4), (1, 2, 2), (1, 1, 8), (2, 1, 8), (1, 1, 1)]
 
 
+@pytest.mark.runs_doc(r'^sbatch --gpus-per-node=4 --ntasks-per-node=4 scripts/slurm/train\.sbatch fd_tnn_lm_wt103$')
 @pytest.mark.parametrize("preset", sorted(PAPER_TOKENS_PER_UPDATE))
 @pytest.mark.parametrize("nodes,tasks,gpus", LAYOUTS)
 def test_every_layout_trains_at_the_papers_tokens_per_update(data_bin, tmp_path, preset, nodes, tasks, gpus):
@@ -65,6 +66,7 @@ def test_sbatch_refuses_a_missing_or_unknown_preset_before_any_work(tmp_path, ar
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.runs_doc(r'^sbatch (--nodes=2 |--job-name=\w+ )?scripts/slurm/train\.sbatch \w+_wt103(_rpe3)?$')
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_sbatch_dry_run_is_train_sh_recipe_under_srun(data_bin, tmp_path, experiment):
     env = slurm_env(2, 8, **EIGHT_GPUS, DATA=str(data_bin), SAVE_ROOT=str(tmp_path))

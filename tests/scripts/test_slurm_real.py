@@ -149,6 +149,7 @@ def one_task(submitted):
     return root / "one", log
 
 
+@pytest.mark.runs_doc(r'^CPU=1 DATA=data-bin/sample sbatch --gpus-per-node=0 --ntasks-per-node=1 --cpus-per-task=1 scripts/slurm/train\.sbatch tnn_lm_tiny$')
 def test_one_task_on_cpu_trains_and_saves(one_task):
     run_dir, log = one_task
     assert "train.sbatch: tnn_lm_tiny: 1 node(s) x 1 CPU task(s), update-freq 2" in log
@@ -188,6 +189,7 @@ def test_requeue_resumes_from_checkpoint_last_and_keeps_both_attempts_in_the_log
     assert_same_parameters(root / "requeued" / "checkpoint_last.pt", one_task[0] / "checkpoint_last.pt", rtol=1e-6)
 
 
+@pytest.mark.runs_doc(r'^CPU=1 DATA=data-bin/sample sbatch --gpus-per-node=0 --ntasks-per-node=2 --cpus-per-task=1 scripts/slurm/train\.sbatch tnn_lm_tiny$')
 def test_two_tasks_on_one_node_train_as_one_task_at_the_same_tokens_per_update(submitted, one_task):
     root, ids = submitted
     (record,) = wait(ids["two"])
@@ -203,6 +205,7 @@ def test_two_tasks_on_one_node_train_as_one_task_at_the_same_tokens_per_update(s
     assert_same_parameters(root / "two" / "checkpoint_last.pt", one_task[0] / "checkpoint_last.pt", rtol=1e-4)
 
 
+@pytest.mark.runs_doc(r'^(jid=\$\(sbatch --parsable|REPORT_ONLY=1 sbatch) .*scripts/slurm/extrapolation\.sbatch ')
 def test_extrapolation_array_and_its_report_job(one_task, data_bin, tmp_path):
     """docs/evaluation.md's two sbatch lines, with a CPU partition's header overrides and two lengths."""
     script = SLURM / "extrapolation.sbatch"

@@ -1,9 +1,12 @@
-"""scripts/train.sh and the recipe it shares (scripts/recipe.sh, fairseq_tnn/recipe.py): dry runs checked flag
-by flag against the paper's recipe for every preset, the environment knobs, refusals of bad settings and of
-existing runs, and a real run on CPU (conftest's train_sh_run)."""
+"""scripts/train.sh and what it hands over to (python -m fairseq_tnn train, fairseq_tnn/recipe.py): dry runs
+checked flag by flag against the paper's recipe for every preset, the environment knobs (several machines
+among them), refusals of bad settings, of distributed options and of existing runs, a resume against another
+dictionary, and a real run on CPU (conftest's train_sh_run)."""
 import json
 import os
 import shlex
+import shutil
+import subprocess
 
 import pytest
 
@@ -212,3 +215,145 @@ def test_train_sh_trains_on_cpu_with_json_log_and_tensorboard(train_sh_run):
     assert [r["num_updates"] for r in inner] == ["1", "2", "3", "4"] and all("max_rss_mb" in r for r in inner)
     assert any((train_sh_run / "tensorboard").rglob("events.out.tfevents.*"))
     assert shlex.split((train_sh_run / "command.txt").read_text())[0] == cli("fairseq-train")
+
+
+@pytest.mark.parametrize("arg", ["--distributed-world-size", "--ddp-backend=pytorch_ddp", "--distributed-rank"])
+def test_train_refuses_distributed_options_among_the_extra_arguments(data_bin, tmp_path, arg):
+    """They are train.sh's (from NPROC, NNODES and CPU): one would change the tokens per update."""
+    rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin, arg, "2"],
+                      {"CPU": "1", "SAVE_ROOT": str(tmp_path)})
+    assert (rc, out) == (2, "") and err == (f"train.sh: error: {arg} is set by this script from NPROC, NNODES and "
+                                           "CPU; remove it from the fairseq-train arguments\n"), err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("env,head,update_freq", [
+    ({"CPU": "1", "NPROC": "1", "NNODES": "2", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1"},
+     ["--nproc", "1", "--cpu", "--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port",
+      "29500"], "8"),  # 128 / (8 x 2)
+    ({"NPROC": "8", "NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "node1", "MASTER_PORT": "1234"},
+     ["--nproc", "8", "--nnodes", "2", "--node-rank", "0", "--master-addr", "node1", "--master-port", "1234"], "1"),
+    ({"CPU": "1", "NPROC": "2", "MASTER_PORT": "1234"}, ["--nproc", "2", "--cpu", "--port", "1234"], "8"),
+])
+def test_train_several_machines_run_the_launcher_at_the_papers_tokens_per_update(data_bin, tmp_path, env, head,
+                                                                                  update_freq):
+    """NNODES x NPROC is the world: update-freq keeps 128 sequences per update (issue 41: the launcher's flags
+    in torchrun's terms, one launch per machine)."""
+    argv = dry_train("tnn_lm_wt103" if "CPU" not in env else "tnn_lm_tiny", data_bin, SAVE_ROOT=str(tmp_path), **env)
+    assert argv[:3] == [script_env()["PYTHON"], "-m", "fairseq_tnn.distributed.launch"]
+    assert argv[3:argv.index("--")] == head and flags(argv)["--update-freq"] == [update_freq]
+    split = argv.index("--")  # and the launcher takes it (its dry run: the command it would run on this machine)
+    out, _ = ok([*argv[:split], *([] if "--cpu" in head else ["--gpu"]), "--dry-run", *argv[split:]])
+    assert f"--distributed-world-size {int(env.get('NNODES', 1)) * int(env['NPROC'])} " in out, out
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"NNODES": "0"}, "NNODES must be a positive integer, not '0'"),
+    ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "h"}, "NODE_RANK must be 0 to NNODES - 1 = 1, not '2'"),
+    ({"NNODES": "2", "NODE_RANK": "-1", "MASTER_ADDR": "h"}, "NODE_RANK must be 0 to NNODES - 1, not '-1'"),
+    ({"NNODES": "2"}, "MASTER_ADDR must be the NODE_RANK 0 machine's address when NNODES > 1, not ''"),
+    ({"NNODES": "2", "MASTER_ADDR": "h", "MASTER_PORT": "70000"}, "MASTER_PORT must be a port, 1 to 65535, not '70000'"),
+    ({"MASTER_ADDR": "10.0.0.1"}, "MASTER_ADDR=10.0.0.1 is for several machines (NNODES > 1)"),
+    ({"MASTER_PORT": "1234"}, "MASTER_PORT=1234 is for several processes (NPROC > 1 or NNODES > 1); one process"),
+    ({"FORCE": "yes"}, "FORCE must be 0 or 1, not 'yes'"),
+    ({"MAX_UPDATE": "1e4"}, "MAX_UPDATE must be a positive integer, not '1e4'"),
+    ({"LR": "fast"}, "LR must be a positive number, not 'fast'"),
+])
+def test_train_knobs_refused_in_process(data_bin, tmp_path, monkeypatch, capsys, env, message):
+    """The entry point, called as train.sh calls it: one line naming the knob, exit 2, nothing written."""
+    from fairseq_tnn.commands import main
+    for name, value in {"CPU": "1", "NPROC": "1", "SAVE_ROOT": str(tmp_path), **env}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["--prog", "train.sh", "train", "tnn_lm_tiny", str(data_bin)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"train.sh: error: {message}") and err.count("\n") == 1, err
+    assert not list(tmp_path.iterdir())
+
+
+def test_train_only_node_rank_0_claims_the_run_directory(data_bin, tmp_path, monkeypatch, capsys):
+    """A failed attempt's files (no checkpoint) in a shared run directory: NODE_RANK 1 leaves them and writes no
+    command.txt, NODE_RANK 0 moves them to previous-attempt/ and appends its command (the command run in this
+    process, os.execvp recorded instead)."""
+    from fairseq_tnn.commands import main, train
+    run_dir = tmp_path / "tnn_lm_tiny"
+    run_dir.mkdir()
+    (run_dir / "command.txt").write_text("the failed attempt\n")
+    ran = []
+    monkeypatch.setattr(train.os, "execvp", lambda prog, argv: ran.append(argv))
+    env = {"CPU": "1", "NPROC": "1", "NNODES": "2", "MASTER_ADDR": "10.0.0.1", "SAVE_ROOT": str(tmp_path)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NODE_RANK", "1")
+    main(["--prog", "train.sh", "train", "tnn_lm_tiny", str(data_bin)])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["command.txt"]
+    assert (run_dir / "command.txt").read_text() == "the failed attempt\n" and "--node-rank 1" in " ".join(ran[0])
+    monkeypatch.setenv("NODE_RANK", "0")
+    main(["--prog", "train.sh", "train", "tnn_lm_tiny", str(data_bin)])
+    assert (run_dir / "previous-attempt" / "command.txt").read_text() == "the failed attempt\n"
+    assert shlex.split((run_dir / "command.txt").read_text()) == ran[1] and "--node-rank" in ran[1]
+    assert "holds no checkpoint" in capsys.readouterr().err
+
+
+def test_train_resume_with_another_dictionary_stops_naming_both(data_bin, tmp_path, train_sh_run):
+    """issue 40: a second corpus resumed into the first's run directory stopped in fairseq's state_dict size
+    mismatch traceback; now one line names the checkpoint's data and dictionary size and the new ones."""
+    run_dir = tmp_path / "tnn_lm_tiny"
+    run_dir.mkdir()
+    shutil.copy(train_sh_run / "checkpoint_last.pt", run_dir / "checkpoint_last.pt")
+    other = tmp_path / "other-bin"
+    shutil.copytree(data_bin, other)
+    words = (other / "dict.txt").read_text().splitlines()
+    (other / "dict.txt").write_text("\n".join(words + [f"extra{i} 1" for i in range(8)]) + "\n")
+    symbols = 4 + len(words)
+    env = {"CPU": "1", "SAVE_ROOT": str(tmp_path), "RESUME": "1", "MAX_UPDATE": "6", "TOKENS_PER_SAMPLE": "64",
+           "SEQS_PER_UPDATE": "8", "NUM_WORKERS": "0"}
+    rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", other], env)
+    assert (rc, out) == (2, ""), (rc, out[-2000:], err[-3000:])
+    assert err.splitlines()[-1] == (
+        f"train.sh: error: {run_dir}/checkpoint_last.pt was trained with the dictionary of {data_bin} ({symbols} "
+        f"symbols), not with {other}/dict.txt ({symbols + 8} symbols); resume it on its own data, or train this data "
+        "beside it (RUN_NAME=<another name>) or over it (FORCE=1)"), err
+    assert "Traceback" not in err and sorted(p.name for p in run_dir.iterdir()) == ["checkpoint_last.pt"]
+    # its own data resumes (the dry run: the command, no refusal)
+    out, err = ok(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin], {**env, "DRY_RUN": "1"})
+    assert "RESUME=1: continuing the run" in err and "error" not in err and "fairseq-train" in out
+    # a requeued SLURM job (RESUME=1 by itself) against the other data stops the same way, before srun
+    slurm = {"CPU": "1", "DATA": str(other), "SAVE_ROOT": str(tmp_path), "SLURM_NNODES": "1",
+             "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "1"}
+    rc, out, err = sh(["bash", SCRIPTS / "slurm" / "train.sbatch", "tnn_lm_tiny"], slurm)
+    assert (rc, out) == (2, "") and err.splitlines()[-1].startswith(
+        f"train.sbatch: error: {run_dir}/checkpoint_last.pt was trained with the dictionary of {data_bin} "), err
+
+
+def test_train_sh_on_two_machines_trains_one_run(data_bin, tmp_path):
+    """Two "machines" as two train.sh commands on this machine (NNODES=2, NODE_RANK 0 and 1, the master on
+    127.0.0.1), one CPU process each: one run of world 2 at update-freq 1 (8 sequences per update as 2 x 4), its
+    run directory claimed and its command written by NODE_RANK 0 alone."""
+    from fairseq_tnn.distributed.launch import free_port
+    env = script_env({"CPU": "1", "NPROC": "1", "NNODES": "2", "MASTER_ADDR": "127.0.0.1",
+                      "MASTER_PORT": str(free_port()), "MAX_UPDATE": "4", "TOKENS_PER_SAMPLE": "64",
+                      "SEQS_PER_UPDATE": "8", "BATCH_PER_GPU": "4", "LR": "0.003", "WARMUP_UPDATES": "2",
+                      "VALIDATE_INTERVAL_UPDATES": "4", "SAVE_INTERVAL_UPDATES": "4", "LOG_INTERVAL": "1",
+                      "NUM_WORKERS": "0", "SAVE_ROOT": str(tmp_path / "ck")})
+    procs, logs = [], [tmp_path / f"node{rank}.log" for rank in (0, 1)]
+    for rank in (0, 1):
+        with open(logs[rank], "w") as log:  # files, not pipes: a node blocked on a full pipe would stall the other
+            procs.append(subprocess.Popen(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin, "--max-valid-steps",
+                                           "2"], stdout=log, stderr=subprocess.STDOUT, env={**env, "NODE_RANK": str(rank)},
+                                          cwd=ROOT))
+    try:
+        codes = [p.wait(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    out = [log.read_text() for log in logs]
+    assert codes == [0, 0], "\n".join(o[-3000:] for o in out)
+    assert "train.sh: tnn_lm_tiny, 1 process(es) on each of 2 machines (this one NODE_RANK 0), update-freq 1" in out[0]
+    assert "training on 2 devices" in out[0] and "'distributed_world_size': 2" in out[0], out[0][-3000:]
+    run_dir = tmp_path / "ck" / "tnn_lm_tiny"
+    assert (run_dir / "checkpoint_last.pt").is_file() and not (run_dir / "previous-attempt").exists()
+    (command,) = (run_dir / "command.txt").read_text().splitlines()  # NODE_RANK 0's only
+    assert "--nnodes 2 --node-rank 0 --master-addr 127.0.0.1 " in command
+    records = [json.loads(line) for line in (run_dir / "train.log").read_text().splitlines() if line.startswith('{"')]
+    assert [r["num_updates"] for r in records if "update_ms" in r and "num_updates" in r] == ["1", "2", "3", "4"]

@@ -1,7 +1,8 @@
-#!/usr/bin/env python
 """Collect the fairseq-eval-lm logs of a length-extrapolation sweep into JSON, Markdown and a plot.
 
-Called by scripts/eval_extrapolation.sh (which documents the whole procedure); reads
+The report of the evaluate command (fairseq_tnn/commands/evaluate.py, which documents the whole procedure and
+calls run() in its process; its dry run prints the same report as
+``python -m fairseq_tnn.commands.extrapolation_report ...``). Reads
 OUT/raw/<label>/<subset>.L<length>.cw<context window>.log and writes, in OUT:
 
   extrapolation.json  {"results": [{model, checkpoint, subset, length, context_window, loss, ppl,
@@ -22,6 +23,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from fairseq_tnn.commands.common import CommandError, run_main, say
+
 EVALUATED = re.compile(r"Evaluated ([0-9,]+) tokens")
 LOSS = re.compile(r"Loss \(base 2\): ([0-9.eE+-]+|nan|inf), Perplexity: ([0-9.eE+-]+|nan|inf)")
 PARAMS = re.compile(r"num\. model params: ([0-9,]+)")
@@ -29,7 +32,7 @@ OUTPUTS = ("extrapolation.json", "extrapolation.md", "extrapolation.png", "table
 
 
 def log_path(out_dir: Path, label: str, subset: str, length: int, context_window: int) -> Path:
-    """Where scripts/eval_extrapolation.sh writes one evaluation's log."""
+    """Where the evaluate command writes one evaluation's log."""
     return out_dir / "raw" / label / f"{subset}.L{length}.cw{context_window}.log"
 
 
@@ -53,7 +56,7 @@ def split_tokens(data: str, subset: str) -> int:
 
     dataset = data_utils.load_indexed_dataset(str(Path(data) / subset), None)
     if dataset is None:
-        raise SystemExit(f"extrapolation_report.py: error: no split '{subset}' in {data}")
+        raise CommandError(f"no split '{subset}' in {data}", 1)
     return int(dataset.sizes.sum())
 
 
@@ -62,9 +65,9 @@ def parse_models(specs):
     for spec in specs:
         label, sep, checkpoint = spec.partition("=")
         if not sep or not label:
-            raise SystemExit(f"extrapolation_report.py: error: --models takes label=checkpoint, got {spec!r}")
+            raise CommandError(f"--models takes label=checkpoint, got {spec!r}")
         if label in models:
-            raise SystemExit(f"extrapolation_report.py: error: label {label!r} given twice")
+            raise CommandError(f"label {label!r} given twice")
         models[label] = checkpoint
     return models
 
@@ -161,8 +164,13 @@ def plot(args, models, results, path: Path):
     plt.close(fig)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def existing_outputs(out_dir: Path):
+    """The report's files already in out_dir (never overwritten without --force)."""
+    return [out_dir / f for f in OUTPUTS if (out_dir / f).exists()]
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--out-dir", type=Path, required=True, help="results directory (holds raw/)")
     p.add_argument("--data", type=Path, required=True, help="binarised data directory (to count each split's tokens)")
     p.add_argument("--models", nargs="+", required=True, metavar="LABEL=CHECKPOINT")
@@ -176,16 +184,20 @@ def main(argv=None):
     p.add_argument("--height", type=float, default=4.0, help="figure height in inches")
     p.add_argument("--dpi", type=int, default=100)
     p.add_argument("--force", action="store_true", help="overwrite existing outputs")
-    args = p.parse_args(argv)
-    models = parse_models(args.models)
+    return p
 
-    existing = [args.out_dir / f for f in OUTPUTS if (args.out_dir / f).exists()]
+
+def run(argv, prog: str = "extrapolation_report") -> None:
+    """Write the report of these arguments (main()'s); a CommandError if outputs exist without --force (2) or
+    an evaluation is missing or incomplete (1, nothing written)."""
+    args = parser(prog).parse_args(argv)
+    models = parse_models(args.models)
+    existing = existing_outputs(args.out_dir)
     if existing and not args.force:
-        p.error(f"{existing[0]} already exists; refusing to overwrite (--force to rewrite)")
+        raise CommandError(f"{existing[0]} already exists; refusing to overwrite (--force to rewrite)")
     results, table, params, problems = collect(args, models)
     if problems:
-        raise SystemExit("extrapolation_report.py: error: incomplete evaluations, nothing written:\n  "
-                         + "\n  ".join(problems))
+        raise CommandError("incomplete evaluations, nothing written:\n  " + "\n  ".join(problems), 1)
 
     args.out_dir.mkdir(parents=True, exist_ok=True)
     report = {"data": str(args.data), "subset": args.subset, "context_window": args.context_window,
@@ -196,16 +208,19 @@ def main(argv=None):
     md = extrapolation_markdown(args, models, results)
     (args.out_dir / "extrapolation.md").write_text(md)
     plot(args, models, results, args.out_dir / "extrapolation.png")
-    print(md)
+    print(md, flush=True)
     if not table and (args.out_dir / "table.md").exists():
         (args.out_dir / "table.md").unlink()  # --force without a table: do not leave a stale one
     if table:
         tmd = table_markdown(args, table)
         (args.out_dir / "table.md").write_text(tmd)
-        print(tmd)
-    print(f"extrapolation_report.py: wrote {', '.join(f for f in OUTPUTS if (args.out_dir / f).exists())} in "
-          f"{args.out_dir}", file=sys.stderr)
+        print(tmd, flush=True)
+    say(prog, f"wrote {', '.join(f.name for f in existing_outputs(args.out_dir))} in {args.out_dir}")
+
+
+def main(argv=None, prog: str = "extrapolation_report") -> int:
+    return run_main(prog, lambda: run(sys.argv[1:] if argv is None else argv, prog) or 0)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""A resumed run equals the uninterrupted run at every update, past the first epoch too, and a save that a kill
+interrupts cannot spoil the resume.
+
+On a corpus of 60 lines (7 causal updates per epoch, 4 masked), three epochs run uninterrupted; then the same
+command resumes from its checkpoints in the middle of epoch 2, at the end of epoch 2 and in the middle of epoch 3
+(each copied alone into a new run directory as checkpoint_last.pt: the directory a run killed right after that
+save leaves). Every later loss and validation loss the resumed run logs, and its final parameters bit for bit,
+are the uninterrupted run's: in one process (fairseq-train, causal and masked, the masked one with a
+data-loading worker) and in two (the CPU launcher). Then fairseq-train is SIGKILLed while a save copies its
+first file to checkpoint_last.pt, and `RESUME=1 bash scripts/train.sh` resumes without any flag; and a run
+whose checkpoint_last.pt is unreadable or missing goes on from the newest readable checkpoint beside it (one
+process and two), or stops naming each file when none can be read."""
+import hashlib
+import os
+import re
+import shutil
+
+import pytest
+import torch
+
+from helpers import BIN, ROOT, SCRIPTS, cli, lm_train_cmd, mlm_train_cmd, run, sh
+
+EPOCHS = 3
+# {kind: (updates per epoch, [checkpoints to resume from: mid-epoch 2, end of epoch 2, mid-epoch 3])}
+LAYOUT = {"causal": (7, ["checkpoint_2_9.pt", "checkpoint2.pt", "checkpoint_3_15.pt"]),
+          "masked": (4, ["checkpoint_2_6.pt", "checkpoint2.pt", "checkpoint_3_9.pt"])}
+# the masked recipe with a data-loading worker, as train.sh's recipe (NUM_WORKERS=1): its masks depend on the epoch
+WORKERS = {"causal": 0, "masked": 1}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """The first 60 training, 20 validation and 5 test lines of data/sample, binarised by scripts/preprocess.sh."""
+    root = tmp_path_factory.mktemp("corpus")
+    text = root / "text"
+    text.mkdir()
+    for split, n in (("train", 60), ("valid", 20), ("test", 5)):
+        with open(ROOT / "data/sample" / f"{split}.bpe") as f:
+            (text / f"{split}.bpe").write_text("".join(next(f) for _ in range(n)))
+    run(["bash", SCRIPTS / "preprocess.sh", text, root / "bin"], env={"FAIRSEQ_BIN": str(BIN)})
+    return root / "bin"
+
+
+def train_cmd(kind, data, save_dir, *extra):
+    """The three-epoch run: batches of 4, a checkpoint every 3 updates and at each epoch's end (all kept),
+    validation at each epoch's end, every update logged."""
+    build = lm_train_cmd if kind == "causal" else mlm_train_cmd
+    return build(data, *extra, batch_size=4, max_epoch=EPOCHS, save_dir=save_dir, save_interval_updates=3,
+                 log_interval=1, num_workers=WORKERS[kind], no_epoch_checkpoints=None)
+
+
+def losses(log):
+    """{update: loss as logged} of the per-update lines, and {update: validation loss} (3 decimals, as logged),
+    from fairseq's simple or json log lines."""
+    train, valid = {}, {}
+    for line in log.splitlines():
+        fields = dict(re.findall(r'"?(\w+)"?(?:=|: "| )([0-9.]+)', line.partition("|")[2]))
+        if "| train_inner |" in line:
+            train[int(fields["num_updates"])] = fields["loss"]
+        elif "| valid |" in line:
+            valid[int(fields.get("valid_num_updates", fields.get("num_updates")))] = fields.get("valid_loss",
+                                                                                             fields.get("loss"))
+    return train, valid
+
+
+def parameters_of(checkpoint):
+    return torch.load(checkpoint, map_location="cpu")["model"]
+
+
+def parameters(save_dir):
+    return parameters_of(save_dir / "checkpoint_last.pt")
+
+
+def assert_same_parameters(a, b):
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, [(n, (a[n] - b[n]).abs().max().item()) for n in different]
+
+
+def updates_of(checkpoint):
+    return torch.load(checkpoint, map_location="cpu")["optimizer_history"][-1]["num_updates"]
+
+
+def assert_continues(reference, log, after):
+    """The run that logged `log` trained every update after `after`, with the reference's losses."""
+    (ref_train, ref_valid), (train, valid) = losses(reference), losses(log)
+    assert sorted(train) == [u for u in sorted(ref_train) if u > after], log[-3000:]
+    assert train == {u: ref_train[u] for u in train}
+    assert valid and valid == {u: ref_valid[u] for u in valid}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(corpus, tmp_path_factory):
+    """{kind: (save dir, log)} of the three-epoch run of each recipe, uninterrupted."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    out = {}
+    for kind in ("causal", "masked"):
+        log = run(train_cmd(kind, corpus, root / kind))
+        per_epoch, _ = LAYOUT[kind]
+        assert sorted(losses(log)[0]) == list(range(1, EPOCHS * per_epoch + 1)), log[-3000:]
+        out[kind] = root / kind, log
+    return out
+
+
+@pytest.mark.parametrize("kind", ["causal", "masked"])
+@pytest.mark.parametrize("where", ["mid-epoch-2", "end-of-epoch-2", "mid-epoch-3"])
+def test_a_run_resumed_in_a_later_epoch_equals_the_uninterrupted_run(corpus, uninterrupted, tmp_path, kind, where):
+    reference_dir, reference = uninterrupted[kind]
+    checkpoint = reference_dir / LAYOUT[kind][1][["mid-epoch-2", "end-of-epoch-2", "mid-epoch-3"].index(where)]
+    save_dir = tmp_path / "resumed"
+    save_dir.mkdir()
+    shutil.copyfile(checkpoint, save_dir / "checkpoint_last.pt")
+    after = updates_of(checkpoint)
+    log = run(train_cmd(kind, corpus, save_dir))
+    assert re.search(rf"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d @ {after} updates\)", log), log[-3000:]
+    assert_continues(reference, log, after)
+    assert_same_parameters(parameters(save_dir), parameters(reference_dir))
+
+
+def launch_2_ranks(corpus, save_dir):
+    """The three-epoch causal run through the CPU launcher with 2 ranks (each rank takes every other batch)."""
+    train = train_cmd("causal", corpus, save_dir)[2:]  # fairseq-train's arguments after the data directory
+    return run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu",
+                "--log-dir", save_dir.parent / f"{save_dir.name}-ranks", "--", corpus, *train],
+               env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_2_ranks(corpus, tmp_path_factory):
+    """(save dir, log) of the three-epoch causal run with 2 ranks, uninterrupted."""
+    save_dir = tmp_path_factory.mktemp("two-ranks") / "uninterrupted"
+    log = launch_2_ranks(corpus, save_dir)
+    assert "training on 2 devices" in log, log[-3000:]
+    # 7 batches of 4 blocks shared by 2 ranks: 4 updates per epoch
+    assert sorted(losses(log)[0]) == list(range(1, EPOCHS * 4 + 1)), log[-3000:]
+    return save_dir, log
+
+
+@pytest.mark.slow
+def test_two_processes_resumed_in_a_later_epoch_equal_the_uninterrupted_run(corpus, uninterrupted_2_ranks, tmp_path):
+    """Resumed in the middle of epoch 2 through the CPU launcher with 2 ranks: the losses and the parameters are
+    those of the uninterrupted 2-rank run."""
+    reference_dir, reference = uninterrupted_2_ranks
+    save_dir = tmp_path / "resumed"
+    save_dir.mkdir()
+    shutil.copyfile(reference_dir / "checkpoint_2_6.pt", save_dir / "checkpoint_last.pt")
+    log = launch_2_ranks(corpus, save_dir)
+    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 2 @ 6 updates\)", log), log[-3000:]
+    assert_continues(reference, log, 6)
+    assert_same_parameters(parameters(save_dir), parameters(reference_dir))
+
+
+# ------------------------------------------------------------------ a kill during a save
+
+# Imported by fairseq-train as sitecustomize (from PYTHONPATH): when the save copies TNN_KILL_COPYING to a file
+# named checkpoint_last*, half of it is written there and the process is SIGKILLed, as a preemption, a node
+# failure or a full disk would stop it in the middle of the copy. Without the atomic copies the file written
+# is checkpoint_last.pt itself.
+KILL_DURING_COPY = """
+import os, signal, sys
+
+def _kill_during_copy(event, args):
+    if event == "shutil.copyfile" and os.path.basename(args[0]) == os.environ["TNN_KILL_COPYING"] \\
+            and os.path.basename(args[1]).startswith("checkpoint_last"):
+        with open(args[0], "rb") as src, open(args[1], "wb") as dst:
+            data = src.read()
+            dst.write(data[: len(data) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if "TNN_KILL_COPYING" in os.environ:
+    sys.addaudithook(_kill_during_copy)
+"""
+
+# train.sh's smoke recipe on data/sample: 8 updates of 8 x 64 tokens, validation and a checkpoint every 4
+TRAIN_SH = {"CPU": "1", "MAX_UPDATE": "8", "TOKENS_PER_SAMPLE": "64", "SEQS_PER_UPDATE": "8", "BATCH_PER_GPU": "8",
+            "LR": "0.003", "WARMUP_UPDATES": "4", "SAVE_INTERVAL_UPDATES": "4", "VALIDATE_INTERVAL_UPDATES": "4",
+            "LOG_INTERVAL": "1", "NUM_WORKERS": "0"}
+
+
+def train_sh(data_bin, save_root, **env):
+    return sh(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin, "--max-valid-steps", "2"],
+              {**TRAIN_SH, "SAVE_ROOT": str(save_root), **env})
+
+
+@pytest.mark.slow
+def test_a_kill_while_a_save_copies_checkpoint_last_then_resume_without_a_flag(data_bin, tmp_path):
+    """The run is killed in its save at update 8, after that save's first file (checkpoint_1_8.pt, the
+    uninterrupted run's state at update 8) and during its copy to checkpoint_last.pt; resumed, it trains updates
+    5 to 8 again, to the same losses and to checkpoint_1_8.pt's parameters bit for bit."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(KILL_DURING_COPY)
+    pythonpath = os.pathsep.join(p for p in [str(hooks), os.environ.get("PYTHONPATH", "")] if p)
+    code, killed, err = train_sh(data_bin, tmp_path, TNN_KILL_COPYING="checkpoint_1_8.pt", PYTHONPATH=pythonpath)
+    run_dir = tmp_path / "tnn_lm_tiny"
+    assert code != 0 and sorted(losses(killed)[0]) == list(range(1, 9)), killed[-3000:] + err[-3000:]
+    uninterrupted = parameters_of(run_dir / "checkpoint_1_8.pt")  # written whole before the copies began
+    code, resumed, err = train_sh(data_bin, tmp_path, RESUME="1")
+    assert code == 0, resumed[-3000:] + err[-3000:]
+    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 1 @ 4 updates\)", resumed), resumed[-3000:]
+    assert_continues(killed, resumed, 4)
+    assert_same_parameters(parameters(run_dir), uninterrupted)
+
+
+def test_a_failed_copy_leaves_the_previous_file_whole(tmp_path, monkeypatch):
+    """fairseq's save copies through checkpoint_utils.PathManager.copy: a copy that fails half-way (a full disk)
+    leaves the destination as it was, and no temporary file."""
+    from fairseq import checkpoint_utils
+
+    import fairseq_tnn
+    fairseq_tnn.register()
+    old, new = os.urandom(100_000), os.urandom(200_000)
+    (tmp_path / "checkpoint_last.pt").write_bytes(old)
+    (tmp_path / "checkpoint_1_8.pt").write_bytes(new)
+
+    def full_disk(src, dst, **kwargs):
+        with open(src, "rb") as f, open(dst, "wb") as out:
+            out.write(f.read()[:1000])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copyfile", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint_utils.PathManager.copy(str(tmp_path / "checkpoint_1_8.pt"), str(tmp_path / "checkpoint_last.pt"),
+                                          overwrite=True)
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_1_8.pt", "checkpoint_last.pt"]
+    monkeypatch.undo()
+    assert checkpoint_utils.PathManager.copy(str(tmp_path / "checkpoint_1_8.pt"),
+                                             str(tmp_path / "checkpoint_last.pt"), overwrite=True)
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == new
+
+
+# ------------------------------------------------------------------ no readable checkpoint_last.pt
+
+
+def sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_dir_with(tmp_path, reference_dir, names, last=None):
+    """A run directory holding the reference run's checkpoints `names`, oldest first (their modification times
+    one minute apart), and checkpoint_last.pt with the bytes `last` (None: no checkpoint_last.pt)."""
+    save_dir = tmp_path / "run"
+    save_dir.mkdir()
+    for i, name in enumerate(names):
+        shutil.copyfile(reference_dir / name, save_dir / name)
+        os.utime(save_dir / name, (1_700_000_000 + 60 * i,) * 2)
+    if last is not None:
+        (save_dir / "checkpoint_last.pt").write_bytes(last)
+    return save_dir
+
+
+@pytest.mark.parametrize("last", ["cut-in-half", "missing"])
+def test_without_a_readable_checkpoint_last_the_run_resumes_from_the_newest_readable_one(corpus, uninterrupted,
+                                                                                        tmp_path, last):
+    reference_dir, reference = uninterrupted["causal"]
+    good = (reference_dir / "checkpoint_last.pt").read_bytes()
+    save_dir = run_dir_with(tmp_path, reference_dir, ["checkpoint_1_6.pt", "checkpoint_2_12.pt"],
+                            good[: len(good) // 2] if last == "cut-in-half" else None)
+    log = run(train_cmd("causal", corpus, save_dir))
+    why = "cannot read it \\(RuntimeError: .*\\)" if last == "cut-in-half" else "it does not exist"
+    assert re.search(rf"WARNING .*{re.escape(str(save_dir / 'checkpoint_last.pt'))}: {why}; resuming from "
+                     rf"{re.escape(str(save_dir / 'checkpoint_2_12.pt'))} instead", log), log[-3000:]
+    assert re.search(r"Loaded checkpoint \S*checkpoint_2_12\.pt \(epoch 2 @ 12 updates\)", log), log[-3000:]
+    assert_continues(reference, log, 12)
+    assert_same_parameters(parameters(save_dir), parameters(reference_dir))
+
+
+@pytest.mark.slow
+def test_two_processes_without_a_readable_checkpoint_last_resume_from_the_newest_readable_one(uninterrupted_2_ranks,
+                                                                                             corpus, tmp_path):
+    """Rank 0 alone reads the checkpoint and broadcasts it: when it passes over the damaged checkpoint_last.pt,
+    rank 1 receives the older checkpoint's state, and the run goes on as the uninterrupted one."""
+    reference_dir, reference = uninterrupted_2_ranks
+    good = (reference_dir / "checkpoint_last.pt").read_bytes()
+    save_dir = run_dir_with(tmp_path, reference_dir, ["checkpoint_1_3.pt", "checkpoint_2_6.pt"], good[:len(good) // 2])
+    log = launch_2_ranks(corpus, save_dir)
+    assert re.search(r"checkpoint_last\.pt: cannot read it \(.*\); resuming from \S*checkpoint_2_6\.pt", log), \
+        log[-3000:]
+    assert re.search(r"Loaded checkpoint \S*checkpoint_2_6\.pt \(epoch 2 @ 6 updates\)", log), log[-3000:]
+    assert_continues(reference, log, 6)
+    assert_same_parameters(parameters(save_dir), parameters(reference_dir))
+
+
+def test_an_unreadable_newest_checkpoint_is_passed_over_too(corpus, uninterrupted, tmp_path):
+    reference_dir, reference = uninterrupted["causal"]
+    save_dir = run_dir_with(tmp_path, reference_dir, ["checkpoint_2_12.pt", "checkpoint_3_15.pt"], b"garbage")
+    (save_dir / "checkpoint_3_15.pt").write_bytes(b"")
+    log = run(train_cmd("causal", corpus, save_dir))
+    assert re.search(rf"{re.escape(str(save_dir / 'checkpoint_3_15.pt'))}: cannot read it \(EOFError.*\); resuming "
+                     rf"from {re.escape(str(save_dir / 'checkpoint_2_12.pt'))} instead", log), log[-3000:]
+    assert_continues(reference, log, 12)
+
+
+def test_when_no_checkpoint_can_be_read_the_run_stops_naming_each_and_changes_nothing(corpus, uninterrupted,
+                                                                                     tmp_path):
+    reference_dir, _ = uninterrupted["causal"]
+    save_dir = run_dir_with(tmp_path, reference_dir, ["checkpoint_1_6.pt"], b"garbage")
+    (save_dir / "checkpoint_1_6.pt").write_bytes(b"")
+    before = {p.name: sha(p) for p in save_dir.iterdir()}
+    log = run(train_cmd("causal", corpus, save_dir), expect_ok=False)
+    assert re.search(rf"CheckpointReadError: cannot resume from {re.escape(str(save_dir))}: no checkpoint there can be "
+                     r"read \(checkpoint_last\.pt: UnpicklingError: .*; checkpoint_1_6\.pt: EOFError.*\)\. Start the run "
+                     r"again", log), log[-3000:]
+    assert "num_updates=1," not in log
+    assert {p.name: sha(p) for p in save_dir.iterdir()} == before
