@@ -70,10 +70,13 @@ class Rpe(nn.Module):
         within ``fairseq_tnn.ops.fast.references()``."""
         if not fast.enabled() or self.activation not in FAST_ACTIVATIONS:
             return self.channel_major_ref(t, scale)
-        eps = self.norms[0].eps
+        eps, dt = self.norms[0].eps, self._dtype()
+        params = rpe_params(self)
         with autocast_off(t.device.type):
-            return rpe_mlp(t, scale, rpe_params(self), self.activation, self.norm_type, eps, len(self.linears),
-                           self._dtype())
+            if any(p.dtype != dt for p in params):  # --fp16: one cast of all the weights (and of their gradients)
+                flat = torch.cat([p.reshape(-1) for p in params]).to(dt)  # instead of one per weight (16 for RPE 6)
+                params = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in params]), params)]
+            return rpe_mlp(t, scale, params, self.activation, self.norm_type, eps, len(self.linears), dt)
 
     def channel_major_ref(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``channel_major`` by the plain operations, differentiated by autograd.
