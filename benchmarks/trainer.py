@@ -18,6 +18,8 @@ eager one in disguise; ``--modes``, ``--configs`` choose a subset):
 * CUDA kernel time per update from torch.profiler (the sum of the kernels' device durations), the
   ratio wall / kernel time (1.0 = the GPU never waits for the host), and kernels launched per update
   (on CPU: operator time and operators per update instead);
+* the operations an update dispatches in eager mode (training forward, forward and backward, the whole
+  ``Trainer.train_step``; ``benchmarks/opcount.py``), which set its host time on a GPU;
 * peak memory of an update (``torch.cuda.max_memory_allocated`` less what the configurations built before
   it still hold: the model's own parameters, optimizer state and update; CPU: not measured here, see run.py);
 * speed-ups over the group's TNN baseline, beside the SKI paper's A100 ratios, and the bounds: the TNN
@@ -56,7 +58,8 @@ CONFIGS = {
     "causal": [("tnn6", "tnn_lm_wt103", {}, None), ("tnn3", "tnn_lm_wt103_rpe3", {}, None),
                ("fd3", "fd_tnn_lm_wt103", {}, None), ("bound_fixed", "tnn_lm_wt103", {}, "fixed"),
                ("bound_identity", "tnn_lm_wt103", {}, "identity"), ("transformer", "transformer_lm", {}, None)],
-    "masked": [("tnn6", "tnn_mlm_wt103", {}, None), ("fd3", "fd_tnn_mlm_wt103", {}, None),
+    "masked": [("tnn6", "tnn_mlm_wt103", {}, None), ("tnn3", "tnn_mlm_wt103_rpe3", {}, None),
+               ("fd3", "fd_tnn_mlm_wt103", {}, None),
                ("ski", "ski_tnn_mlm_wt103", {}, None), ("bound_fixed", "tnn_mlm_wt103", {}, "fixed"),
                ("bound_identity", "tnn_mlm_wt103", {}, "identity")],
 }
@@ -86,8 +89,9 @@ def _dictionary_dir(tmp: str, vocab: int) -> str:
 
 
 def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled: bool,
-                  data: str, quick: bool):
-    """fairseq's Trainer for one configuration, built from a fairseq-train command line."""
+                  data: str, quick: bool, width: int = None):
+    """fairseq's Trainer for one configuration, built from a fairseq-train command line. ``width``: the model's
+    width instead of the preset's (embedding and GLU; a transformer's FFN 4x, 64-wide heads), depth unchanged."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -103,6 +107,12 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
         sizes = {**TRANSFORMER, **(QUICK_TRANSFORMER if quick else {}), "share_decoder_input_output_embed": True}
     else:
         sizes = QUICK_MODEL[section] if quick else {}
+    if width:
+        if arch == "transformer_lm":
+            sizes = {**sizes, "decoder_embed_dim": width, "decoder_ffn_embed_dim": 4 * width,
+                     "decoder_attention_heads": max(1, width // 64)}
+        else:
+            sizes = {**sizes, ("decoder_embed_dim" if causal else "encoder_embed_dim"): width, "glu_dim": width}
     for k, v in sizes.items():
         argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     parser = options.get_training_parser()
@@ -169,13 +179,15 @@ def selected(key: str, compiled: bool, quick: bool, keys, modes) -> bool:
 
 
 def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: int, warmup: int, log,
-              keys=None, modes=("eager", "compiled"), sections=SECTIONS) -> List[Dict]:
+              keys=None, modes=("eager", "compiled"), sections=SECTIONS, batch_size=None) -> List[Dict]:
+    """``batch_size``: every group's batch (default: the paper's per-GPU batches, or the quick ones)."""
     groups = []
     with tempfile.TemporaryDirectory() as tmp:
         data = _dictionary_dir(tmp, QUICK_VOCAB if quick else VOCAB)
         for section, n, batch in (QUICK_GROUPS if quick else FULL_GROUPS):
             if section not in sections:
                 continue
+            batch = batch_size or batch
             sample = synthetic_sample(section, n, batch, QUICK_VOCAB if quick else VOCAB)
             configs = []
             for key, arch, _, bound in CONFIGS[section]:
@@ -196,6 +208,9 @@ def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: 
                     if device == "cuda":
                         c["peak_mib"] = (torch.cuda.max_memory_allocated() - others) / 2 ** 20  # this model's own
                     c.update(_profile(trainer, sample, device, max(1, per_round)))
+                    if not compiled:  # a dispatch mode would make dynamo recompile; the eager count is the one that costs
+                        from benchmarks.opcount import trainer_counts
+                        c["ops"] = {k: v for k, v in trainer_counts(trainer, sample).items() if not k.endswith("_ops")}
                     configs.append((c, trainer))
                     log(f"[{section} {batch}x{n}] built {c['label']} in {c['warmup_s']} s")
             for r in range(rounds):
@@ -286,14 +301,19 @@ def markdown(result) -> str:
     out = [f"# Whole fairseq updates through fairseq's Trainer ({meta['device']}, {meta['precision']})", "",
            f"{meta['machine']}; torch {meta['torch']}, CUDA {meta['cuda']}; vocabulary {meta['vocab']}; "
            f"{meta['rounds']} rounds x {meta['per_round']} updates per configuration, interleaved.", "",
+           "Operations dispatched (eager, views and metadata left out; benchmarks/opcount.py): the training forward "
+           "(model and criterion), forward and backward, and the whole update (Trainer.train_step).", "",
            f"| section | batch x n | configuration | ms / update | {unit} ms / update | wall / {unit} | "
-           f"{unit} / update | peak MiB |", "|---|---|---|---:|---:|---:|---:|---:|"]
+           f"{unit} / update | ops: forward | ops: fwd + bwd | ops: update | peak MiB |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in result["groups"]:
         for c in g["configs"]:
             ratio = "" if c["wall_over_kernel"] is None else f"{c['wall_over_kernel']:.2f}"
             peak = f"{c['peak_mib']:.0f}" if "peak_mib" in c else "-"
+            ops = c.get("ops")
+            counts = " | ".join(f"{ops[k]:,}" if ops else "-" for k in ("forward", "forward_backward", "update"))
             out.append(f"| {g['section']} | {g['batch']} x {g['n']} | {c['label']} | {c['median_ms']:.2f} | "
-                       f"{c['kernel_ms']:.2f} | {ratio} | {c['kernels']:.0f} | {peak} |")
+                       f"{c['kernel_ms']:.2f} | {ratio} | {c['kernels']:.0f} | {counts} | {peak} |")
     out += ["", "## Ratios against TNN (same mode)", "",
             "| section | batch x n | configuration | vs | compiled | speed-up | memory | paper (A100) |",
             "|---|---|---|---|---|---:|---:|---|"]
@@ -356,6 +376,8 @@ def main(argv=None):
                    help="eager, compiled (--tnn-compile strict) or both (default)")
     p.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS),
                    help="the causal (tnn_language_modeling) or masked (tnn_masked_lm) groups, or both (default)")
+    p.add_argument("--batch", type=int, help="sequences per update in every group (default: the paper's per-GPU "
+                                              "batches; 1 keeps a CPU run of the full-size models short)")
     p.add_argument("--no-plots", action="store_true", help="no trainer.png (and no need for matplotlib)")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
@@ -366,7 +388,8 @@ def main(argv=None):
     rounds = a.rounds if a.rounds is not None else (2 if a.quick else 5)
     per_round = a.per_round if a.per_round is not None else (1 if a.quick else 4)
     warmup = a.warmup if a.warmup is not None else (2 if a.quick else 5)
-    for name, v, lo in (("rounds", rounds, 1), ("per-round", per_round, 1), ("warmup", warmup, 1)):
+    for name, v, lo in (("rounds", rounds, 1), ("per-round", per_round, 1), ("warmup", warmup, 1),
+                        ("batch", a.batch if a.batch is not None else 1, 1)):
         if v < lo:
             p.error(f"--{name}={v} must be >= {lo}")
     if not any(selected(key, compiled, a.quick, a.configs, a.modes) for section, _, _ in (QUICK_GROUPS if a.quick else FULL_GROUPS)
@@ -381,7 +404,7 @@ def main(argv=None):
     from benchmarks.measure import _machine
     t0 = time.time()
     groups = run_suite(a.device, precision, a.quick, rounds, per_round, warmup, lambda m: print(m, flush=True),
-                       keys=a.configs, modes=a.modes, sections=a.sections)
+                       keys=a.configs, modes=a.modes, sections=a.sections, batch_size=a.batch)
     gpu = torch.cuda.get_device_name(0) if a.device == "cuda" else None
     meta = {"device": a.device, "precision": precision, "vocab": QUICK_VOCAB if a.quick else VOCAB, "machine": gpu or _machine(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "rounds": rounds, "per_round": per_round, "warmup": warmup,

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Everything a CUDA GPU can check, in one command and one report (about 35 minutes on one H100; under a
-# 10-minute limit per command, run it in four pieces: --only tests, --only bench-fp16, --only bench-bf16,
-# --only data,train):
+# Everything a CUDA GPU can check, in one command and one report (about 42 minutes on one H100; under a
+# 10-minute limit per command, run it in five pieces: --only profile, --only tests, --only bench-fp16,
+# --only bench-bf16, --only data,train):
 #   bash scripts/gpu_check.sh [--out DIR] [--force] [--cpu] [--quick] [--only PART,...]
 #                             [--pytest "ARGS"] [--limit PART=SECONDS]...
 # Parts, in this order, each under a time limit; the check goes on past a part that fails:
 #   environment   GPU, driver, CUDA, torch, fairseq, Python, Triton (environment.json)
+#   profile       benchmarks/gpu_profile.py: where each millisecond of an update goes (issue 39), under 8 minutes:
+#                 the seven wt103 presets, transformer_lm and the no-mixing bound at the paper's shapes, eager
+#                 and (as far as a 180 s compile budget goes) compiled: update and kernel time, kernel launches,
+#                 the forward/backward/optimizer/rest split, the 15 longest kernels, peak memory, compile time,
+#                 operations dispatched; and each TNO's mixing time beside its floor (bytes / copy bandwidth)
 #   tests         pytest tests/ops tests/modules tests/models tests/gpu (their CUDA cases run on the GPU)
 #   bench-fp16    benchmarks/run.py --device cuda in fp16, eager and compiled, at the paper's per-GPU batches
 #                 (causal 8 x 512, masked 16 x 512 and 4 x 2048): TNN (RPE 6), FD-TNN, SKI-TNN, the
@@ -45,7 +50,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=lib.sh
 source "$ROOT/scripts/lib.sh"
 usage="usage: bash scripts/gpu_check.sh [--out DIR] [--force] [--cpu] [--quick] [--only PART,...] [--pytest \"ARGS\"] [--limit PART=SECONDS]..."
-PARTS="environment tests bench-fp16 bench-bf16 data train"
+PARTS="environment profile tests bench-fp16 bench-bf16 data train"
 
 orig_args=("$@")
 env_knobs=()  # the knobs set in the environment, for the command line in the report
@@ -101,11 +106,13 @@ cores="$(nproc 2>/dev/null || echo 2)"
 # time limits (seconds): on one H100 they add up to 20 minutes; toy sizes on a loaded CPU get more room
 declare -A limit
 if [[ "$quick" == 1 ]]; then
-  limit=([environment]=600 [tests]=900 [bench-fp16]=900 [bench-bf16]=900 [data]=600 [train]=900)
+  limit=([environment]=600 [profile]=900 [tests]=900 [bench-fp16]=900 [bench-bf16]=900 [data]=600 [train]=900)
 else
   # measured on one H100 (torch 2.11, 2026-11-25): tests 290 s with the compile tests failing fast (more with
   # them compiling), bench-fp16 past 300 s, bench-bf16 past 120 s, a compiled 200-update run 89-114 s
-  limit=([environment]=45 [tests]=600 [bench-fp16]=480 [bench-bf16]=300 [data]=45 [train]=180)
+  # profile: written for 6-7 minutes (eager about 2.5, compiling 3), not yet run on a GPU; it writes its results
+  # after every configuration, so a run stopped at the limit still reports what it measured
+  limit=([environment]=45 [profile]=420 [tests]=600 [bench-fp16]=480 [bench-bf16]=300 [data]=45 [train]=180)
 fi
 for k in "${!limit_arg[@]}"; do limit[$k]="${limit_arg[$k]}"; done
 
@@ -146,6 +153,17 @@ run_part() {
 # ---- environment
 run_part "environment" environment environment "" environment.log \
   "$PYTHON" scripts/gpu_check_report.py environment "$out/environment.json"
+
+# ---- profile (benchmarks/gpu_profile.py: issue 39's measurement)
+if wanted profile; then
+  profile_precision=fp16; [[ "$cpu" == 1 ]] && profile_precision=fp32
+  profile_args=()
+  # toy sizes: three configurations, none compiled (the benchmark parts compile on CPU)
+  [[ "$quick" == 1 ]] && profile_args=(--quick --timed 1 --configs fd3 ski bound_identity --compiled)
+  run_part "profile (where an update's time goes)" profile profile profile profile/run.log \
+    "$PYTHON" benchmarks/gpu_profile.py --device "$device" --precision "$profile_precision" --out "$out/profile" \
+    "${profile_args[@]}"
+fi
 
 # ---- tests
 if wanted tests; then

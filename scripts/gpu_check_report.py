@@ -156,6 +156,19 @@ def benchmark_results(part, out):
             "markdown": open(md).read() if os.path.exists(md) else ""}
 
 
+def profile_results(part, out):
+    """benchmarks/gpu_profile.py's results: its JSON (the numbers) and Markdown (the tables)."""
+    path = os.path.join(out, part["extra"], "gpu_profile.json")
+    if not os.path.exists(path):
+        return {"missing": os.path.relpath(path, out)}
+    with open(path) as f:
+        result = json.load(f)
+    md = os.path.join(out, part["extra"], "gpu_profile.md")
+    return {"json": os.path.relpath(path, out), "meta": result["meta"], "groups": result["groups"],
+            "bandwidth_gbs": result.get("bandwidth_gbs"), "targets": result.get("targets", []),
+            "not_compiled": result.get("not_compiled", []), "markdown": open(md).read() if os.path.exists(md) else ""}
+
+
 def json_lines(path):
     out = []
     if not os.path.exists(path):
@@ -218,6 +231,10 @@ def judge(part, out):
         part["benchmark"] = benchmark_results(part, out)
         if "missing" in part["benchmark"] and status == "passed":
             status, reasons = "failed", reasons + [f"no {part['benchmark']['missing']}"]
+    elif kind == "profile":
+        part["profile"] = profile_results(part, out)
+        if "missing" in part["profile"] and status == "passed":
+            status, reasons = "failed", reasons + [f"no {part['profile']['missing']}"]
     elif kind == "train":
         part["training"] = training_results(part, out)
         t = part["training"]
@@ -302,6 +319,11 @@ def markdown(report):
             else:
                 lines.append(f"- {p['name']}: {t['note']}")
     for p in report["parts"]:
+        if p.get("profile", {}).get("markdown"):
+            md = p["profile"]["markdown"].replace("\n# ", "\n### ").replace("\n## ", "\n#### ")
+            md = re.sub(r"^# ", "### ", md)
+            lines += ["", f"## Profile: {p['name']}", "", md.strip()]
+    for p in report["parts"]:
         if p.get("benchmark", {}).get("markdown"):
             md = p["benchmark"]["markdown"].replace("\n# ", "\n### ").replace("\n## ", "\n#### ")
             md = re.sub(r"^# ", "### ", md)
@@ -334,6 +356,7 @@ def report(out):
     md = markdown(result)
     for p in parts:  # the Markdown tables are in report.md; the JSON keeps the numbers
         p.get("benchmark", {}).pop("markdown", None)
+        p.get("profile", {}).pop("markdown", None)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, "report.md"), "w") as f:

@@ -5,6 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..ops import fast
+from ..ops.rpe import ACTIVATIONS as FAST_ACTIVATIONS
+from ..ops.rpe import rpe_mlp, rpe_params
 from ..ops.toeplitz import autocast_off
 from .activations import get_activation
 from .norm import build_norm
@@ -19,6 +22,7 @@ class Rpe(nn.Module):
     def __init__(self, out_dim: int, hidden: int = 64, layers: int = 6, activation: str = "relu",
                  norm_type: str = "simplermsnorm", in_dim: int = 1):
         super().__init__()
+        self.activation, self.norm_type = activation, norm_type
         self.act = get_activation(activation)
         self.proj = nn.Linear(in_dim, hidden)
         self.norms = nn.ModuleList(build_norm(norm_type, hidden) for _ in range(layers + 1))
@@ -60,6 +64,22 @@ class Rpe(nn.Module):
 
     def channel_major(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(out_dim, m): ``forward(t).t()``, times ``scale`` (m,) per position if given.
+
+        The fast path (``ops/rpe.py``): the whole MLP as one operator with a hand-written backward, which
+        dispatches about half the operations autograd does; ``channel_major_ref`` is its reference, taken
+        within ``fairseq_tnn.ops.fast.references()``."""
+        if not fast.enabled() or self.activation not in FAST_ACTIVATIONS:
+            return self.channel_major_ref(t, scale)
+        eps, dt = self.norms[0].eps, self._dtype()
+        params = rpe_params(self)
+        with autocast_off(t.device.type):
+            if any(p.dtype != dt for p in params):  # --fp16: one cast of all the weights (and of their gradients)
+                flat = torch.cat([p.reshape(-1) for p in params]).to(dt)  # instead of one per weight (16 for RPE 6)
+                params = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in params]), params)]
+            return rpe_mlp(t, scale, params, self.activation, self.norm_type, eps, len(self.linears), dt)
+
+    def channel_major_ref(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``channel_major`` by the plain operations, differentiated by autograd.
 
         One GEMM produces the kernel channel-major, as the last-dim FFTs want it,
         with the bias and the per-position scale (TNN's decay, zeros on padding

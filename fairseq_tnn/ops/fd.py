@@ -37,6 +37,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import fast
 from .checks import check_layout, check_length, check_shape
 from .toeplitz import KernelRfft, fft_dtype, next_fast_len, seq_shape, swap_kernel_layout, toeplitz_dense
 
@@ -45,12 +46,17 @@ def fd_grid(n: int, device=None) -> Tuple[int, torch.Tensor]:
     """FFT size N = 2 N' and the N' + 1 frequencies m pi / N' (float32) for length n."""
     check_length(n)
     half = next_fast_len(n)  # N'
-    omegas = torch.arange(half + 1, device=device, dtype=torch.float64) * (math.pi / half)
-    return 2 * half, omegas.to(torch.float32)
+    omegas = fast.constant(("fd-grid", half), device, lambda: (
+        torch.arange(half + 1, device=device, dtype=torch.float64) * (math.pi / half)).to(torch.float32))
+    return 2 * half, omegas
 
 
 def _causal_fold(size: int, device, dtype) -> torch.Tensor:
-    """(size,) mask 1, 2, ..., 2, 1, 0, ..., 0 that turns an even sequence causal."""
+    """(size,) mask 1, 2, ..., 2, 1, 0, ..., 0 that turns an even sequence causal (built once: ``fast.constant``)."""
+    return fast.constant(("causal-fold", size, dtype), device, lambda: _make_causal_fold(size, device, dtype))
+
+
+def _make_causal_fold(size: int, device, dtype) -> torch.Tensor:
     half = size // 2
     fold = torch.zeros(size, device=device, dtype=dtype)
     fold[0] = 1.0
@@ -103,13 +109,19 @@ def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor, layout
     ct = fft_dtype(k_real)
     kr, ki = k_real.to(ct), k_imag.to(ct)
     freq_dim = 0 if layout == "bnd" else -1
-    mask = torch.ones(ki.shape[freq_dim], device=ki.device, dtype=ct)
-    mask[0] = 0.0
-    mask[-1] = 0.0
+    mask = fast.constant(("imag-ends-mask", ki.shape[freq_dim], ct), ki.device, lambda: _ends_mask(ki.shape[freq_dim], ki.device, ct))
     mask = mask[:, None] if layout == "bnd" else mask
     # d / d k_imag is 0 at both ends. Interleaved by stack, not torch.complex: autograd's complex()
     # keeps both parts for its backward, half again the spectrum's memory per layer until the backward.
     return torch.view_as_complex(torch.stack([kr, ki * mask], dim=-1))
+
+
+def _ends_mask(length: int, device, dtype) -> torch.Tensor:
+    """(length,) ones with zeros at both ends."""
+    mask = torch.ones(length, device=device, dtype=dtype)
+    mask[0] = 0.0
+    mask[-1] = 0.0
+    return mask
 
 
 # ----------------------------------------------------------------------------

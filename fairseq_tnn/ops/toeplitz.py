@@ -34,6 +34,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch.autograd.function import once_differentiable
 
+from . import fast
 from .checks import check_circulant_size, check_layout, check_shape
 
 
@@ -87,6 +88,14 @@ def _half_weights(size: int, device, dtype) -> torch.Tensor:
     return w
 
 
+def _bin_factor(size: int, device, dtype, inverse: bool) -> torch.Tensor:
+    """w / size, or size / w with ``inverse`` (w: ``_half_weights``), built once per size and device (``fast.constant``)."""
+    def make():
+        w = _half_weights(size, device, dtype)
+        return size / w if inverse else w / size
+    return fast.constant(("bin-factor", size, dtype, inverse), device, make)
+
+
 class KernelRfft(torch.autograd.Function):
     """rfft(k, n=size) along the last dim, k (..., L) real with L <= size.
 
@@ -105,8 +114,7 @@ class KernelRfft(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         size = ctx.size
-        w = _half_weights(size, grad.device, grad.real.dtype)
-        gk = torch.fft.irfft(grad * (size / w), n=size)[..., : ctx.length]
+        gk = torch.fft.irfft(grad * _bin_factor(size, grad.device, grad.real.dtype, inverse=True), n=size)[..., : ctx.length]
         return gk, None
 
 
@@ -154,7 +162,7 @@ class SpectralConv(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             xf = torch.fft.rfft(x.to(ct), n=size)
             gs = _reduce_conj_product(xf, gf, ctx.spectrum_shape)
-            gs = gs * (_half_weights(size, gs.device, ct) / size)
+            gs = gs * _bin_factor(size, gs.device, ct, inverse=False)
         if ctx.needs_input_grad[0]:
             gx = torch.fft.irfft(gf.mul_(spectrum.conj()), n=size)[..., :n].to(grad.dtype)
         return gx, gs, None

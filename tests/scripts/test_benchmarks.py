@@ -88,6 +88,12 @@ def test_trainer_benchmark_through_fairseqs_trainer(tmp_path):
             assert len(c["ms"]) == result["meta"]["rounds"] * result["meta"]["per_round"]
             assert c["median_ms"] > 0 and c["kernel_ms"] > 0 and c["kernels"] > 0
             assert c["wall_over_kernel"] == c["median_ms"] / c["kernel_ms"]
+    for g in result["groups"]:  # operations dispatched per update (eager): the TNN's token mixing adds to the bound's
+        by = {c["key"]: c["ops"] for c in g["configs"]}
+        for ops in by.values():
+            assert 0 < ops["forward"] < ops["forward_backward"] < ops["update"]
+        assert by["tnn6"]["forward"] > by["bound_identity"]["forward"] + 30
+    assert "| ops: forward | ops: fwd + bwd | ops: update |" in (out / "trainer.md").read_text()
     assert {("causal", "fd3", "tnn6"), ("masked", "ski", "tnn6"), ("masked", "bound_identity", "tnn6")} <= \
         {(r["section"], r["key"], r["base"]) for r in result["ratios"]}
     md = (out / "trainer.md").read_text()
@@ -267,3 +273,56 @@ def test_trainer_memory_against_the_no_mixing_bound(monkeypatch):
             "rounds": 1, "per_round": 1}
     md = trainer.markdown({"meta": meta, "groups": [group], "ratios": trainer.ratios([group]), "memory_bounds": rows})
     assert "| masked | 4 x 2048 | TNN (RPE 6) | no | 1.15x |" in md
+
+
+@pytest.mark.slow
+def test_operation_counts_fast_paths_against_references(tmp_path):
+    """benchmarks/opcount.py --quick: the operations a model and a TNO dispatch, with the fast paths and with their
+    references side by side, beside the update's time; plausible counts (the TNO adds tens of operations to the
+    bound, the fast paths fewer than the references, nothing else changes), in JSON and Markdown."""
+    out = tmp_path / "ops"
+    models = ["causal/tnn_lm_wt103", "causal/transformer_lm", "causal/bound_identity"]
+    cmd = [sys.executable, str(ROOT / "benchmarks/opcount.py"), "--quick", "--timed", "1", "--models", *models,
+           "--tnos", "tnn-causal", "fd-causal", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "opcount.json").read_text())
+    assert result["meta"]["paths"] == ["fast", "reference"]
+    rows = {r["id"]: r for r in result["models"]}
+    assert list(rows) == models
+    for r in rows.values():
+        for path in ("fast", "reference"):
+            c = r[path]
+            assert 0 < c["forward"] < c["forward_backward"] < c["update"] and c["update_ms"] > 0
+    tnn, bound = rows["causal/tnn_lm_wt103"], rows["causal/bound_identity"]
+    # one layer of the quick size: its TNO (RPE 6) is some 40-60 operations forward, 80-150 backward
+    assert 30 <= tnn["fast"]["forward"] - bound["fast"]["forward"] <= 80
+    assert tnn["fast"]["forward_backward"] < tnn["reference"]["forward_backward"] - 50
+    for key in ("causal/transformer_lm", "causal/bound_identity"):  # no TNO: the fast paths change nothing
+        assert rows[key]["fast"]["forward_backward"] == rows[key]["reference"]["forward_backward"]
+    tnos = {r["id"]: r for r in result["tnos"]}
+    assert list(tnos) == ["tnn-causal", "fd-causal"]
+    for r in tnos.values():
+        assert r["fast"]["forward"] < r["reference"]["forward"] and r["fast"]["backward"] < r["reference"]["backward"]
+        assert r["fast"]["forward"] <= r["fast"]["backward"] <= 3 * r["fast"]["forward"]
+    md = (out / "opcount.md").read_text()
+    assert "| tnn_lm_wt103 | causal | " in md and "| TNN TNO (RPE 6), causal | " in md
+    code, log, _ = execute(cmd, command_env(), 300, merge=True)
+    assert code == 2 and "refusing to overwrite" in log
+
+
+def test_operation_counts_do_not_depend_on_width_length_or_vocabulary():
+    """Why the docs' table counts the presets at a narrow width, a short length and a small vocabulary (opcount.py
+    --width, --vocab): the operations dispatched are the same; only their sizes change."""
+    import tempfile
+    import fairseq_tnn
+    from benchmarks import trainer as tr
+    from benchmarks.opcount import model_counts
+    fairseq_tnn.register()
+    counts = []
+    for width, n, vocab in ((32, 64, 1000), (48, 96, 1200)):
+        with tempfile.TemporaryDirectory() as tmp:
+            data = tr._dictionary_dir(tmp, vocab)
+            c = model_counts("causal", "tnn_lm_wt103", n, data, True, 0, vocab, width)
+        counts.append((c["forward"], c["forward_backward"], c["update"]))
+    assert counts[0] == counts[1] and counts[0][0] > 50

@@ -58,15 +58,16 @@ def test_quick_cpu_check_writes_a_complete_report(tmp_path):
     env = report["environment"]
     assert env["torch"] == torch.__version__ and env["fairseq"] and env["python"] == sys.version.split()[0]
     names = [p["name"] for p in report["parts"]]
-    assert names == ["environment", "tests", "benchmark fp32 (eager and compiled)", "benchmark bf16 (compiled)",
+    assert names == ["environment", "profile (where an update's time goes)", "tests", "benchmark fp32 (eager and compiled)",
+                     "benchmark bf16 (compiled)",
                      "data (data/sample binarised)",
                      "train ski_tnn_mlm_tiny compiled", "train ski_tnn_mlm_tiny eager"]
     for p in report["parts"]:
         assert p["status"] == "passed" and p["exit_code"] == 0 and 0 < p["seconds"] <= p["limit_s"], p
         assert (out / p["log"]).exists()
-    tests = report["parts"][1]["tests"]
+    tests = report["parts"][2]["tests"]
     assert tests["passed"] > 0 and tests["failures"] == tests["errors"] == 0 and tests["failing"] == []
-    fp32, bf16 = report["parts"][2]["benchmark"], report["parts"][3]["benchmark"]
+    fp32, bf16 = report["parts"][3]["benchmark"], report["parts"][4]["benchmark"]
     assert fp32["meta"]["precision"] == "fp32" and bf16["meta"]["precision"] == "bf16"
     rows = {(g["section"], c["key"], c["compiled"]) for g in fp32["groups"] for c in g["configs"]}
     assert rows == {("causal", "transformer", False), ("causal", "fd3", False), ("causal", "fd3", True)}  # --quick
@@ -84,6 +85,50 @@ def test_quick_cpu_check_writes_a_complete_report(tmp_path):
         assert heading in md, heading
     assert "PASSED" in md and "## Failures" not in md
     assert "| causal | 2 x 32 | transformer_lm |" in md and "Tokens per second against fairseq's transformer_lm" in md
+
+
+@pytest.mark.slow
+def test_profile_part_on_cpu(tmp_path):
+    """``--cpu --quick --only profile``: issue 39's measurement (benchmarks/gpu_profile.py) at toy sizes, its tables
+    in the report: every configuration with its update time, kernel (here: operator) time and count, operations
+    dispatched and the forward/backward/optimizer/rest split; the longest operators of one FD-TNN and one SKI-TNN
+    update; the floor of each TNO's mixing beside its measured time."""
+    out = tmp_path / "check"
+    proc = gpu_check("--cpu", "--quick", "--only", "profile", "--out", out, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:] + (out / "report.md").read_text()[-5000:]
+    report = json.loads((out / "report.json").read_text())
+    assert [p["name"] for p in report["parts"]] == ["environment", "profile (where an update's time goes)"]
+    prof = report["parts"][1]["profile"]
+    assert prof["meta"]["device"] == "cpu" and prof["meta"]["precision"] == "fp32" and prof["meta"]["compiled"] == []
+    assert prof["bandwidth_gbs"] > 0
+    groups = {(g["section"], g["batch"], g["n"]): g for g in prof["groups"]}
+    assert list(groups) == [("causal", 2, 32), ("masked", 2, 32)]
+    keys = {(s, c["key"]) for (s, _, _), g in groups.items() for c in g["configs"]}
+    assert keys == {("causal", "fd3"), ("causal", "bound_identity"), ("masked", "fd3"), ("masked", "ski"),
+                    ("masked", "bound_identity")}
+    for g in prof["groups"]:
+        for c in g["configs"]:
+            assert c["update_ms"] > 0 and c["kernel_ms"] > 0 and c["kernels"] > 0 and not c["compiled"]
+            split = c["split_ms"]
+            assert set(split) == {"forward", "backward", "optimizer", "rest", "total"}
+            assert split["forward"] > 0 and split["backward"] > 0 and split["optimizer"] > 0
+            assert abs(sum(split[k] for k in ("forward", "backward", "optimizer", "rest")) - split["total"]) < 1e-6
+            assert 0 < c["ops"]["forward"] < c["ops"]["forward_backward"] < c["ops"]["update"]
+        bound = next(c for c in g["configs"] if c["key"] == "bound_identity")
+        fd = next(c for c in g["configs"] if c["key"] == "fd3")
+        assert fd["ops"]["forward"] > bound["ops"]["forward"]  # the TNO's operations
+        f = fd["floor"]
+        assert f["least_bytes"] == 5 * 96 * 2 * 32 * 4  # d1 = 3 x 32 channels, fp32
+        assert f["floor_ms"] > 0 and f["mixing_ms"] == f["layer_ms"] - f["no_mixing_layer_ms"]
+    tops = {c["key"]: c["top_kernels"] for g in prof["groups"] for c in g["configs"] if "top_kernels" in c}
+    assert set(tops) == {"fd3", "ski"}  # the first group that has each; tnn6 is not in this --configs
+    for top in tops.values():
+        assert 1 <= len(top) <= 15 and all(0 <= k["share"] <= 1 for k in top)
+        assert [k["ms"] for k in top] == sorted((k["ms"] for k in top), reverse=True)
+    md = (out / "report.md").read_text()
+    for heading in ("## Profile: profile", "#### The floor of the mixing", "#### The 15 longest operators of one SKI-TNN"):
+        assert heading in md, heading
+    assert "| causal 2 x 32 | FD-TNN (RPE 3) |" in md
 
 
 @pytest.mark.slow

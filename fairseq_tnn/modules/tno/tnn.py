@@ -5,7 +5,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from ...ops.toeplitz import fft_dtype, lag_function_spectrum, next_fast_len
+from ...ops import fast
+from ...ops.toeplitz import KernelRfft, circulant_lags, fft_dtype, lag_function_spectrum, next_fast_len
 from ..rpe import Rpe
 from .base import RpeSettings, SpectralTno, register_tno, require
 
@@ -48,12 +49,20 @@ class TnnTno(SpectralTno):
         The lags (integers, exact in float32) and the decay are taken in the RPE's dtype (at least float32, as
         the RPE computes): a float64 model's kernel is lambda^|t| RPE(t) to float64 round-off, where a float32
         decay was off by up to 5e-7 relative within 1000 lags; a float32 model computes exactly what it did."""
-        lags = lags.to(torch.promote_types(self.rpe.proj.weight.dtype, torch.float32))
+        lags, scale = self._lags_and_scale(lags, weights)
+        k = self.rpe.channel_major(lags, scale)
+        return k.to(fft_dtype(k))
+
+    def _dtype(self) -> torch.dtype:
+        return torch.promote_types(self.rpe.proj.weight.dtype, torch.float32)
+
+    def _lags_and_scale(self, lags: torch.Tensor, weights: Optional[torch.Tensor]):
+        """The lags in the RPE's dtype and the scale (m,) of each: lambda^|lag| times ``weights`` (None: 1)."""
+        lags = lags.to(self._dtype())
         scale = None if self.decay >= 1.0 else torch.exp(lags.abs() * math.log(self.decay))
         if weights is not None:
             scale = weights if scale is None else scale * weights
-        k = self.rpe.channel_major(lags, scale)
-        return k.to(fft_dtype(k))
+        return lags, scale
 
     def kernel(self, n: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         if self.causal:
@@ -63,4 +72,17 @@ class TnnTno(SpectralTno):
 
     def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
         size = next_fast_len(2 * n - 1)  # no wrap-around for lags up to n - 1 either way
-        return lag_function_spectrum(self.coefficients, n, size, self.causal, device), size
+        if not fast.enabled():  # the reference: lags and decay built at every call
+            return lag_function_spectrum(self.coefficients, n, size, self.causal, device), size
+        # the fast path: the lags (of the circulant column where bidirectional, as lag_function_spectrum) and their
+        # decay are built once per length and device, and shared by every layer
+        dt = self._dtype()
+        lags, scale = fast.constant(("tnn-lags", n, size, self.causal, self.decay, dt), device,
+                                    lambda: self._lags_and_scale(*self._lags(n, size, device)))
+        k = self.rpe.channel_major(lags, scale)
+        return KernelRfft.apply(k.to(fft_dtype(k)), size), size
+
+    def _lags(self, n: int, size: int, device) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        if self.causal:
+            return torch.arange(n, device=device, dtype=torch.float32), None
+        return circulant_lags(n, size, device)

@@ -1,0 +1,421 @@
+"""Where each millisecond of a fairseq update goes on a GPU, and the floor of the token mixing (issue 39).
+
+    python benchmarks/gpu_profile.py --out results/gpu-profile                   # one GPU, fp16: about 6 minutes (budget: under 8)
+    python benchmarks/gpu_profile.py --device cpu --quick --out /tmp/profile     # the same path on CPU, toy sizes
+
+One run, every figure side by side, each configuration built alone (so its peak memory is its own), through
+fairseq's own ``Trainer.train_step`` (``benchmarks/trainer.py`` builds it from a fairseq-train command line):
+the seven Wikitext-103 presets at the paper's per-GPU shapes (causal 8 x 512; masked 16 x 512 and 4 x 2048),
+fairseq's ``transformer_lm`` of the causal models' width and depth, and the no-mixing bound (the TNN model with
+its TNOs replaced by the identity). For each, eager:
+
+* update time (median of ``--timed`` updates, the device synchronised around each) and tokens per second;
+* kernel time per update and kernels launched per update (torch.profiler; on CPU: the outermost operators);
+* the operations the update dispatches (``benchmarks/opcount.py``; what sets the host time);
+* the update split into the training forward (model and criterion), the backward, the optimizer step and the
+  rest of the Trainer (clipping, loss scaling, bookkeeping), from separate updates with the device
+  synchronised at each boundary (so their sum can exceed the plain update's time, which overlaps them);
+* peak memory of an update (``torch.cuda.max_memory_allocated``; not on CPU);
+* the 15 longest kernels of one TNN, one FD-TNN and one SKI-TNN update, with their share of the kernel time.
+
+Compiled as ``scripts/train.sh`` runs it (``--tnn-compile strict``): the update time and the compile time
+(the first two updates less two steady ones), for the configurations of ``--compiled`` in that order, as long
+as ``--compile-budget`` seconds of compiling are left (a compile takes 30-110 s on an H100).
+
+The floor of the mixing: for each TNO at each shape, the least bytes its forward and backward must move (the
+input and output forward, the output gradient, the saved input and the input gradient backward: 5 x d1 x b x
+n activations; the kernel, made from a few thousand RPE weights, could stay on chip) and the time that
+takes at the bandwidth a plain device-to-device copy reaches on the same GPU, beside the measured mixing
+time: one TNN layer's forward and backward less the same layer's with no token mixing.
+
+Results are written after every configuration (``gpu_profile.json`` and ``gpu_profile.md`` in ``--out``), so
+a run stopped at a time limit still reports what it measured.
+"""
+import argparse
+import copy
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from benchmarks import trainer as tr  # noqa: E402
+from benchmarks.measure import IdentityTno, add_out_options, refuse_overwrite, write_results  # noqa: E402
+
+TOP_KERNELS = 15
+TOP_OF = ("tnn6", "fd3", "ski")  # the models whose longest kernels are listed (first group that has each)
+# compiled, in this order while the budget lasts: the causal targets first, then SKI and FD at 4 x 2048
+COMPILED_DEFAULT = ["causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "masked/2048/ski", "masked/2048/tnn6",
+                    "masked/2048/fd3", "masked/512/ski", "masked/512/fd3", "masked/512/tnn6"]
+QUICK_COMPILED_DEFAULT: List[str] = []
+KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
+        "masked": ["tnn6", "tnn3", "fd3", "ski", "bound_identity"]}
+# the TNOs whose floor is measured, per section: the layer of this configuration
+FLOOR_KEYS = {"causal": ["tnn6", "tnn3", "fd3"], "masked": ["tnn6", "fd3", "ski"]}
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device, n: int) -> List[float]:
+    """Milliseconds of ``n`` calls of fn, the device synchronised around each."""
+    out = []
+    for _ in range(n):
+        _sync(device)
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        out.append((time.perf_counter() - t) * 1000.0)
+    return out
+
+
+def split_update(trainer, sample, device: str, n: int) -> Dict[str, float]:
+    """Mean ms (so that the parts add up to the total) of the training forward, the backward, the optimizer step and
+    the rest of ``train_step``, from
+    ``n`` updates with the device synchronised at each boundary: the criterion's forward, the optimizer's
+    ``backward`` and ``step`` are wrapped for the time (on this trainer only)."""
+    spent = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    criterion, optimizer = trainer.criterion, trainer.optimizer
+
+    def wrap(obj, attr, phase):
+        inner = getattr(obj, attr)
+
+        def timed(*args, **kwargs):
+            _sync(device)
+            t = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                _sync(device)
+                spent[phase] += (time.perf_counter() - t) * 1000.0
+        setattr(obj, attr, timed)
+
+    wrap(criterion, "forward", "forward")
+    wrap(optimizer, "backward", "backward")
+    wrap(optimizer, "step", "optimizer")
+    rows = []
+    try:
+        for _ in range(n):
+            for k in spent:
+                spent[k] = 0.0
+            total = _timed(lambda: trainer.train_step([sample]), device, 1)[0]
+            rows.append({**spent, "rest": total - sum(spent.values()), "total": total})
+    finally:
+        for obj, attr in ((criterion, "forward"), (optimizer, "backward"), (optimizer, "step")):
+            del obj.__dict__[attr]  # the class's method again
+    return {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
+
+
+def kernel_profile(trainer, sample, device: str, updates: int, top: bool) -> Dict:
+    """Kernel time and launches per update (CPU: outermost operators), and with ``top`` the longest kernels by
+    total time per update, with their count and share."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    _sync(device)
+    with profile(activities=acts) as prof:
+        for _ in range(updates):
+            trainer.train_step([sample])
+        _sync(device)
+    events = prof.events()
+    if device == "cuda":
+        kernels = [(e.name, e.device_time) for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    else:
+        def outer(e):
+            return e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+        kernels = [(e.name, e.cpu_time_total) for e in events if outer(e)]
+    busy_us = sum(t for _, t in kernels)
+    result = {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates}
+    if top:
+        by: Dict[str, List[float]] = {}
+        for name, t in kernels:
+            by.setdefault(name, []).append(t)
+        rows = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
+        result["top_kernels"] = [{"name": name, "ms": sum(ts) / 1000.0 / updates, "calls": len(ts) / updates,
+                                  "share": sum(ts) / busy_us if busy_us else 0.0} for name, ts in rows]
+    return result
+
+
+def copy_bandwidth(device: str, mib: int) -> float:
+    """Bytes per second of a plain device-to-device copy of ``mib`` MiB (read once, written once): the median of 10."""
+    src = torch.empty(mib * 2 ** 20, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ms = statistics.median(_timed(lambda: dst.copy_(src), device, 10))
+    return 2 * src.numel() / (ms / 1000.0)
+
+
+def layer_time(layer, x, device: str, n: int) -> float:
+    """Median ms of one layer's forward and backward (input and parameter gradients) on x (b, n, dim)."""
+    x = x.detach().requires_grad_(True)
+    g = torch.randn_like(x)
+
+    def step():
+        layer(x).backward(g)
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+    for _ in range(2):
+        step()
+    return statistics.median(_timed(step, device, n))
+
+
+def mixing_floor(model, section: str, batch: int, n: int, device: str, dtype, bandwidth: float, timed: int) -> Dict:
+    """The measured mixing time of the model's first layer (its time less its no-mixing copy's) and the floor of
+    its TNO: 5 x d1 x b x n activations of ``dtype`` at the copy bandwidth."""
+    layers = model.decoder.layers if section == "causal" else model.encoder.layers
+    layer = layers[0]
+    bare = copy.deepcopy(layer)
+    bare.gtu.tno = IdentityTno()
+    dim, d1 = layer.gtu.uv_proj.in_features, layer.gtu.d1
+    x = torch.randn(batch, n, dim, device=device, dtype=dtype)
+    with_mixing, without = layer_time(layer, x, device, timed), layer_time(bare, x, device, timed)
+    elem = torch.empty(0, dtype=dtype).element_size()
+    least = 5 * d1 * batch * n * elem
+    floor_ms = least / bandwidth * 1000.0
+    mixing = with_mixing - without
+    return {"layer_ms": with_mixing, "no_mixing_layer_ms": without, "mixing_ms": mixing, "least_bytes": least,
+            "floor_ms": floor_ms, "mixing_over_floor": mixing / floor_ms if floor_ms > 0 else None}
+
+
+def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device: str, precision: str, quick: bool,
+            data: str, timed: int, compiled: bool, top: bool, floor_bw: Optional[float], log) -> Dict:
+    """Every figure of one configuration, eager or compiled (see the module docstring)."""
+    from benchmarks.opcount import trainer_counts
+    sample = tr.synthetic_sample(section, n, batch, tr.QUICK_VOCAB if quick else tr.VOCAB)
+    torch.manual_seed(1)
+    t0 = time.time()
+    trainer = tr.build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
+    build_s = time.time() - t0
+    first = _timed(lambda: trainer.train_step([sample]), device, 2)  # compiles (compiled), allocates optimizer state
+    for _ in range(2):
+        trainer.train_step([sample])
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    ms = _timed(lambda: trainer.train_step([sample]), device, timed)
+    steady = statistics.median(ms)
+    c = {"key": key, "label": tr.LABELS[key] + (" compiled" if compiled else ""), "arch": arch, "compiled": compiled,
+         "build_s": round(build_s, 2), "update_ms": steady, "ms": ms, "tokens_per_s": batch * n / (steady / 1000.0)}
+    if device == "cuda":
+        c["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    if compiled:
+        c["compile_s"] = max(0.0, (sum(first) - 2 * steady) / 1000.0)
+    else:
+        c["first_updates_ms"] = first
+    c.update(kernel_profile(trainer, sample, device, 2, top))
+    c["wall_over_kernel"] = steady / c["kernel_ms"] if c["kernel_ms"] else None
+    c["split_ms"] = split_update(trainer, sample, device, 3)
+    if not compiled:
+        c["ops"] = {k: v for k, v in trainer_counts(trainer, sample).items() if not k.endswith("_ops")}
+        if floor_bw is not None:
+            dtype = next(trainer.model.parameters()).dtype
+            c["floor"] = mixing_floor(trainer.model, section, batch, n, device, dtype, floor_bw, timed)
+    log(f"[{section} {batch}x{n}] {c['label']:<34} {steady:8.2f} ms/update, kernels {c['kernel_ms']:8.2f} ms "
+        f"({c['kernels']:.0f}), split " + ", ".join(f"{k} {v:.1f}" for k, v in c["split_ms"].items())
+        + (f", compile {c['compile_s']:.0f} s" if compiled else ""))
+    del trainer
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return c
+
+
+def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
+        log) -> Dict:
+    import fairseq_tnn
+    fairseq_tnn.register()
+    result = {"groups": [], "bandwidth_gbs": None}
+    bw = copy_bandwidth(device, 64 if quick else 1024)
+    result["bandwidth_gbs"] = bw / 1e9
+    log(f"copy bandwidth: {bw / 1e9:.1f} GB/s")
+    topped = set()
+    compile_spent = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        data = tr._dictionary_dir(tmp, tr.QUICK_VOCAB if quick else tr.VOCAB)
+        groups = tr.QUICK_GROUPS if quick else tr.FULL_GROUPS
+        arch_of = {(s, k): (a, b) for s, configs in tr.CONFIGS.items() for k, a, _, b in configs}
+        for section, n, batch in groups:  # eager: every configuration
+            g = {"section": section, "n": n, "batch": batch, "configs": []}
+            result["groups"].append(g)
+            for key in KEYS[section]:
+                if keys and key not in keys:
+                    continue
+                arch, bound = arch_of[(section, key)]
+                top = key in TOP_OF and key not in topped
+                if top:
+                    topped.add(key)
+                floor = bw if key in FLOOR_KEYS[section] else None
+                g["configs"].append(measure(key, arch, bound, section, n, batch, device, precision, quick, data, timed,
+                                            False, top, floor, log))
+                write(result)
+        for cid in compiled_ids:  # compiled, while the budget lasts
+            section, n_s, key = cid.split("/")
+            g = next((g for g in result["groups"] if g["section"] == section and g["n"] == int(n_s)), None)
+            if g is None or (keys and key not in keys):
+                continue
+            last = max([c.get("compile_s", 0.0) for gg in result["groups"] for c in gg["configs"]] + [0.0])
+            if compile_spent + last > budget:
+                log(f"compile budget ({budget:.0f} s) spent: {cid} and the rest not compiled")
+                result.setdefault("not_compiled", []).append(cid)
+                continue
+            arch, bound = arch_of[(section, key)]
+            t0 = time.time()
+            torch._dynamo.reset()  # each model compiles afresh, never against the recompile limit of the ones before
+            g["configs"].append(measure(key, arch, bound, section, g["n"], g["batch"], device, precision, quick, data,
+                                        timed, True, False, None, log))
+            compile_spent += time.time() - t0
+            write(result)
+    return result
+
+
+def _get(g, key, compiled=False):
+    return next((c for c in g["configs"] if c["key"] == key and c["compiled"] == compiled), None)
+
+
+def targets(result) -> List[Dict]:
+    """The issue's targets as measured ratios (met or not), where both sides were measured."""
+    rows = []
+
+    def add(what, ratio, bound, higher=True):
+        if ratio is not None:
+            rows.append({"target": what, "ratio": ratio, "bound": bound, "met": ratio >= bound if higher else ratio <= bound})
+
+    for g in result["groups"]:
+        shape = f"{g['section']} {g['batch']} x {g['n']}"
+        for compiled in (False, True):
+            mode = "compiled" if compiled else "eager"
+            tnn6, tnn3, fd3, ski = (_get(g, k, compiled) for k in ("tnn6", "tnn3", "fd3", "ski"))
+            trans = _get(g, "transformer", False)
+            if tnn6 and trans:
+                add(f"{shape}: TNN (RPE 6) {mode} tokens/s vs transformer_lm (eager)", trans["update_ms"] / tnn6["update_ms"], 1.0)
+            if tnn6 and fd3:
+                add(f"{shape}: FD-TNN vs TNN (RPE 6), {mode}", tnn6["update_ms"] / fd3["update_ms"],
+                    1.25 if g["section"] == "causal" else 1.5)
+            if tnn3 and fd3 and g["section"] == "causal":
+                add(f"{shape}: FD-TNN vs TNN (RPE 3), {mode}", tnn3["update_ms"] / fd3["update_ms"], 1.15)
+            if tnn6 and ski and g["n"] == 2048:
+                add(f"{shape}: SKI-TNN vs TNN (RPE 6), {mode}", tnn6["update_ms"] / ski["update_ms"], 1.5)
+                if "peak_mib" in ski and "peak_mib" in tnn6:
+                    add(f"{shape}: SKI-TNN peak memory vs TNN (RPE 6), {mode}", ski["peak_mib"] / tnn6["peak_mib"], 0.85,
+                        higher=False)
+            for c in g["configs"]:
+                if c["compiled"] == compiled and "compile_s" in c:
+                    add(f"{shape}: {c['label']} compile time, s", c["compile_s"], 30.0, higher=False)
+                if not compiled and c.get("floor"):
+                    add(f"{shape}: {c['label']} mixing over its floor", c["floor"]["mixing_over_floor"], 3.0, higher=False)
+    return rows
+
+
+def markdown(result) -> str:
+    meta = result["meta"]
+    unit = "kernels" if meta["device"] == "cuda" else "operators"
+    out = [f"# Where an update's time goes ({meta['device']}, {meta['precision']})", "",
+           f"{meta['machine']}; torch {meta['torch']}, CUDA {meta['cuda']}; `{meta['command']}`; {meta['seconds']} s. "
+           f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates; split: mean "
+           "of 3 updates synchronised at each phase.", "",
+           f"| shape | configuration | ms / update | tokens/s | {unit} ms | wall / {unit} | {unit} / update | "
+           "ops dispatched | forward ms | backward ms | optimizer ms | rest ms | peak MiB | compile s |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for g in result["groups"]:
+        for c in g["configs"]:
+            s = c["split_ms"]
+            ops = f"{c['ops']['update']:,}" if c.get("ops") else "-"
+            ratio = f"{c['wall_over_kernel']:.2f}" if c.get("wall_over_kernel") else "-"
+            peak = f"{c['peak_mib']:.0f}" if "peak_mib" in c else "-"
+            compile_s = f"{c['compile_s']:.0f}" if "compile_s" in c else "-"
+            out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['update_ms']:.2f} | "
+                       f"{c['tokens_per_s']:,.0f} | {c['kernel_ms']:.2f} | {ratio} | {c['kernels']:.0f} | {ops} | "
+                       f"{s['forward']:.2f} | {s['backward']:.2f} | {s['optimizer']:.2f} | {s['rest']:.2f} | "
+                       f"{peak} | {compile_s} |")
+    if result.get("not_compiled"):
+        out += ["", "Not compiled (the compile budget was spent): " + ", ".join(result["not_compiled"]) + "."]
+    floors = [(g, c) for g in result["groups"] for c in g["configs"] if c.get("floor")]
+    if floors:
+        out += ["", "## The floor of the mixing", "",
+                "Least bytes a TNO's forward and backward must move: 5 x d1 x b x n activations (input and output; output "
+                "gradient, saved input, input gradient); floor = those bytes at the plain copy's bandwidth. Mixing = the "
+                "first layer's forward + backward less the same layer's with no token mixing.", "",
+                "| shape | TNO of | layer ms | no-mixing layer ms | mixing ms | least MB | floor ms | mixing / floor |",
+                "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for g, c in floors:
+            f = c["floor"]
+            ratio = f"{f['mixing_over_floor']:.1f}" if f["mixing_over_floor"] is not None else "-"
+            out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {f['layer_ms']:.3f} | "
+                       f"{f['no_mixing_layer_ms']:.3f} | {f['mixing_ms']:.3f} | {f['least_bytes'] / 1e6:.1f} | "
+                       f"{f['floor_ms']:.3f} | {ratio} |")
+    for g in result["groups"]:
+        for c in g["configs"]:
+            if c.get("top_kernels"):
+                out += ["", f"## The {TOP_KERNELS} longest {unit} of one {c['label']} update ({g['section']} "
+                            f"{g['batch']} x {g['n']}, eager)", "", f"| {unit[:-1]} | ms / update | calls | share |",
+                        "|---|---:|---:|---:|"]
+                for k in c["top_kernels"]:
+                    name = k["name"].replace("|", "/")
+                    name = name if len(name) <= 90 else name[:87] + "..."
+                    out.append(f"| `{name}` | {k['ms']:.3f} | {k['calls']:.0f} | {100 * k['share']:.1f}% |")
+    if result.get("targets"):
+        out += ["", "## The targets (issue 39), as measured in this run", "", "| target | measured | bound | met |",
+                "|---|---:|---:|---|"]
+        for t in result["targets"]:
+            out.append(f"| {t['target']} | {t['ratio']:.2f} | {t['bound']} | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--precision", choices=["fp16", "bf16", "fp32"],
+                   help="fp16 (--fp16, default on cuda), bf16 (--bf16-autocast) or fp32 (default on cpu)")
+    p.add_argument("--quick", action="store_true", help="tiny models and shapes (a smoke test)")
+    add_out_options(p, "results/gpu-profile")
+    p.add_argument("--timed", type=int, help="timed updates per configuration (default 10, quick 2)")
+    p.add_argument("--configs", nargs="+", choices=tr.ALL_KEYS, metavar="KEY",
+                   help=f"only these configurations (of {', '.join(tr.ALL_KEYS)}; default: all)")
+    ids = [f"{s}/{n}/{k}" for s, n, _ in tr.FULL_GROUPS + tr.QUICK_GROUPS for k in KEYS[s] if k != "transformer"]
+    p.add_argument("--compiled", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
+                   help="configurations also compiled, in this order while the budget lasts (default: "
+                        f"{' '.join(COMPILED_DEFAULT)}; quick: none; none: --compiled with no value)")
+    p.add_argument("--compile-budget", type=float, default=180.0,
+                   help="seconds of building and measuring compiled configurations; the next one starts only where the "
+                        "longest compile so far still fits (default 180)")
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible to torch (use --device cpu)")
+    precision = a.precision or ("fp16" if a.device == "cuda" else "fp32")
+    if a.device == "cpu" and precision == "fp16":
+        p.error("--precision fp16 needs --device cuda (fairseq's --fp16 on CPU is not a supported training mode)")
+    timed = a.timed if a.timed is not None else (2 if a.quick else 10)
+    if timed < 1:
+        p.error(f"--timed={timed} must be >= 1")
+    if a.compile_budget < 0:
+        p.error(f"--compile-budget={a.compile_budget} must be >= 0")
+    compiled = a.compiled if a.compiled is not None else (QUICK_COMPILED_DEFAULT if a.quick else COMPILED_DEFAULT)
+    refuse_overwrite(p, a, "gpu_profile.json")
+    os.makedirs(a.out, exist_ok=True)
+    from benchmarks.measure import _machine
+    t0 = time.time()
+    meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
+            "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
+            "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+
+    def write(result):
+        result["meta"] = {**meta, "seconds": round(time.time() - t0, 1)}
+        result["targets"] = targets(result)
+        write_results(a.out, "gpu_profile", result, markdown(result))
+
+    result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
+                 lambda m: print(m, flush=True))
+    write(result)
+    print(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
