@@ -213,8 +213,12 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
           user_dir: str = USER_DIR) -> Paper:
     """The paper's recipe for preset on world processes, its knobs read from env (default os.environ): the
     fairseq-train arguments after the program, data first, checkpoints and logs in save_dir."""
+    env = os.environ if env is None else env
     knobs = read(preset, env)
     kind_ = knobs["KIND"]
+    if kind_ == "causal" and env.get("OVERSIZED"):
+        raise RecipeError(f"OVERSIZED={env['OVERSIZED']} applies to the masked presets only (a causal preset's blocks "
+                          f"are cut from the token stream, so none is oversized); unset it for {preset}")
     seqs, batch = knobs["SEQS_PER_UPDATE"], knobs["BATCH_PER_GPU"]
     if not (_positive_int(seqs) and _positive_int(batch) and _positive_int(str(world))):
         raise RecipeError(f"SEQS_PER_UPDATE ({seqs}), BATCH_PER_GPU ({batch}) and the number of processes ({world}) "

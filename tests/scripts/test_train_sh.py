@@ -146,6 +146,7 @@ def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_pa
     ({"CPU": "1", "PRECISION": "fp16"}, "CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16"),
     ({"CPU": "yes", "NPROC": "1"}, "CPU must be 0 (train on GPUs) or 1 (train on the CPU), not 'yes'"),
     ({"NPROC": "1", "OVERSIZED": "maybe", "BATCH_PER_GPU": "0"}, "OVERSIZED must be drop or error, not 'maybe'"),  # first
+    ({"NPROC": "1", "OVERSIZED": "drop"}, "OVERSIZED=drop applies to the masked presets only"),  # not ignored
 ])
 def test_train_rejects_bad_settings(data_bin, env, message):
     rc, out, err = sh(["bash", SCRIPTS / "train.sh", "tnn_lm_wt103", data_bin], {"DRY_RUN": "1", **env})
