@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import List, Mapping
 
 from fairseq_tnn import recipe
-from fairseq_tnn.commands.common import (ROOT, CommandError, Knob, abs_path, count_gpus, fairseq_bin, is_pos_int,
-                                         knobs_help, quote_cmd, read_knobs, refuse_unless_dry, run_main, say)
+from fairseq_tnn.commands.common import (ROOT, CommandError, Knob, abs_path, count_gpus, fairseq_bin, invocation,
+                                         is_pos_int, knobs_help, quote_cmd, read_knobs, refuse_unless_dry, run_main, say)
 
 LAUNCH = ["-m", "fairseq_tnn.distributed.launch"]  # run by PYTHON
 
@@ -92,11 +92,8 @@ DISTRIBUTED_OPTIONS = ("--distributed-world-size", "--distributed-rank", "--dist
 
 USAGE = {"train": "<preset> <data-bin> [extra fairseq-train args...]",
          "slurm-train": "<preset> [extra fairseq-train args...]"}
-INVOCATION = {"train.sh": "bash scripts/train.sh", "train.sbatch": "sbatch scripts/slurm/train.sbatch"}
-
-
 def usage(command: str, prog: str) -> str:
-    return f"usage: {INVOCATION.get(prog, f'python -m fairseq_tnn {command}')} {USAGE[command]}"
+    return f"usage: {invocation(prog)} {USAGE[command]}"
 
 
 def help_text(command: str, prog: str) -> str:
@@ -108,7 +105,6 @@ def help_text(command: str, prog: str) -> str:
             "allocation; on a requeue (SLURM_RESTART_COUNT > 0) RESUME=1 and FORCE=0.")
     return (f"{usage(command, prog)}\n{what}\ncausal presets: {' '.join(recipe.CAUSAL_PRESETS)}\n"
             f"masked presets: {' '.join(recipe.MASKED_PRESETS)}\n"
-            "knobs (environment variables; an empty value is the default, in brackets):\n"
             f"{knobs_help(knobs)}\n{ENVIRONMENT}\n")
 
 
@@ -189,9 +185,11 @@ def check_resumed_dictionary(prog: str, run_dir: Path, data: str, kind: str, kno
     new_dict = Path(data) / "dict.txt"
     if knobs["RESUME"] != "1" or knobs["FORCE"] == "1" or not new_dict.is_file() or not zipfile.is_zipfile(last):
         return  # (not a zip file: no checkpoint torch wrote, whose reading fairseq reports)
-    import torch  # only here: a resume reads the checkpoint's dictionary size and data directory
+    import fairseq_tnn  # only here: a resume reads the checkpoint's dictionary size and data directory
+    fairseq_tnn.register()  # the plugin's checkpoint loader (weights_only, as fairseq-train will load it)
+    from fairseq import checkpoint_utils
     try:
-        state = torch.load(last, map_location="cpu", weights_only=False, mmap=True)
+        state = checkpoint_utils.load_checkpoint_to_cpu(str(last))
         rows = [w.shape[0] for name, w in state["model"].items() if name.endswith("embed_tokens.weight")]
         old_data = str(state["cfg"]["task"]["data"])
     except Exception:  # unreadable or not fairseq's: fairseq's own load says what is wrong with it
