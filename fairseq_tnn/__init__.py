@@ -2,7 +2,8 @@
 
 Layers, each importing only the ones before it: ``ops`` (tensor functions, torch only), ``modules``
 (nn.Modules, torch only), ``models`` and ``tasks`` (the fairseq glue), ``distributed`` (the
-multi-process launcher and its check), ``hub`` (trained models from Python).
+multi-process launcher and its check), ``hub`` (trained models from Python, through fairseq), ``pretrained``
+(an exported model with torch alone), ``commands`` (``python -m fairseq_tnn <command>``: what the scripts run).
 
 Use with ``--user-dir /abs/path/to/fairseq_tnn``: fairseq imports this package, then every module of
 its ``tasks/`` and ``models/`` folders, whose import registers the models, architectures and tasks and

@@ -120,10 +120,24 @@ def count_gpus(env: Optional[Mapping[str, str]] = None) -> int:
 
 
 def knobs_help(knobs: Sequence[Knob]) -> str:
-    """The knobs' help lines for --help: NAME [default] help. A default that is a function of other values
-    is described in brackets at the start of its help."""
-    lines = []
+    """The knobs as every --help lists them, under one heading: NAME [default]  help (allowed: ...). A default
+    that is a function of other values has no brackets: its help says it."""
+    lines = ["knobs are environment variables (defaults in brackets; an empty value is the default):"]
     for knob in knobs:
-        default = "" if callable(knob.default) else f" [{knob.default}]"
-        lines.append(f"  {knob.name}{default} {knob.help}")
+        allowed = " | ".join(knob.choices) if knob.choices else knob.allowed
+        name = knob.name if callable(knob.default) else f"{knob.name} [{knob.default}] "
+        lines.append(f"  {name} {knob.help}{f' (allowed: {allowed})' if allowed else ''}")
     return "\n".join(lines)
+
+
+# How a user runs a script that hands over, by its suffix: the program and the script's folder
+LAUNCHERS = {".sh": ("bash", "scripts"), ".sbatch": ("sbatch", "scripts/slurm")}
+
+
+def invocation(prog: str) -> str:
+    """How a user runs the command that prog names: the script's command line ("train.sh": "bash
+    scripts/train.sh"), or "python -m fairseq_tnn <command>" for "fairseq-tnn <command>"."""
+    for suffix, (program, folder) in LAUNCHERS.items():
+        if prog.endswith(suffix):
+            return f"{program} {folder}/{prog}"
+    return prog.replace("fairseq-tnn ", "python -m fairseq_tnn ", 1)

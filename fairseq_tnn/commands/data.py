@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, List, Mapping, Optional, Sequence
 
-from fairseq_tnn.commands.common import Knob, run_main, say
+from fairseq_tnn.commands.common import Knob, invocation, knobs_help, run_main, say
 
 SPLITS = ("train", "valid", "test")
 # What fairseq-preprocess --only-source writes
@@ -42,11 +42,8 @@ def plural(n: int, noun: str) -> str:
 def parser(prog: str, args: str, description: str, knobs: Sequence[Knob]) -> argparse.ArgumentParser:
     """An argument parser whose usage names the script the user ran (prog "prepare-corpus.sh": "bash
     scripts/prepare-corpus.sh <args>") and whose --help lists the knobs with their defaults."""
-    run = "bash scripts/" + prog if prog.endswith(".sh") else prog.replace("fairseq-tnn ", "python -m fairseq_tnn ")
-    lines = ["knobs are environment variables (defaults in brackets; an empty value is the default):"]
-    for knob in knobs:
-        default = f" [{knob.default}]" if isinstance(knob.default, str) and knob.default else ""
-        lines.append(f"  {knob.name}{default}  {knob.help}")
+    run = invocation(prog)
+    lines = knobs_help(knobs).splitlines()
     lines += [f"  {line}" for line in FAIRSEQ_KNOBS]
     return argparse.ArgumentParser(prog=prog, usage=f"{run} {args}", description=description,
                                    epilog="\n".join(lines), formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,8 +1,8 @@
 """``demo``: a miniature of the paper's causal experiment on the bundled sample corpus, CPU only (README command 1,
 ``bash scripts/demo.sh``, which sets up .venv first and hands over to this).
 
-Binarises data/sample (scripts/preprocess.sh), trains a small TNN and a small FD-TNN causal LM side by side with
-the CPU smoke recipe (fairseq_tnn/recipe.py: SMOKE, the paper's recipe shortened; through scripts/train.sh), then
+Binarises data/sample (the preprocess command), trains a small TNN and a small FD-TNN causal LM side by side with
+the CPU smoke recipe (fairseq_tnn/recipe.py: SMOKE, the paper's recipe shortened; through the train command), then
 for both: validation/test perplexity (Table 1 layout) and perplexity against evaluation length up to 16x the
 training length in one plot (the evaluate command), validation perplexity against updates and wall-clock time and
 the median wall time of one training update (scripts/plot_training.py), the learned kernels
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Dict, List
 
 from fairseq_tnn import recipe
-from fairseq_tnn.commands.common import (ROOT, USER_DIR, CommandError, Knob, abs_path, fairseq_bin, is_pos_int,
-                                         read_knobs, run_main)
-from fairseq_tnn.commands.evaluate import LENGTHS, invocation, knob_help
+from fairseq_tnn.commands.common import (ROOT, USER_DIR, CommandError, Knob, abs_path, fairseq_bin, invocation,
+                                         is_pos_int, knobs_help, read_knobs, run_main)
+from fairseq_tnn.commands.evaluate import LENGTHS
 
 BOOL = ("0", "1")
 PROMPT = "And God said unto Moses"
@@ -77,7 +77,7 @@ def step(cmd: List, env: Dict[str, str], log: Path, what: str, tail: int = 30) -
 
 def demo(argv: List[str], prog: str) -> int:
     if argv[:1] in (["-h"], ["--help"]):
-        print(f"usage: {invocation(prog)}   (no arguments)\n\n{__doc__.strip()}\n\n{knob_help(KNOBS)}\n{ENVIRONMENT}")
+        print(f"usage: {invocation(prog)}   (no arguments)\n\n{__doc__.strip()}\n\n{knobs_help(KNOBS)}\n{ENVIRONMENT}")
         return 0
     if argv:
         print(f"usage: {invocation(prog)}   (no arguments; settings are environment variables: "
@@ -96,7 +96,7 @@ def demo(argv: List[str], prog: str) -> int:
     work.mkdir(parents=True, exist_ok=True)
     log = work / "preprocess.log"
     with open(log, "w") as f:  # on failure the whole log: preprocess.sh's error is its last line or its first
-        if subprocess.run(["bash", str(ROOT / "scripts" / "preprocess.sh"), str(SAMPLE), str(data)], stdout=f,
+        if subprocess.run([sys.executable, "-m", "fairseq_tnn", "preprocess", str(SAMPLE), str(data)], stdout=f,
                           stderr=subprocess.STDOUT, env={**env, "FORCE": "0"}).returncode != 0:
             sys.stderr.write(log.read_text(errors="replace"))
             return 1
@@ -118,7 +118,7 @@ def demo(argv: List[str], prog: str) -> int:
                                                            "LOG_INTERVAL")},
                  "SEQS_PER_UPDATE": batch, "BATCH_PER_GPU": batch}
         part = out.with_name(out.name + ".part")
-        step(["bash", ROOT / "scripts" / "train.sh", arch, data, *recipe.SMOKE_ARGS],
+        step([sys.executable, "-m", "fairseq_tnn", "train", arch, data, *recipe.SMOKE_ARGS],
              {**env, **smoke, "SAVE_ROOT": str(work / "checkpoints"), "RESUME": str(int(resume)),
               "FORCE": str(1 - int(resume))}, part, f"training {arch}")
         part.rename(out)

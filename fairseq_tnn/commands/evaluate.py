@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from fairseq_tnn.commands import extrapolation_report as report
-from fairseq_tnn.commands.common import (ROOT, USER_DIR, CommandError, Knob, abs_path, fairseq_bin, is_pos_int,
-                                         quote_cmd, read_knobs, refuse_unless_dry, run_main, say)
+from fairseq_tnn.commands.common import (ROOT, USER_DIR, CommandError, Knob, abs_path, fairseq_bin, invocation,
+                                         is_pos_int, knobs_help, quote_cmd, read_knobs, refuse_unless_dry, run_main, say)
 
 BOOL = ("0", "1")
 
@@ -97,34 +97,12 @@ ENVIRONMENT = ("FAIRSEQ_BIN [<repo>/.venv/bin]: the directory of fairseq-eval-lm
 ARGUMENTS = "[label=]<checkpoint.pt>..."
 
 
-# How a user runs a script that hands over, by its suffix: the program and the script's folder
-LAUNCHERS = {".sh": ("bash", "scripts"), ".sbatch": ("sbatch", "scripts/slurm")}
-
-
-def invocation(prog: str) -> str:
-    """How a user runs the command that prog names: the script's command line, or prog itself."""
-    for suffix, (program, folder) in LAUNCHERS.items():
-        if prog.endswith(suffix):
-            return f"{program} {folder}/{prog}"
-    return prog
-
-
-def knob_help(knobs: Sequence[Knob]) -> str:
-    """The knobs as --help lists them: name, default, what is allowed, what it does."""
-    lines = ["knobs (environment variables; an empty value is the default):"]
-    for knob in knobs:
-        allowed = " | ".join(knob.choices) if knob.choices else knob.allowed
-        default = "" if callable(knob.default) else knob.default
-        lines.append(f"  {knob.name} [{default}]{f' ({allowed})' if allowed else ''}: {knob.help}")
-    return "\n".join(lines)
-
-
 def usage_or_help(argv: List[str], prog: str, doc: str, knobs: Sequence[Knob], extra: str = "") -> Optional[int]:
     """None to go on with argv as the checkpoints; 0 after --help (printed: usage, doc, knobs, extra); 2 after
     the usage line on stderr, for no checkpoint or an option first."""
     usage = f"usage: {invocation(prog)} {ARGUMENTS}"
     if argv[:1] in (["-h"], ["--help"]):
-        print(f"{usage}\n\n{doc.strip()}\n\n{knob_help(knobs)}\n{extra}".rstrip())
+        print(f"{usage}\n\n{doc.strip()}\n\n{knobs_help(knobs)}\n{extra}".rstrip())
         return 0
     if not argv or argv[0].startswith("-"):
         print(usage, file=sys.stderr)

@@ -149,7 +149,7 @@ def test_a_bad_knob_is_one_line_before_any_work(train_sh_run, data_bin, tmp_path
 
 def test_help_lists_every_knob_with_its_default():
     out, _ = ok([sys.executable, "-m", "fairseq_tnn", "evaluate", "--help"])
-    assert out.startswith("usage: fairseq-tnn evaluate [label=]<checkpoint.pt>...\n"), out
+    assert out.startswith("usage: python -m fairseq_tnn evaluate [label=]<checkpoint.pt>...\n"), out
     for knob in evaluate.KNOBS:
         assert re.search(rf"^  {knob.name} \[{re.escape(knob.default)}\]", out, re.M), (knob.name, out)
     out, _ = ok(["bash", SCRIPTS / "slurm" / "extrapolation.sbatch", "--help"])
