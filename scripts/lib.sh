@@ -8,11 +8,6 @@
 #   usage_error [LINE...]     $usage (the caller sets it) and any LINEs on stderr, then exit 2
 #   quote_cmd ARG...          the command line, quoted so that it can be pasted into a shell
 #   is_pos_int VALUE          true for 1, 2, ... (no sign, no leading zero)
-#   refuse_unless_dry DRY MESSAGE   MESSAGE as an error (exit 2), or in a dry run (DRY=1) said with "a real run
-#                             stops here" and the script goes on: a dry run prints its commands whatever is on disk
-#   abs_path PATH             PATH made absolute (a directory resolved as cd resolves it; a missing one kept as named)
-#   count_gpus                the number of GPUs this process may use: those CUDA_VISIBLE_DEVICES lists if it is
-#                             set (as SLURM sets it for a job's GPUs), else nvidia-smi's, else 0
 #   hand_over COMMAND ARG...  exec "python -m fairseq_tnn COMMAND ARG..." (fairseq_tnn/commands), messages named
 #                             after this script, with this repository's package first on the path; the python is
 #                             PYTHON [$FAIRSEQ_BIN/python, FAIRSEQ_BIN [<repo>/.venv/bin]]
@@ -20,8 +15,9 @@
 #                             ($FAIRSEQ_BIN/fairseq-train, fairseq-preprocess, ...), and PYTHON [$FAIRSEQ_BIN/python];
 #                             refuses FAIRSEQ_PREPROCESS, which no script reads any more
 #
-# Knobs: every script takes its settings as environment variables (e.g. CPU=1 bash scripts/train.sh ...), listed with
-# their defaults in its header; an empty value is the default. gpu_check.sh's flags are shorthands for its own.
+# Knobs: every script takes its settings as environment variables (e.g. CPU=1 bash scripts/train.sh ...), an empty
+# value being the default; a script that hands over lists them with `python -m fairseq_tnn <command> --help`, the
+# others (setup.sh, gpu_check.sh, slurm/local_cluster.sh) in their header. gpu_check.sh's flags are shorthands for its own.
 #
 # <script> is PROG when set (the SLURM scripts set it: SLURM runs a copy named slurm_script), else the
 # name of the script bash is running.
@@ -48,25 +44,6 @@ quote_cmd() {
 }
 
 is_pos_int() { [[ "$1" =~ ^[1-9][0-9]*$ ]]; }
-
-refuse_unless_dry() {
-  [[ "$1" == 1 ]] || die "$2" 2
-  say "DRY_RUN: $2 (a real run stops here)"
-}
-
-abs_path() {
-  if [[ -d "$1" ]]; then (cd "$1" && pwd); elif [[ "$1" == /* ]]; then echo "$1"; else echo "$PWD/$1"; fi
-}
-
-count_gpus() {
-  if [[ -n "${CUDA_VISIBLE_DEVICES+x}" ]]; then
-    local ids="${CUDA_VISIBLE_DEVICES//,/ }"; set -- $ids; echo "$#"
-  elif command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true  # grep -c prints 0 itself
-  else
-    echo 0
-  fi
-}
 
 fairseq_env() {
   [[ -z "${FAIRSEQ_PREPROCESS+set}" ]] \
