@@ -24,6 +24,7 @@ COMMANDS = {
     "prepare-corpus": ("prepare_corpus", "your own text to fairseq data: check, split, tokenizer, encode, binarise"),
     "prepare-wikitext-103": ("prepare_wikitext", "download, GPT-2 BPE-encode and binarise Wikitext-103"),
     "make-sample-data": ("make_sample_data", "build data/sample from the King James Bible (Debian's packages)"),
+    "gpu-check": ("gpu_check", "everything a CUDA GPU can check, in one run and one report (gpu_check.sh)"),
     "export": ("export", "a checkpoint as a folder that loads with torch alone (fairseq_tnn.pretrained)"),
 }
 
