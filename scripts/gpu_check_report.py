@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""The Python half of scripts/gpu_check.sh (which runs the parts; this describes the machine, writes the
-padded dictionary and turns the parts' outputs into report.md and report.json).
+"""The report of scripts/gpu_check.sh (python -m fairseq_tnn gpu-check, which runs the parts; this describes
+the machine, writes the padded dictionary and turns the parts' outputs into report.md and report.json).
 
     python scripts/gpu_check_report.py environment OUT.json     # GPU, driver, CUDA, torch, fairseq, Python
     python scripts/gpu_check_report.py dictionary TEXT SIZE OUT # TEXT's symbols padded to SIZE (specials included)
     python scripts/gpu_check_report.py report OUT_DIR           # report.md and report.json; exit 1 if a part failed
 
-The report reads OUT_DIR/parts.tsv (one line per part, written by gpu_check.sh: name, exit status, seconds,
-time limit, log file, kind) and, per kind of part, its outputs: the junit XML of the tests, trainer.json
+The report reads OUT_DIR/parts.tsv (one line per part, written by the gpu-check command: name, exit status,
+seconds, time limit, log file, kind) and, per kind of part, its outputs: the junit XML of the tests, trainer.json
 of a benchmark, train.log of a training run. A part passed when its command exited 0 and its outputs
 say nothing failed; a compiled training run also fails if any of its layers fell back to eager, and the
 compiled and eager runs of a preset must agree on the final validation loss (AGREEMENT, relative).

@@ -17,7 +17,7 @@
 #
 # Knobs: every script takes its settings as environment variables (e.g. CPU=1 bash scripts/train.sh ...), an empty
 # value being the default; a script that hands over lists them with `python -m fairseq_tnn <command> --help`, the
-# others (setup.sh, gpu_check.sh, slurm/local_cluster.sh) in their header. gpu_check.sh's flags are shorthands for its own.
+# others (setup.sh, slurm/local_cluster.sh) in their header. gpu_check.sh's flags are shorthands for its own.
 #
 # <script> is PROG when set (the SLURM scripts set it: SLURM runs a copy named slurm_script), else the
 # name of the script bash is running.
