@@ -63,7 +63,8 @@ KNOBS = [
 # Read by common.fairseq_bin and lib.sh's hand_over, not by read_knobs
 FAIRSEQ_KNOBS = ["FAIRSEQ_BIN [<repo>/.venv/bin]  the directory of the fairseq commands (fairseq-preprocess)",
                  "PYTHON [$FAIRSEQ_BIN/python]  the python this command runs under, and runs each part with; on a "
-                 "machine set up from wheels (docs/references.md#gpu-machine-without-network): PYTHONPATH=/tmp/site:$PWD "
+                 "machine set up from wheels (docs/references.md#gpu-machine-without-network): "
+                 "PYTHONPATH=/tmp/site:$PWD "
                  "FAIRSEQ_BIN=/tmp/site/bin PYTHON=python3 bash scripts/gpu_check.sh"]
 FLAGS = "[--out DIR] [--force] [--cpu] [--quick] [--only PART,...] [--pytest \"ARGS\"] [--limit PART=SECONDS]..."
 # flag -> the knob it sets (a flag wins over the environment); the switches set 1
@@ -226,7 +227,8 @@ class Check:
             else:
                 # one process group: the padded dictionary, then fairseq-preprocess with it
                 script = ('set -euo pipefail\n'
-                          '"$1" scripts/gpu_check_report.py dictionary data/sample/train.bpe "$4" "$3/dict.padded.txt"\n'
+                          '"$1" scripts/gpu_check_report.py dictionary data/sample/train.bpe "$4" '
+                          '"$3/dict.padded.txt"\n'
                           '"$2/fairseq-preprocess" --only-source --srcdict "$3/dict.padded.txt" '
                           '--trainpref data/sample/train.bpe --validpref data/sample/valid.bpe '
                           '--testpref data/sample/test.bpe --destdir "$3/bin" --workers 4')
@@ -309,7 +311,11 @@ def usage_error(prog: str, message: str) -> int:
 
 
 def main(argv: List[str], prog: str) -> int:
-    return run_main(prog, lambda: check(argv, prog))
+    try:
+        return run_main(prog, lambda: check(argv, prog))
+    except KeyboardInterrupt:  # before the first part (the checks) or while the report is written
+        print(f"{prog}: error: interrupted", file=sys.stderr)
+        return 130
 
 
 def check(argv: List[str], prog: str) -> int:
@@ -321,7 +327,8 @@ def check(argv: List[str], prog: str) -> int:
     for entry in knobs["LIMITS"].split():
         m = re.fullmatch(r"([a-z0-9-]+)=([1-9][0-9]*)", entry)
         if not m:
-            raise CommandError(f"LIMITS / --limit '{entry}' is invalid: must be PART=SECONDS, SECONDS a positive integer")
+            raise CommandError(f"LIMITS / --limit '{entry}' is invalid: must be PART=SECONDS, SECONDS a positive "
+                               "integer")
         if m[1] not in PARTS:
             raise CommandError(f"LIMITS / --limit '{entry}': unknown part '{m[1]}'; parts: {' '.join(PARTS)}")
         limits[m[1]] = int(m[2])

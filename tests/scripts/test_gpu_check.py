@@ -252,3 +252,21 @@ def test_environment_knobs_are_refused_as_their_flags_are(tmp_path):
     proc = gpu_check(env={"OUT": str(tmp_path / "old"), "CPU": "1"}, timeout=300)
     assert proc.returncode == 2 and f"--out {tmp_path / 'old'} already exists" in proc.stderr, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
+
+
+def test_help_lists_the_flags_knobs_parts_and_time_limits():
+    """``gpu_check.sh --help`` (python -m fairseq_tnn gpu-check --help): the usage line, every part in order, each
+    flag with the knob it sets, every knob, and the default time limits (full and --quick), on stdout, exit 0."""
+    proc = gpu_check("--help", timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    out = proc.stdout
+    assert out.startswith("usage: bash scripts/gpu_check.sh [--out DIR] [--force] [--cpu] [--quick] [--only PART,...]")
+    assert "environment profile tests bench-fp16 bench-bf16 data train" in out
+    for flag in ("--out DIR (OUT)", "--force (FORCE=1)", "--cpu (CPU=1)", "--quick (QUICK=1)", "--only PART,... (ONLY)",
+                 '--pytest "ARGS" (PYTEST_ARGS)', "--limit PART=SECONDS (adds to LIMITS"):
+        assert flag in out, flag
+    for knob in ("OUT [results/gpu-check]", "FORCE [0]", "CPU [0]", "QUICK [0]", "ONLY []", "PYTEST_ARGS []", "LIMITS []",
+                 "TEST_WORKERS []", "FAIRSEQ_BIN [<repo>/.venv/bin]", "PYTHON [$FAIRSEQ_BIN/python]"):
+        assert f"\n  {knob} " in out, knob
+    assert "environment=45 profile=420 tests=600 bench-fp16=480 bench-bf16=300 data=45 train=180" in out
+    assert "QUICK=1: environment=600 profile=900 tests=900 bench-fp16=900 bench-bf16=900 data=600 train=900" in out
