@@ -15,6 +15,7 @@ from torch import nn
 
 from .blocks import build_layers
 from .compile import compile_per_config, length_bucket
+from ..modules import MaskedLMHead
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
@@ -28,19 +29,6 @@ class TnnMlmConfig(TnnBlockConfig):
     no_scale_embedding: bool = field(default=False, metadata={"help": "do not scale the embeddings by sqrt(dim)"})
     pooler_dropout: float = field(default=0.0, metadata={"help": "dropout in classification heads"})
 
-
-class TnnLMHead(nn.Module):
-    """dense -> gelu -> LayerNorm -> projection tied to the input embeddings (+ bias)."""
-
-    def __init__(self, dim: int, weight: nn.Parameter):
-        super().__init__()
-        self.dense = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim)
-        self.weight = weight
-        self.bias = nn.Parameter(torch.zeros(weight.shape[0]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(F.gelu(self.dense(x))), self.weight) + self.bias
 
 
 class MeanPoolClassificationHead(nn.Module):
@@ -93,7 +81,7 @@ class TnnEncoder(FairseqEncoder):
         self.dropout = nn.Dropout(cfg.dropout)
         self.layers = build_layers(cfg, dim, cfg.encoder_layers, False, tno_settings, training_length=training_length)
         self.final_norm = nn.LayerNorm(dim) if str(cfg.norm_position) == "pre" else None
-        self.lm_head = TnnLMHead(dim, self.embed_tokens.weight)
+        self.lm_head = MaskedLMHead(dim, self.embed_tokens.weight)
         # Compiled layers compile once per length: batches (whose length is their longest sample's in
         # --sample-break-mode complete) are padded to a few bucket lengths, the padding masked as usual.
         self.bucket_lengths = compile_mode(cfg) is not None

@@ -166,3 +166,18 @@ class TnnLayer(nn.Module):
     def step(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], cache: GtuCache, start: int) -> torch.Tensor:
         """``forward`` of the new positions start .. start + c - 1 of incremental decoding (see ``Gtu.step``)."""
         return self._residual(x, lambda h: self.gtu.step(h, pad_mask, cache, start))
+
+
+class MaskedLMHead(nn.Module):
+    """The masked model's output head: dense -> gelu -> LayerNorm -> the projection tied to the input embeddings
+    (``weight``), plus a bias. (fairseq_tnn.models.tnn_mlm and fairseq_tnn.pretrained both use it.)"""
+
+    def __init__(self, dim: int, weight: nn.Parameter):
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim)
+        self.weight = weight
+        self.bias = nn.Parameter(torch.zeros(weight.shape[0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(self.norm(nn.functional.gelu(self.dense(x))), self.weight) + self.bias

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..modules import Glu, Gtu, TnnLayer
+from ..modules import Glu, Gtu, MaskedLMHead, TnnLayer
 from ..modules.tno import tno_class
 from .safetensors import load_file, save_file
 from .tokenizers import load_tokenizer
@@ -169,20 +169,6 @@ class CausalStack(nn.Module):
         return self.output_layer(x)
 
 
-class LMHead(nn.Module):
-    """The masked model's head (fairseq_tnn.models.tnn_mlm.TnnLMHead): dense, gelu, LayerNorm, then the
-    projection tied to the input embeddings, plus a bias."""
-
-    def __init__(self, dim: int, weight: nn.Parameter):
-        super().__init__()
-        self.dense = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim)
-        self.weight = weight
-        self.bias = nn.Parameter(torch.zeros(weight.shape[0]))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(F.gelu(self.dense(x))), self.weight) + self.bias
-
 
 class BidirectionalStack(nn.Module):
     """The masked model's ``encoder`` (fairseq_tnn.models.tnn_mlm.TnnEncoder without fairseq), eager."""
@@ -197,7 +183,7 @@ class BidirectionalStack(nn.Module):
         self.dropout = nn.Dropout(config["dropout"])
         self.layers = build_layers(config, causal=False)
         self.final_norm = nn.LayerNorm(dim) if config["norm_position"] == "pre" else None
-        self.lm_head = LMHead(dim, self.embed_tokens.weight)
+        self.lm_head = MaskedLMHead(dim, self.embed_tokens.weight)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (b, n, vocab) of the token at every position of ``tokens`` (b, n), seen from both sides."""
