@@ -109,12 +109,17 @@ class CompiledForward:
     the ``torch.compile``d class ``forward`` with the layer as its first argument, or, once its stack runs
     eagerly (:class:`CompiledStack`), the class's ``forward`` itself."""
 
-    def __init__(self, layer: nn.Module, name: str, stack: CompiledStack):
-        # The class's function, not a method bound to this layer: a deep copy of the layer (fairseq's --ema,
-        # copy.deepcopy in tests) copies this object with ``layer`` and ``stack`` mapped to the copies, and the
-        # shared compiled function then runs the copy's parameters. Its graphs are cached on the function's code
-        # object, so all layers of the class share them (one compilation serves a stack).
-        self.compiled = torch.compile(type(layer).forward, **_compile_options())
+    def __init__(self, layer: nn.Module, name: str, stack: CompiledStack, compiled):
+        # ``compiled``: the ``torch.compile``d class ``forward`` (the class's function, not a method bound to this
+        # layer), one object shared by all layers of the stack (``compile_layers``). Dynamo caches its graphs on
+        # the function's code object and guards them on the layer's parameters and buffers as inputs, not on the
+        # layer's identity, so the stack's identical layers run one graph per input shape, compiled once; one
+        # object also keeps the backend the cache entries were compiled with identical for every layer (dynamo
+        # recompiles a frame called through a backend that differs from its cache entry's). A deep copy of the
+        # layer (fairseq's --ema, copy.deepcopy in tests) copies this object with ``layer`` and ``stack`` mapped to
+        # the copies and ``compiled`` shared (a function), and the shared compiled function then runs the copy's
+        # parameters.
+        self.compiled = compiled
         self.layer, self.name, self.stack = layer, name, stack
 
     def __call__(self, *args, **kwargs):
@@ -147,8 +152,9 @@ def is_compiled(layer: nn.Module) -> bool:
 def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "layers") -> None:
     """``torch.compile`` each layer's ``forward`` in place: ``layer.forward`` becomes a CompiledForward, a plain
     attribute of the layer. The parameters, submodules and state_dict keys stay those of the eager model
-    (no ``_orig_mod.`` prefix), so checkpoints load in either mode. The layers share their code, so one
-    compilation serves all of them.
+    (no ``_orig_mod.`` prefix), so checkpoints load in either mode. The layers of a class share one
+    ``torch.compile``d function, and so its graphs: one compilation per input shape serves the whole stack
+    (tests/modules/test_compile.py counts them).
 
     Nothing process-wide is changed and no private ``nn.Module`` attribute is set: the recompile limit is
     ``torch.compile``'s own argument (``recompile_limit``, which applies to these calls only; torch's global
@@ -170,8 +176,12 @@ def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "lay
     the model (``decoder.layers``), which names its layers in those messages."""
     require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
     stack = CompiledStack(mode, name, len(layers))
+    compiled = {}  # one torch.compile per layer class, shared by the stack's layers of that class
     for i, layer in enumerate(layers):
-        layer.forward = CompiledForward(layer, f"{name}.{i}", stack)
+        cls = type(layer)
+        if cls not in compiled:
+            compiled[cls] = torch.compile(cls.forward, **_compile_options())
+        layer.forward = CompiledForward(layer, f"{name}.{i}", stack, compiled[cls])
 
 
 def compile_per_config(cfg, layers: nn.ModuleList, name: str) -> None:

@@ -1,6 +1,6 @@
 """--tnn-compile: torch.compile per TNN layer. Compiled == eager (fp32, relative 1e-5, forward and
-gradients) for all five TNO kinds, with no graph break inside a layer; checkpoints load in either
-mode; new lengths recompile a bounded number of times. A layer whose compilation fails runs eagerly
+gradients) for all five TNO kinds, with no graph break inside a layer; a wt103 model's identical layers
+share one compilation (as many graphs for 7 or 12 layers as for 1); checkpoints load in either mode; new lengths recompile a bounded number of times. A layer whose compilation fails runs eagerly
 with a warning (--tnn-compile, i.e. fallback) or stops the run (--tnn-compile strict): tested with a
 real failure (inductor given a C++ compiler that does not exist, as on a machine without one) and an
 injected one (inductor's code generation raising for the backward graph only). Compiling changes no
@@ -85,6 +85,60 @@ def test_compiled_layer_takes_a_planned_kernel_length():
             assert rel(yc, ye) < 1e-5, (n, length)
         assert rel(eager(x[:, :20], None, 40), eager(x[:, :20])) > 1e-4  # the argument matters
     assert compile_error(compiled) is None
+
+
+WT103 = ["tnn_lm_wt103", "fd_tnn_lm_wt103", "ski_tnn_mlm_wt103"]
+
+
+def wt103_narrow(arch, layers=None):
+    """A wt103 preset at width 64 (a narrow RPE and GLU), with its real number of layers or ``layers``."""
+    side = "encoder" if "mlm" in arch else "decoder"
+    overrides = {f"{side}_embed_dim": 64, "glu_dim": 64, "dropout": 0.0}
+    if "ski" not in arch:
+        overrides["rpe_dim"] = 16
+    if layers is not None:
+        overrides[f"{side}_layers"] = layers
+    torch.manual_seed(0)
+    return build_arch(arch, 50, **overrides)
+
+
+def update_and_validate(model, tokens):
+    """One training forward and backward, then one validation forward: the graphs each compiles."""
+    counters.clear()
+    model.train()
+    y = model(tokens)[0]
+    y.sum().backward()
+    train = counters["stats"]["unique_graphs"]
+    model.eval()
+    with torch.no_grad():
+        model(tokens)
+    return y.detach(), (train, counters["stats"]["unique_graphs"] - train)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", WT103)
+def test_identical_layers_share_their_compiled_graphs(arch):
+    """A wt103 model's stack of identical layers compiles the graphs of one layer, once (one for a training
+    update, forward and backward, and one for a validation forward): as many as a 1-layer stack, where a
+    compilation per layer would multiply the compile time by the depth. Compiled equals eager, the output and
+    every parameter's gradient, at the model's real depth (width 64)."""
+    tokens = torch.randint(4, 50, (2, 32))
+    torch._dynamo.reset()
+    one = wt103_narrow(arch, layers=1)
+    compile_layers(layers_of(one))
+    _, one_layer = update_and_validate(one, tokens)
+    torch._dynamo.reset()
+    eager = wt103_narrow(arch)
+    compiled = copy.deepcopy(eager)
+    assert len(layers_of(compiled)) in (7, 12)
+    compile_layers(layers_of(compiled))
+    yc, all_layers = update_and_validate(compiled, tokens)
+    assert all_layers == one_layer == (1, 1), (all_layers, one_layer)
+    assert all(is_compiled(layer) for layer in layers_of(compiled))
+    ye, _ = update_and_validate(eager, tokens)
+    assert rel(yc, ye) < 1e-5
+    for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+        assert rel(pc.grad, pe.grad) < 1e-5, name
 
 
 @pytest.mark.slow
