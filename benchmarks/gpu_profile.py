@@ -61,9 +61,7 @@ KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
 FLOOR_KEYS = {"causal": ["tnn6", "tnn3", "fd3"], "masked": ["tnn6", "fd3", "ski"]}
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
+_sync = tr._sync
 
 
 def _timed(fn, device, n: int) -> List[float]:
@@ -118,20 +116,7 @@ def split_update(trainer, sample, device: str, n: int) -> Dict[str, float]:
 def kernel_profile(trainer, sample, device: str, updates: int, top: bool) -> Dict:
     """Kernel time and launches per update (CPU: outermost operators), and with ``top`` the longest kernels by
     total time per update, with their count and share."""
-    from torch.profiler import ProfilerActivity, profile
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    _sync(device)
-    with profile(activities=acts) as prof:
-        for _ in range(updates):
-            trainer.train_step([sample])
-        _sync(device)
-    events = prof.events()
-    if device == "cuda":
-        kernels = [(e.name, e.device_time) for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
-    else:
-        def outer(e):
-            return e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-        kernels = [(e.name, e.cpu_time_total) for e in events if outer(e)]
+    kernels = tr.profiled_kernels(trainer, sample, device, updates)
     busy_us = sum(t for _, t in kernels)
     result = {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates}
     if top:

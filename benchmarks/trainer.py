@@ -149,8 +149,9 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def _profile(trainer, sample, device, updates: int) -> Dict:
-    """Kernel (CUDA) or operator (CPU) time and count per update, from torch.profiler."""
+def profiled_kernels(trainer, sample, device, updates: int) -> List:
+    """(name, microseconds) of every kernel (CUDA) or outermost aten operator (CPU: those not called inside
+    another one, their CPU time) of ``updates`` training updates, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     _sync(device)
@@ -160,13 +161,18 @@ def _profile(trainer, sample, device, updates: int) -> Dict:
         _sync(device)
     events = prof.events()
     if device == "cuda":
-        kernels = [e for e in events if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
-        busy_us = sum(e.device_time for e in kernels)  # device time of each kernel, microseconds
-    else:  # the outermost aten operators (not those called inside another one), their CPU time
-        def outer(e):
-            return e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-        kernels = [e for e in events if outer(e)]
-        busy_us = sum(e.cpu_time_total for e in kernels)
+        return [(e.name, e.device_time) for e in events
+                if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+
+    def outer(e):
+        return e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    return [(e.name, e.cpu_time_total) for e in events if outer(e)]
+
+
+def _profile(trainer, sample, device, updates: int) -> Dict:
+    """Kernel (CUDA) or operator (CPU) time and count per update."""
+    kernels = profiled_kernels(trainer, sample, device, updates)
+    busy_us = sum(t for _, t in kernels)
     return {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates}
 
 

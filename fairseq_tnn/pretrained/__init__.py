@@ -169,7 +169,6 @@ class CausalStack(nn.Module):
         return self.output_layer(x)
 
 
-
 class BidirectionalStack(nn.Module):
     """The masked model's ``encoder`` (fairseq_tnn.models.tnn_mlm.TnnEncoder without fairseq), eager."""
 
