@@ -40,7 +40,7 @@ import os
 import re
 from typing import Dict, List, Mapping, NamedTuple, Optional
 
-from fairseq_tnn.commands.common import CommandError, Knob, read_knobs
+from fairseq_tnn.commands.common import CommandError, Knob, is_pos_int, read_knobs
 
 CAUSAL_PRESETS = ("tnn_lm_wt103", "tnn_lm_wt103_rpe3", "fd_tnn_lm_wt103", "tnn_lm_tiny", "fd_tnn_lm_tiny")
 MASKED_PRESETS = ("tnn_mlm_wt103", "tnn_mlm_wt103_rpe3", "fd_tnn_mlm_wt103", "ski_tnn_mlm_wt103", "tnn_mlm_tiny",
@@ -85,10 +85,6 @@ def _is_number(text: str) -> bool:
         return float(text) > 0
     except ValueError:
         return False
-
-
-def _positive_int(text: str) -> bool:
-    return re.fullmatch(r"[1-9][0-9]*", text) is not None
 
 
 def _by_kind(causal: str, masked: str):
@@ -220,7 +216,7 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
         raise RecipeError(f"OVERSIZED={env['OVERSIZED']} applies to the masked presets only (a causal preset's blocks "
                           f"are cut from the token stream, so none is oversized); unset it for {preset}")
     seqs, batch = knobs["SEQS_PER_UPDATE"], knobs["BATCH_PER_GPU"]
-    if not (_positive_int(seqs) and _positive_int(batch) and _positive_int(str(world))):
+    if not (is_pos_int(seqs) and is_pos_int(batch) and is_pos_int(str(world))):
         raise RecipeError(f"SEQS_PER_UPDATE ({seqs}), BATCH_PER_GPU ({batch}) and the number of processes ({world}) "
                           "must be positive integers")
     per_step = int(batch) * int(world)

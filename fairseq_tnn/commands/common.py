@@ -44,6 +44,16 @@ def quote_cmd(cmd: Sequence) -> str:
     return " ".join(shlex.quote(str(a)) for a in cmd)
 
 
+def is_count(text) -> bool:
+    """0, 1, 2, ... (digits only)."""
+    return str(text).isascii() and str(text).isdigit()
+
+
+def cpus() -> int:
+    """The CPUs this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def is_pos_int(text) -> bool:
     return re.fullmatch(r"[1-9][0-9]*", str(text)) is not None
 

@@ -2,26 +2,16 @@
 argument parser with the knobs in its help, the knobs they have in common, a stop by a signal turned into an
 exception (so that temporary files are removed), and fairseq-preprocess. Standard library only."""
 import argparse
-import os
 import signal
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, List, Mapping, Optional, Sequence
 
-from fairseq_tnn.commands.common import Knob, invocation, knobs_help, run_main, say
+from fairseq_tnn.commands.common import Knob, cpus, invocation, is_count, knobs_help, run_main, say
 
 SPLITS = ("train", "valid", "test")
 # What fairseq-preprocess --only-source writes
 BIN_FILES = ("dict.txt", "preprocess.log", *(f"{s}.{e}" for s in SPLITS for e in ("bin", "idx")))
-
-
-def cpus() -> int:
-    """The CPUs this process may use."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def is_count(text: str) -> bool:
-    return text.isascii() and text.isdigit()
 
 
 WORKERS = Knob("WORKERS", "0", "encoding threads (GPT-2: processes) and fairseq-preprocess workers; 0: the CPUs "

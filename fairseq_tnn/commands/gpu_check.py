@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from fairseq_tnn.commands.common import (ROOT, CommandError, Knob, abs_path, fairseq_bin, invocation, knobs_help,
-                                         quote_cmd, read_knobs, run_main, say)
+from fairseq_tnn.commands.common import (ROOT, CommandError, Knob, abs_path, cpus, fairseq_bin, invocation, is_count,
+                                         knobs_help, quote_cmd, read_knobs, run_main, say)
 
 PARTS = ("environment", "profile", "tests", "bench-fp16", "bench-bf16", "data", "train")
 # time limits (seconds): on one H100 they add up to 20 minutes; toy sizes on a loaded CPU get more room.
@@ -37,8 +37,8 @@ def is_flag(value: str) -> bool:
     return value in ("0", "1")
 
 
-def is_count(value: str) -> bool:
-    return value == "" or (value.isascii() and value.isdigit())
+def empty_or_count(value: str) -> bool:
+    return value == "" or is_count(value)
 
 
 KNOBS = [
@@ -57,7 +57,7 @@ KNOBS = [
          + " ".join(f"{p}={s}" for p, s in LIMITS.items()) + "; QUICK=1: "
          + " ".join(f"{p}={s}" for p, s in QUICK_LIMITS.items())),
     Knob("TEST_WORKERS", "", "pytest-xdist processes for the tests part when pytest-xdist is installed (0: none); "
-         "empty: half the cores, at most 8 (QUICK=1: 0)", check=is_count,
+         "empty: half the cores, at most 8 (QUICK=1: 0)", check=empty_or_count,
          allowed="a whole number (0: no worker processes)"),
 ]
 # Read by common.fairseq_bin and lib.sh's hand_over, not by read_knobs
@@ -183,7 +183,7 @@ class Check:
             else:
                 selection = ["tests/ops", "tests/modules", "tests/models", "tests/gpu"]
             workers = self.knobs["TEST_WORKERS"]
-            workers = int(workers) if workers else 0 if quick else min(cores() // 2, 8)
+            workers = int(workers) if workers else 0 if quick else min(cpus() // 2, 8)
             xdist = []
             if workers > 0 and subprocess.run([py, "-c", "import xdist"], stdout=subprocess.DEVNULL,
                                               stderr=subprocess.DEVNULL).returncode == 0:
@@ -266,10 +266,6 @@ class Check:
                                   f"train/{preset}-{mode}.log",
                                   ["bash", "scripts/train.sh", preset, data_bin, "--no-save", *kind_extra, *extra],
                                   env=env)
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 2
 
 
 def parse_flags(argv: Sequence[str], env: Mapping[str, str], prog: str):

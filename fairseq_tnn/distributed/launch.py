@@ -56,6 +56,7 @@ import shlex
 import socket
 import sys
 
+from fairseq_tnn.commands.common import cpus
 from fairseq_tnn.recipe import CPU_BACKENDS, cpu_ranks
 
 USAGE = ("python -m fairseq_tnn.distributed.launch --nproc N [--cpu | --gpu] [--nnodes K --node-rank R "
@@ -213,8 +214,7 @@ def cpu_threads_env(nproc):
     """OMP_NUM_THREADS for each of N ranks, an equal share of the CPUs, unless it is set."""
     if "OMP_NUM_THREADS" in os.environ:
         return {}
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return {"OMP_NUM_THREADS": str(max(1, cpus // nproc))}
+    return {"OMP_NUM_THREADS": str(max(1, cpus() // nproc))}
 
 
 def check_reachable(parser, host):
