@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence
 
 from fairseq_tnn import recipe
-from fairseq_tnn.commands.common import ROOT, CommandError, Knob, fairseq_bin, quote_cmd, read_knobs, say
-from fairseq_tnn.commands.data import BIN_FILES, SPLITS, WORKERS, fairseq_preprocess, is_count, \
-    parse, parser, plural, run, stoppable, workers
+from fairseq_tnn.commands.common import ROOT, CommandError, Knob, fairseq_bin, is_count, quote_cmd, read_knobs, say
+from fairseq_tnn.commands.data import BIN_FILES, SPLITS, WORKERS, fairseq_preprocess, parse, parser, plural, run, \
+    stoppable, workers
 from fairseq_tnn.commands.gpt2_bpe import encode_file as gpt2_encode_file, encoder_pool
 
 STAMP = "prepare-corpus.json"
