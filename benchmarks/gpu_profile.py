@@ -1,6 +1,6 @@
 """Where each millisecond of a fairseq update goes on a GPU, and the floor of the token mixing (issue 39).
 
-    python benchmarks/gpu_profile.py --out results/gpu-profile                   # one GPU, fp16: about 6 minutes (budget: under 8)
+    python benchmarks/gpu_profile.py --out results/gpu-profile                   # one GPU, fp16: about 4 minutes (budget: under 8)
     python benchmarks/gpu_profile.py --device cpu --quick --out /tmp/profile     # the same path on CPU, toy sizes
 
 One run, every figure side by side, each configuration built alone (so its peak memory is its own), through
@@ -9,18 +9,26 @@ the seven Wikitext-103 presets at the paper's per-GPU shapes (causal 8 x 512; ma
 fairseq's ``transformer_lm`` of the causal models' width and depth, and the no-mixing bound (the TNN model with
 its TNOs replaced by the identity). For each, eager:
 
-* update time (median of ``--timed`` updates, the device synchronised around each) and tokens per second;
-* kernel time per update and kernels launched per update (torch.profiler; on CPU: the outermost operators);
+* update time (median and least of ``--timed`` updates, the device synchronised around each) and tokens per
+  second, after a warm-up that lasts until fp16's loss scale stops falling (an overflowing update is skipped,
+  optimizer and all, and is cheaper), with the timed updates that still overflowed counted;
+* kernel time per update (the kernels' device time; fairseq's ``record_function`` spans, which torch.profiler
+  also lays over the device's timeline, left out) and kernels launched per update (torch.profiler; on CPU:
+  the outermost operators), and the host's kernel-launch calls;
 * the operations the update dispatches (``benchmarks/opcount.py``; what sets the host time);
 * the update split into the training forward (model and criterion), the backward, the optimizer step and the
   rest of the Trainer (clipping, loss scaling, bookkeeping), from separate updates with the device
   synchronised at each boundary (so their sum can exceed the plain update's time, which overlaps them);
 * peak memory of an update (``torch.cuda.max_memory_allocated``; not on CPU);
-* the 15 longest kernels of one TNN, one FD-TNN and one SKI-TNN update, with their share of the kernel time.
+* the 15 longest kernels of one TNN, one FD-TNN and one SKI-TNN update, with their share of the kernel time,
+  and the 15 host-side events (operators, CUDA runtime calls) with the most self time in the same update.
 
-Compiled as ``scripts/train.sh`` runs it (``--tnn-compile strict``): the update time and the compile time
-(the first two updates less two steady ones), for the configurations of ``--compiled`` in that order, as long
-as ``--compile-budget`` seconds of compiling are left (a compile takes 30-110 s on an H100).
+Compiled (``--tnn-compile strict``), and compiled with CUDA graphs (``--tnn-cuda-graphs`` as well): the update
+time and the compile time (the first two updates less two steady ones), the graphs dynamo compiled while the
+updates were timed (0 unless something recompiles at every step), for the configurations of ``--compiled`` and
+then ``--graphs``, in that order, as long as ``--compile-budget`` seconds of compiling are left (a cold compile
+took 12-52 s on an H200, a warm one, from inductor's cache, 4-9 s). A configuration that fails is reported and
+the run goes on.
 
 The floor of the mixing: for each TNO at each shape, the least bytes its forward and backward must move (the
 input and output forward, the output gradient, the saved input and the input gradient backward: 5 x d1 x b x
@@ -55,6 +63,8 @@ TOP_OF = ("tnn6", "fd3", "ski")  # the models whose longest kernels are listed (
 COMPILED_DEFAULT = ["causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "masked/2048/ski", "masked/2048/tnn6",
                     "masked/2048/fd3", "masked/512/ski", "masked/512/fd3", "masked/512/tnn6"]
 QUICK_COMPILED_DEFAULT: List[str] = []
+# compiled with CUDA graphs (--tnn-cuda-graphs), after the compiled ones: the same configurations
+GRAPHS_DEFAULT = COMPILED_DEFAULT[:6]
 KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
         "masked": ["tnn6", "tnn3", "fd3", "ski", "bound_identity"]}
 # the TNOs whose floor is measured, per section: the layer of this configuration
@@ -113,19 +123,29 @@ def split_update(trainer, sample, device: str, n: int) -> Dict[str, float]:
     return {k: statistics.fmean(r[k] for r in rows) for k in rows[0]}
 
 
+def _top(rows, total_us: float, updates: int) -> List[Dict]:
+    by: Dict[str, List[float]] = {}
+    for name, t in rows:
+        by.setdefault(name, []).append(t)
+    top = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
+    return [{"name": name, "ms": sum(ts) / 1000.0 / updates, "calls": len(ts) / updates,
+             "share": sum(ts) / total_us if total_us else 0.0} for name, ts in top]
+
+
 def kernel_profile(trainer, sample, device: str, updates: int, top: bool) -> Dict:
-    """Kernel time and launches per update (CPU: outermost operators), and with ``top`` the longest kernels by
-    total time per update, with their count and share."""
-    kernels = tr.profiled_kernels(trainer, sample, device, updates)
+    """Kernel time and launches per update (CPU: outermost operators; ``record_function`` spans such as fairseq's
+    "forward" are no kernels and are left out), the host's kernel-launch calls, and with ``top`` the longest
+    kernels by total time per update and the host-side events with the most self time, with their count and share."""
+    kernels, host = tr.profiled(trainer, sample, device, updates)
     busy_us = sum(t for _, t in kernels)
-    result = {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates}
+    host_us = sum(t for _, t in host)
+    launches = [(n, t) for n, t in host if "LaunchKernel" in n or n.startswith("cudaGraphLaunch")]
+    result = {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates,
+              "launch_calls": len(launches) / updates, "launch_ms": sum(t for _, t in launches) / 1000.0 / updates,
+              "host_self_ms": host_us / 1000.0 / updates}
     if top:
-        by: Dict[str, List[float]] = {}
-        for name, t in kernels:
-            by.setdefault(name, []).append(t)
-        rows = sorted(by.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
-        result["top_kernels"] = [{"name": name, "ms": sum(ts) / 1000.0 / updates, "calls": len(ts) / updates,
-                                  "share": sum(ts) / busy_us if busy_us else 0.0} for name, ts in rows]
+        result["top_kernels"] = _top(kernels, busy_us, updates)
+        result["top_host"] = _top(host, host_us, updates)
     return result
 
 
@@ -170,9 +190,27 @@ def mixing_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
             "floor_ms": floor_ms, "mixing_over_floor": mixing / floor_ms if floor_ms > 0 else None}
 
 
+def _loss_scale(trainer) -> Optional[float]:
+    """fairseq's dynamic fp16 loss scale (None without one: bf16, fp32)."""
+    scaler = getattr(trainer.optimizer, "scaler", None)
+    return None if scaler is None else float(scaler.loss_scale)
+
+
+def _graphs() -> int:
+    """Graphs dynamo has compiled in this process so far."""
+    from torch._dynamo.utils import counters
+    return int(counters["stats"]["unique_graphs"])
+
+
+MAX_WARMUP = 30  # updates at most, until fp16's loss scale stops falling
+
+
 def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device: str, precision: str, quick: bool,
-            data: str, timed: int, compiled: bool, top: bool, floor_bw: Optional[float], log) -> Dict:
-    """Every figure of one configuration, eager or compiled (see the module docstring)."""
+            data: str, timed: int, compiled, top: bool, floor_bw: Optional[float], log) -> Dict:
+    """Every figure of one configuration, eager, compiled (True) or compiled with CUDA graphs ("graphs"; see the
+    module docstring). Under fp16 the warm-up runs until fairseq's loss scale stops falling (an update whose
+    gradients overflow is skipped, optimizer step and all, and would time a cheaper update); the timed updates
+    that still overflowed are counted."""
     from benchmarks.opcount import trainer_counts
     sample = tr.synthetic_sample(section, n, batch, tr.QUICK_VOCAB if quick else tr.VOCAB)
     torch.manual_seed(1)
@@ -180,14 +218,29 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     trainer = tr.build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
     build_s = time.time() - t0
     first = _timed(lambda: trainer.train_step([sample]), device, 2)  # compiles (compiled), allocates optimizer state
-    for _ in range(2):
+    warmup = 2
+    for _ in range(MAX_WARMUP):
+        before = _loss_scale(trainer)
         trainer.train_step([sample])
+        warmup += 1
+        if warmup >= 4 and _loss_scale(trainer) == before:
+            break
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    ms = _timed(lambda: trainer.train_step([sample]), device, timed)
+    graphs = _graphs()
+    overflows = [0]
+
+    def update():
+        before = _loss_scale(trainer)
+        trainer.train_step([sample])
+        overflows[0] += int(before is not None and _loss_scale(trainer) < before)
+    ms = _timed(update, device, timed)
     steady = statistics.median(ms)
-    c = {"key": key, "label": tr.LABELS[key] + (" compiled" if compiled else ""), "arch": arch, "compiled": compiled,
-         "build_s": round(build_s, 2), "update_ms": steady, "ms": ms, "tokens_per_s": batch * n / (steady / 1000.0)}
+    suffix = {False: "", True: " compiled", "graphs": " compiled + CUDA graphs"}[compiled]
+    c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled,
+         "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
+         "tokens_per_s": batch * n / (steady / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
+         "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
     if device == "cuda":
         c["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
     if compiled:
@@ -202,9 +255,11 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         if floor_bw is not None:
             dtype = next(trainer.model.parameters()).dtype
             c["floor"] = mixing_floor(trainer.model, section, batch, n, device, dtype, floor_bw, timed)
-    log(f"[{section} {batch}x{n}] {c['label']:<34} {steady:8.2f} ms/update, kernels {c['kernel_ms']:8.2f} ms "
-        f"({c['kernels']:.0f}), split " + ", ".join(f"{k} {v:.1f}" for k, v in c["split_ms"].items())
-        + (f", compile {c['compile_s']:.0f} s" if compiled else ""))
+    log(f"[{section} {batch}x{n}] {c['label']:<34} {steady:8.2f} ms/update (min {c['min_ms']:.2f}), kernels "
+        f"{c['kernel_ms']:8.2f} ms ({c['kernels']:.0f}), launches {c['launch_calls']:.0f}, split "
+        + ", ".join(f"{k} {v:.1f}" for k, v in c["split_ms"].items())
+        + (f", compile {c['compile_s']:.0f} s, graphs while timed {c['graphs_compiled_while_timed']}" if compiled else "")
+        + (f", overflows while timed {overflows[0]} (loss scale {c['loss_scale']})" if c["loss_scale"] else ""))
     del trainer
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -212,7 +267,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
 
 
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
-        log) -> Dict:
+        log, graphs_ids: List[str] = ()) -> Dict:
     import fairseq_tnn
     fairseq_tnn.register()
     result = {"groups": [], "bandwidth_gbs": None}
@@ -239,21 +294,29 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 g["configs"].append(measure(key, arch, bound, section, n, batch, device, precision, quick, data, timed,
                                             False, top, floor, log))
                 write(result)
-        for cid in compiled_ids:  # compiled, while the budget lasts
+        # compiled, then compiled with CUDA graphs, while the budget lasts; a configuration that fails is reported
+        for cid, how in [(c, True) for c in compiled_ids] + [(c, "graphs") for c in graphs_ids]:
             section, n_s, key = cid.split("/")
             g = next((g for g in result["groups"] if g["section"] == section and g["n"] == int(n_s)), None)
             if g is None or (keys and key not in keys):
                 continue
             last = max([c.get("compile_s", 0.0) for gg in result["groups"] for c in gg["configs"]] + [0.0])
             if compile_spent + last > budget:
-                log(f"compile budget ({budget:.0f} s) spent: {cid} and the rest not compiled")
-                result.setdefault("not_compiled", []).append(cid)
+                log(f"compile budget ({budget:.0f} s) spent: {cid} ({how}) and the rest not compiled")
+                result.setdefault("not_compiled", []).append(cid + (" (CUDA graphs)" if how == "graphs" else ""))
                 continue
             arch, bound = arch_of[(section, key)]
             t0 = time.time()
             torch._dynamo.reset()  # each model compiles afresh, never against the recompile limit of the ones before
-            g["configs"].append(measure(key, arch, bound, section, g["n"], g["batch"], device, precision, quick, data,
-                                        timed, True, False, None, log))
+            try:
+                g["configs"].append(measure(key, arch, bound, section, g["n"], g["batch"], device, precision, quick,
+                                            data, timed, how, False, None, log))
+            except Exception as err:  # one configuration's failure is a result, not the end of the run
+                first = (str(err).strip().splitlines() or [""])[0][:300]
+                log(f"[{section} {g['batch']}x{g['n']}] {tr.LABELS[key]} ({how}) failed: {type(err).__name__}: {first}")
+                result.setdefault("failed", []).append({"id": cid, "how": str(how), "error": f"{type(err).__name__}: {first}"})
+                if device == "cuda":
+                    torch.cuda.empty_cache()
             compile_spent += time.time() - t0
             write(result)
     return result
@@ -273,8 +336,8 @@ def targets(result) -> List[Dict]:
 
     for g in result["groups"]:
         shape = f"{g['section']} {g['batch']} x {g['n']}"
-        for compiled in (False, True):
-            mode = "compiled" if compiled else "eager"
+        for compiled in (False, True, "graphs"):
+            mode = {False: "eager", True: "compiled", "graphs": "compiled + CUDA graphs"}[compiled]
             tnn6, tnn3, fd3, ski = (_get(g, k, compiled) for k in ("tnn6", "tnn3", "fd3", "ski"))
             trans = _get(g, "transformer", False)
             if tnn6 and trans:
@@ -302,11 +365,15 @@ def markdown(result) -> str:
     unit = "kernels" if meta["device"] == "cuda" else "operators"
     out = [f"# Where an update's time goes ({meta['device']}, {meta['precision']})", "",
            f"{meta['machine']}; torch {meta['torch']}, CUDA {meta['cuda']}; `{meta['command']}`; {meta['seconds']} s. "
-           f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates; split: mean "
-           "of 3 updates synchronised at each phase.", "",
-           f"| shape | configuration | ms / update | tokens/s | {unit} ms | wall / {unit} | {unit} / update | "
-           "ops dispatched | forward ms | backward ms | optimizer ms | rest ms | peak MiB | compile s |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates (min beside it), "
+           "after a warm-up that lasts until fp16's loss scale stops falling; split: mean of 3 updates synchronised at "
+           f"each phase. {unit.capitalize()} ms: the device time of the kernels alone (fairseq's record_function spans "
+           "left out); launches: the host's kernel-launch calls per update; overflowed: timed updates whose fp16 "
+           "gradients overflowed (skipped by fairseq).", "",
+           f"| shape | configuration | ms / update | min ms | tokens/s | {unit} ms | wall / {unit} | {unit} / update | "
+           "launches | ops dispatched | forward ms | backward ms | optimizer ms | rest ms | peak MiB | compile s | "
+           "overflowed |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in result["groups"]:
         for c in g["configs"]:
             s = c["split_ms"]
@@ -315,11 +382,14 @@ def markdown(result) -> str:
             peak = f"{c['peak_mib']:.0f}" if "peak_mib" in c else "-"
             compile_s = f"{c['compile_s']:.0f}" if "compile_s" in c else "-"
             out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['update_ms']:.2f} | "
-                       f"{c['tokens_per_s']:,.0f} | {c['kernel_ms']:.2f} | {ratio} | {c['kernels']:.0f} | {ops} | "
+                       f"{c['min_ms']:.2f} | {c['tokens_per_s']:,.0f} | {c['kernel_ms']:.2f} | {ratio} | "
+                       f"{c['kernels']:.0f} | {c['launch_calls']:.0f} | {ops} | "
                        f"{s['forward']:.2f} | {s['backward']:.2f} | {s['optimizer']:.2f} | {s['rest']:.2f} | "
-                       f"{peak} | {compile_s} |")
+                       f"{peak} | {compile_s} | {c['overflows_timed']} |")
     if result.get("not_compiled"):
         out += ["", "Not compiled (the compile budget was spent): " + ", ".join(result["not_compiled"]) + "."]
+    for f in result.get("failed", []):
+        out += ["", f"Failed: {f['id']} ({f['how']}): {f['error']}"]
     floors = [(g, c) for g in result["groups"] for c in g["configs"] if c.get("floor")]
     if floors:
         out += ["", "## The floor of the mixing", "",
@@ -341,6 +411,15 @@ def markdown(result) -> str:
                             f"{g['batch']} x {g['n']}, eager)", "", f"| {unit[:-1]} | ms / update | calls | share |",
                         "|---|---:|---:|---:|"]
                 for k in c["top_kernels"]:
+                    name = k["name"].replace("|", "/")
+                    name = name if len(name) <= 90 else name[:87] + "..."
+                    out.append(f"| `{name}` | {k['ms']:.3f} | {k['calls']:.0f} | {100 * k['share']:.1f}% |")
+            if c.get("top_host"):
+                out += ["", f"The host's {TOP_KERNELS} largest self times in the same update ({c['host_self_ms']:.2f} ms "
+                            f"of host self time per update; launches: {c['launch_calls']:.0f} calls, "
+                            f"{c['launch_ms']:.2f} ms):", "", "| host event | ms / update | calls | share |",
+                        "|---|---:|---:|---:|"]
+                for k in c["top_host"]:
                     name = k["name"].replace("|", "/")
                     name = name if len(name) <= 90 else name[:87] + "..."
                     out.append(f"| `{name}` | {k['ms']:.3f} | {k['calls']:.0f} | {100 * k['share']:.1f}% |")
@@ -366,6 +445,10 @@ def main(argv=None):
     p.add_argument("--compiled", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
                    help="configurations also compiled, in this order while the budget lasts (default: "
                         f"{' '.join(COMPILED_DEFAULT)}; quick: none; none: --compiled with no value)")
+    p.add_argument("--graphs", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
+                   help="configurations also compiled with CUDA graphs (--tnn-cuda-graphs; CUDA only), after "
+                        f"--compiled, while the budget lasts (default: {' '.join(GRAPHS_DEFAULT)}; on the CPU or with "
+                        "--quick: none; none: --graphs with no value)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -381,11 +464,15 @@ def main(argv=None):
     if a.compile_budget < 0:
         p.error(f"--compile-budget={a.compile_budget} must be >= 0")
     compiled = a.compiled if a.compiled is not None else (QUICK_COMPILED_DEFAULT if a.quick else COMPILED_DEFAULT)
+    graphs = a.graphs if a.graphs is not None else ([] if a.quick or a.device == "cpu" else GRAPHS_DEFAULT)
+    if graphs and a.device == "cpu":
+        p.error("--graphs: CUDA graphs need --device cuda (fairseq-train refuses --tnn-cuda-graphs without a GPU)")
     refuse_overwrite(p, a, "gpu_profile.json")
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
+            "graphs": graphs,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -396,7 +483,7 @@ def main(argv=None):
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
-                 lambda m: print(m, flush=True))
+                 lambda m: print(m, flush=True), graphs)
     write(result)
     print(markdown(result))
     return result

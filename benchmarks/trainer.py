@@ -88,10 +88,11 @@ def _dictionary_dir(tmp: str, vocab: int) -> str:
     return tmp
 
 
-def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled: bool,
+def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled,
                   data: str, quick: bool, width: int = None):
     """fairseq's Trainer for one configuration, built from a fairseq-train command line. ``width``: the model's
-    width instead of the preset's (embedding and GLU; a transformer's FFN 4x, 64-wide heads), depth unchanged."""
+    width instead of the preset's (embedding and GLU; a transformer's FFN 4x, 64-wide heads), depth unchanged.
+    ``compiled``: False, True (``--tnn-compile strict``) or "graphs" (``--tnn-compile strict --tnn-cuda-graphs``)."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -103,6 +104,8 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
         argv.append("--cpu")
     if compiled and bound != "identity":  # with no token mixing there is nothing of ours to compile
         argv += ["--tnn-compile", "strict"]  # a failure to compile stops the benchmark, never times eager layers
+        if compiled == "graphs":
+            argv.append("--tnn-cuda-graphs")
     if arch == "transformer_lm":
         sizes = {**TRANSFORMER, **(QUICK_TRANSFORMER if quick else {}), "share_decoder_input_output_embed": True}
     else:
@@ -149,9 +152,19 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def profiled_kernels(trainer, sample, device, updates: int) -> List:
-    """(name, microseconds) of every kernel (CUDA) or outermost aten operator (CPU: those not called inside
-    another one, their CPU time) of ``updates`` training updates, from torch.profiler."""
+def _is_annotation(e, annotated) -> bool:
+    """A profiler event that is a ``record_function`` range (fairseq's "forward", "optimizer", "clip-grads" ...),
+    which torch.profiler also lays over the device's timeline: a span around kernels, not a kernel."""
+    return bool(getattr(e, "is_user_annotation", False)) or "annotation" in str(getattr(e, "activity_type", "")).lower() \
+        or e.name in annotated
+
+
+def profiled(trainer, sample, device, updates: int):
+    """From one torch.profiler run of ``updates`` training updates: (kernels, host), where ``kernels`` is the
+    (name, microseconds) of every kernel (CUDA; ``record_function`` spans left out) or outermost aten operator
+    (CPU: those not called inside another one, their CPU time), and ``host`` the (name, self CPU microseconds)
+    of every host-side event (operators, CUDA runtime calls such as ``cudaLaunchKernel``; annotations left
+    out): what the host spends its time on."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     _sync(device)
@@ -160,13 +173,23 @@ def profiled_kernels(trainer, sample, device, updates: int) -> List:
             trainer.train_step([sample])
         _sync(device)
     events = prof.events()
+    cpu = torch.autograd.DeviceType.CPU
+    on_host = [e for e in events if getattr(e, "device_type", cpu) == cpu]
+    annotated = {e.name for e in on_host if getattr(e, "is_user_annotation", False)}
+    host = [(e.name, e.self_cpu_time_total) for e in on_host if not _is_annotation(e, annotated)]
     if device == "cuda":
-        return [(e.name, e.device_time) for e in events
-                if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        kernels = [(e.name, e.device_time) for e in events
+                   if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and not _is_annotation(e, annotated)]
+        return kernels, host
 
     def outer(e):
         return e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-    return [(e.name, e.cpu_time_total) for e in events if outer(e)]
+    return [(e.name, e.cpu_time_total) for e in events if outer(e)], host
+
+
+def profiled_kernels(trainer, sample, device, updates: int) -> List:
+    """(name, microseconds) of every kernel (CUDA) or outermost aten operator (CPU), as :func:`profiled`."""
+    return profiled(trainer, sample, device, updates)[0]
 
 
 def _profile(trainer, sample, device, updates: int) -> Dict:

@@ -125,6 +125,11 @@ KNOBS = (
          "fails runs eagerly, with a warning), strict adds --tnn-compile strict (that failure stops the run)",
          check=lambda v: v in ("0", "1", "strict"),
          allowed="0 or 1 (--tnn-compile), or strict (--tnn-compile strict)"),
+    Knob("CUDA_GRAPHS", "0",
+         "1 adds --tnn-cuda-graphs (GPU, with TNN_COMPILE: the compiled layers train as CUDA graphs, one launch per "
+         "layer instead of about a hundred kernels; tnn_lm_wt103's update 2.4x faster on an H200, "
+         "docs/performance.md; not yet the default: its equality with eager layers on CUDA awaits a GPU test)",
+         check=lambda v: v in ("0", "1"), allowed="0 or 1 (--tnn-cuda-graphs)"),
     Knob("OVERSIZED", "drop", "masked presets: what happens to a line longer than a block, drop (counted in the "
          "log) or error (refused before any work)", choices=("drop", "error")),
 )
@@ -227,6 +232,9 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
     cpu, precision, compile_ = knobs["CPU"], knobs["PRECISION"], knobs["TNN_COMPILE"]
     if cpu == "1" and precision == "fp16":
         raise RecipeError("CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16")
+    if knobs["CUDA_GRAPHS"] == "1" and (cpu == "1" or compile_ == "0"):
+        raise RecipeError(f"CUDA_GRAPHS=1 runs the compiled layers as CUDA graphs on a GPU: it needs TNN_COMPILE=1 or "
+                          f"strict and a GPU (here TNN_COMPILE={compile_}, CPU={cpu}); set CUDA_GRAPHS=0")
     lr, oversized, schedule = knobs["LR"], knobs["OVERSIZED"], SCHEDULE[kind_]
 
     options = {"user_dir": user_dir, "arch": preset, **TASK[kind_]}
@@ -240,6 +248,7 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
         "tokens_per_sample": knobs["TOKENS_PER_SAMPLE"], "batch_size": batch, "update_freq": str(update_freq),
         "max_update": knobs["MAX_UPDATE"], "fp16": precision == "fp16", "bf16_autocast": precision == "bf16",
         "tnn_compile": {"0": False, "1": True, "strict": "strict"}[compile_],
+        "tnn_cuda_graphs": knobs["CUDA_GRAPHS"] == "1",
         "seed": knobs["SEED"], "num_workers": knobs["NUM_WORKERS"], "save_dir": save_dir, "no_epoch_checkpoints": True,
         "validate_interval_updates": knobs["VALIDATE_INTERVAL_UPDATES"],
         "save_interval_updates": knobs["SAVE_INTERVAL_UPDATES"], "keep_interval_updates": knobs["KEEP_INTERVAL_UPDATES"],

@@ -10,7 +10,7 @@ import torch._functorch.config
 from torch import nn
 
 from ..modules.tno.base import require
-from .config import COMPILE_MODES, compile_mode
+from .config import COMPILE_MODES, compile_mode, cuda_graphs
 
 logger = logging.getLogger(__name__)
 # The compile warning's logger: a child of fairseq-train's logger, to whose handlers fairseq_cli.train gives
@@ -82,9 +82,13 @@ class CompiledStack:
     compiling one of them fails each would fail the same way, and trying costs a compilation per layer (up to
     minutes on a GPU): under ``fallback`` the first failure sends the whole stack to its eager forward."""
 
-    def __init__(self, mode: str, name: str, size: int):
+    def __init__(self, mode: str, name: str, size: int, params=()):
         self.mode, self.name, self.size = mode, name, size
         self.error = None
+        # --tnn-cuda-graphs: the stack's parameters, and those whose gradient the graphs' backward of the step in
+        # progress creates (their .grad was None when it began), see CompiledForward.begin_graph_step
+        self.params = list(params)
+        self.fresh = []
 
     def failed(self, layer_name: str, err: BaseException) -> None:
         """Compiling ``layer_name`` raised ``err``: under ``strict`` a TnnCompileError naming the layer; under
@@ -109,7 +113,7 @@ class CompiledForward:
     the ``torch.compile``d class ``forward`` with the layer as its first argument, or, once its stack runs
     eagerly (:class:`CompiledStack`), the class's ``forward`` itself."""
 
-    def __init__(self, layer: nn.Module, name: str, stack: CompiledStack, compiled):
+    def __init__(self, layer: nn.Module, name: str, stack: CompiledStack, compiled, graphs=None, first=False):
         # ``compiled``: the ``torch.compile``d class ``forward`` (the class's function, not a method bound to this
         # layer), one object shared by all layers of the stack (``compile_layers``). Dynamo caches its graphs on
         # the function's code object and guards them on the layer's parameters and buffers as inputs, not on the
@@ -118,9 +122,39 @@ class CompiledForward:
         # recompiles a frame called through a backend that differs from its cache entry's). A deep copy of the
         # layer (fairseq's --ema, copy.deepcopy in tests) copies this object with ``layer`` and ``stack`` mapped to
         # the copies and ``compiled`` shared (a function), and the shared compiled function then runs the copy's
-        # parameters.
-        self.compiled = compiled
+        # parameters. ``graphs``: the same function compiled in torch.compile's reduce-overhead mode (CUDA graphs),
+        # which runs the layer while it trains on a CUDA device (--tnn-cuda-graphs); ``first``: the stack's first
+        # layer, whose call begins a graph step.
+        self.compiled, self.graphs, self.first = compiled, graphs, first
         self.layer, self.name, self.stack = layer, name, stack
+
+    def begin_graph_step(self) -> None:
+        """Before the stack's graphs run for a new training forward. The graphs' outputs live in memory that the
+        next step's graphs reuse, and the gradients their backward hands to autograd are such outputs: a parameter
+        whose .grad was None takes that memory as its .grad. fairseq's optimizers set .grad to None once an update
+        is done, so with one forward and backward per update nothing outlives its step; with --update-freq > 1 the
+        gradients of the step before still hold the sum so far, and are moved out (one copy) before this step
+        reuses their memory, after which backward adds into the copies. Then the new step is marked, so that the
+        graphs' trees start from their root whatever the previous step left unfinished (a validation, a skipped
+        backward)."""
+        stack = self.stack
+        kept = [p for p in stack.fresh if p.grad is not None]
+        if kept:
+            copies = torch._foreach_mul([p.grad for p in kept], 1.0)
+            for p, g in zip(kept, copies):
+                p.grad = g
+        stack.fresh = [p for p in stack.params if p.grad is None]
+        torch.compiler.cudagraph_mark_step_begin()
+
+    def _function(self, args):
+        """The compiled function for this call: with CUDA graphs while the layer trains on a CUDA tensor with
+        gradients on, otherwise the plain compiled forward (evaluation, generation, the CPU)."""
+        if self.graphs is not None and self.layer.training and torch.is_grad_enabled() and args \
+                and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+            if self.first:
+                self.begin_graph_step()
+            return self.graphs
+        return self.compiled
 
     def __call__(self, *args, **kwargs):
         if self.stack.error is None:
@@ -130,7 +164,7 @@ class CompiledForward:
                 # setting, with no public equivalent: patched for this call only, so the user's other compiled
                 # models keep torch's default.
                 with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), _older_torch_limit():
-                    return self.compiled(self.layer, *args, **kwargs)
+                    return self._function(args)(self.layer, *args, **kwargs)
             except Exception as err:
                 if not is_compile_error(err):
                     raise
@@ -149,7 +183,7 @@ def is_compiled(layer: nn.Module) -> bool:
     return isinstance(vars(layer).get("forward"), CompiledForward) and compile_error(layer) is None
 
 
-def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "layers") -> None:
+def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "layers", cuda_graphs: bool = False) -> None:
     """``torch.compile`` each layer's ``forward`` in place: ``layer.forward`` becomes a CompiledForward, a plain
     attribute of the layer. The parameters, submodules and state_dict keys stay those of the eager model
     (no ``_orig_mod.`` prefix), so checkpoints load in either mode. The layers of a class share one
@@ -173,20 +207,26 @@ def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "lay
     ``mode``: what a failure to compile a layer does (compilation happens at its first call, and again
     at each new length): ``strict`` raises TnnCompileError; ``fallback`` (fairseq's ``--tnn-compile``) runs
     the stack's layers eagerly from then on, with one warning (CompiledStack). ``name``: the stack's path in
-    the model (``decoder.layers``), which names its layers in those messages."""
+    the model (``decoder.layers``), which names its layers in those messages. ``cuda_graphs`` (--tnn-cuda-graphs):
+    while the layers train on a CUDA device they run a second compilation of the same forward in torch.compile's
+    reduce-overhead mode, which records the kernels of each graph once and replays them as one CUDA graph launch
+    (``CompiledForward``: what each call runs; ``begin_graph_step``: the gradients it leaves)."""
     require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
-    stack = CompiledStack(mode, name, len(layers))
-    compiled = {}  # one torch.compile per layer class, shared by the stack's layers of that class
+    stack = CompiledStack(mode, name, len(layers), layers.parameters() if cuda_graphs else ())
+    compiled = {}  # one torch.compile per layer class (and mode), shared by the stack's layers of that class
     for i, layer in enumerate(layers):
         cls = type(layer)
         if cls not in compiled:
-            compiled[cls] = torch.compile(cls.forward, **_compile_options())
-        layer.forward = CompiledForward(layer, f"{name}.{i}", stack, compiled[cls])
+            compiled[cls] = (torch.compile(cls.forward, **_compile_options()),
+                             torch.compile(cls.forward, mode="reduce-overhead", **_compile_options()) if cuda_graphs
+                             else None)
+        layer.forward = CompiledForward(layer, f"{name}.{i}", stack, *compiled[cls], first=i == 0)
 
 
 def compile_per_config(cfg, layers: nn.ModuleList, name: str) -> None:
     """Compile a built model's stack ``layers`` (its path in the model: ``name``) as ``cfg.tnn_compile`` says
-    (``config.compile_mode``): not at all, ``fallback`` or ``strict``."""
-    mode = compile_mode(cfg)
+    (``config.compile_mode``): not at all, ``fallback`` or ``strict``; with CUDA graphs while training where
+    ``cfg.tnn_cuda_graphs`` says so (``config.cuda_graphs``)."""
+    mode, graphs = compile_mode(cfg), cuda_graphs(cfg)
     if mode is not None:
-        compile_layers(layers, mode, name)
+        compile_layers(layers, mode, name, cuda_graphs=graphs)

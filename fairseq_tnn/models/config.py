@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 
 from ..modules.activations import ACTIVATIONS
@@ -78,6 +79,12 @@ class TnnLayerConfig(FairseqDataclass):
                     "keep their keys and load with or without it; each new sequence length (FFT size) compiles "
                     "once. In a config: fallback, strict or false (true, as older configs say: fallback)",
             "argparse_const": "fallback"})
+    tnn_cuda_graphs: bool = field(
+        default=False, metadata={
+            "help": "with --tnn-compile: while training on a GPU, the compiled layers run as CUDA graphs (torch.compile's "
+                    "reduce-overhead mode: each layer's forward and backward one graph launch instead of about a "
+                    "hundred kernel launches; on by default in the GPU recipe of scripts/train.sh). Evaluation, "
+                    "generation and layers on the CPU run the plain compiled layers. Needs --tnn-compile and a CUDA GPU"})
 
 
 TnnBlockConfig = dataclasses.make_dataclass(
@@ -106,6 +113,25 @@ def compile_mode(cfg) -> Optional[str]:
             "must be fallback or strict (--tnn-compile alone: fallback), or false / true in a config "
             "(true: fallback)")
     return str(value)
+
+
+def cuda_graphs(cfg) -> bool:
+    """Whether the compiled layers run as CUDA graphs while training: ``cfg.tnn_cuda_graphs`` with ``--tnn-compile``.
+    A checkpoint trained with both and loaded with ``tnn_compile`` overridden to false runs eagerly (graphs and all)."""
+    return bool(getattr(cfg, "tnn_cuda_graphs", False)) and compile_mode(cfg) is not None
+
+
+def check_cuda_graphs_for_training(cfg) -> None:
+    """fairseq-train with --tnn-cuda-graphs: refused without --tnn-compile (the graphs are the compiled layers') and
+    where torch sees no CUDA GPU (the graphs would never run). A checkpoint trained with them loads anywhere:
+    evaluation runs the plain compiled layers."""
+    if not getattr(cfg, "tnn_cuda_graphs", False):
+        return
+    require(compile_mode(cfg) is not None, "tnn_cuda_graphs", True,
+            "needs --tnn-compile (the CUDA graphs are the compiled layers'); add --tnn-compile or drop --tnn-cuda-graphs")
+    require(torch.cuda.is_available(), "tnn_cuda_graphs", True,
+            "needs a CUDA GPU, and torch sees none (drop --tnn-cuda-graphs; on the CPU the compiled layers run "
+            "without graphs)")
 
 
 def add_compile_choices(parser) -> None:

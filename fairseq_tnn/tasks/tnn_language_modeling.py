@@ -20,6 +20,7 @@ from fairseq.models import ARCH_MODEL_REGISTRY, MODEL_REGISTRY, FairseqLanguageM
 from fairseq.tasks import register_task
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
 
+from ..models.config import check_cuda_graphs_for_training
 from ..models.tnn_lm import decoding_length
 from ..models.tnn_mlm import NOT_FOR_EVAL_LM
 from .batches import ResumableBatchesMixin
@@ -103,6 +104,8 @@ class TnnLanguageModelingTask(ResumableBatchesMixin, StepMetricsMixin, Bf16Autoc
             raise ValueError(
                 f"--arch {getattr(cfg, '_name', None) or getattr(cfg, 'arch', None)!r} is not a causal language model; "
                 "--task tnn_language_modeling needs one (e.g. tnn_lm_*); use --task tnn_masked_lm for masked models")
+        if not from_checkpoint:
+            check_cuda_graphs_for_training(cfg)
         return super().build_model(cfg, from_checkpoint)
 
     def inference_step(self, generator, models, sample, prefix_tokens=None, constraints=None):

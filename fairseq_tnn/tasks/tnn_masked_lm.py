@@ -28,6 +28,7 @@ from fairseq.models import FairseqLanguageModel
 from fairseq.tasks import register_task
 from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
+from ..models.config import check_cuda_graphs_for_training
 from ..models.tnn_mlm import NOT_FOR_EVAL_LM
 from .batches import ResumableBatchesMixin
 from .data_checks import check_split, check_tokens_per_sample, split_path
@@ -124,4 +125,6 @@ class TnnMaskedLMTask(ResumableBatchesMixin, StepMetricsMixin, Bf16AutocastMixin
             raise ValueError(
                 f"--arch {getattr(cfg, '_name', None) or getattr(cfg, 'arch', None)!r} is a causal language model; "
                 "--task tnn_masked_lm needs a bidirectional model (e.g. tnn_mlm_*); use --task tnn_language_modeling")
+        if not from_checkpoint:
+            check_cuda_graphs_for_training(cfg)
         return super().build_model(cfg, from_checkpoint)

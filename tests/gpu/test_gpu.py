@@ -1,9 +1,11 @@
 """On a CUDA GPU (skipped without one, as in CI): every wt103 architecture trains through fairseq-train
-in fp16 and bf16, compiled layers equal eager ones on the GPU, evaluation at 14,336 tokens is finite in
-fp16, and the causal models are causal in fp32.
+in fp16 and bf16, compiled layers equal eager ones on the GPU, and so do compiled layers run as CUDA graphs
+(--tnn-cuda-graphs), gradient accumulation included, in a stack and through fairseq-train; evaluation at
+14,336 tokens is finite in fp16, and the causal models are causal in fp32.
 
 Run on a GPU machine with ``python -m pytest tests/gpu/test_gpu.py`` (FAIRSEQ_BIN names the fairseq CLIs
-when they are not beside that Python)."""
+when they are not beside that Python, and PYTHON the Python the scripts run, as on a machine set up from
+wheels: ``FAIRSEQ_BIN=/tmp/site/bin PYTHON=python3``)."""
 import copy
 import math
 import re
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 from helpers import USER_DIR, assert_compiled_matches_eager, cli, rel, run, wt103_presets
-from fairseq_tnn.models.compile import compile_layers
+from fairseq_tnn.models.compile import compile_layers, is_compiled
 from fairseq_tnn.models.build import build_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -55,6 +57,64 @@ def test_compiled_equals_eager_on_gpu(arch):
     width = stack.embed_tokens.embedding_dim  # 512 causal, 768 masked
     for n in (512, 1000):
         assert_compiled_matches_eager(eager, compiled, torch.randn(2, n, width, device="cuda"))
+
+
+def _stack(layers, x, *args):
+    for layer in layers:
+        x = layer(x, *args)
+    return x
+
+
+@pytest.mark.parametrize("arch", CAUSAL + MASKED)
+def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
+    """A 2-layer stack compiled with --tnn-cuda-graphs against the same eager stack, training mode: outputs, input
+    gradients and parameter gradients, over updates of one micro-batch and of two (gradients accumulated, as
+    --update-freq 2 does, where the first micro-batch's gradients must survive the second's graph replays)."""
+    torch.manual_seed(0)
+    model = build_arch(arch, 1000, dropout=0.0, **small(arch)).cuda()
+    stack = model.decoder if arch in CAUSAL else model.encoder
+    eager = stack.layers
+    graphs = copy.deepcopy(eager)
+    compile_layers(graphs, "strict", "layers", cuda_graphs=True)
+    width = stack.embed_tokens.embedding_dim
+    for update, micro_batches in enumerate([1, 2, 2, 1]):
+        for p in list(eager.parameters()) + list(graphs.parameters()):
+            p.grad = None  # as fairseq's optimizers do between updates
+        for _ in range(micro_batches):
+            x = torch.randn(2, 512, width, device="cuda")
+            xe, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
+            ye, yg = _stack(eager, xe), _stack(graphs, xg)
+            assert rel(yg, ye) < 1e-5, ("output", update, float(rel(yg, ye)))
+            g = torch.randn_like(ye)
+            ye.backward(g)
+            yg.backward(g)
+            assert rel(xg.grad, xe.grad) < 1e-5, ("input gradient", update, float(rel(xg.grad, xe.grad)))
+        # parameter gradients sum over every position and the batch, in another order on the GPU than eagerly: 1e-4
+        # (a stale or overwritten gradient is off by order 1)
+        for (name, pe), pg in zip(eager.named_parameters(), graphs.parameters()):
+            assert rel(pg.grad, pe.grad) < 1e-4, (name, update, float(rel(pg.grad, pe.grad)))
+    assert all(is_compiled(layer) for layer in graphs)
+
+
+@pytest.mark.parametrize("arch", ["tnn_lm_wt103", "ski_tnn_mlm_wt103"])
+def test_fairseq_train_with_cuda_graphs_equals_compiled(data_bin, tmp_path, arch):
+    """fairseq-train --fp16 --update-freq 2 with --tnn-cuda-graphs and without (compiled either way, dropout 0): the
+    same validation losses, and the graphs run (fewer kernel launches is the point; here: no fallback, no error)."""
+    causal = arch in CAUSAL
+    losses = {}
+    for graphs in (False, True):
+        log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--arch", arch,
+                   "--decoder-layers" if causal else "--encoder-layers", 2, "--fp16", "--dropout", "0",
+                   "--task", "tnn_language_modeling" if causal else "tnn_masked_lm",
+                   "--criterion", "cross_entropy" if causal else "masked_lm",
+                   "--sample-break-mode", "none" if causal else "complete", "--tokens-per-sample", 128,
+                   "--batch-size", 4, "--update-freq", 2, "--optimizer", "adam", "--lr", "0.001", "--max-update", 30,
+                   "--seed", 1, "--save-dir", tmp_path / f"ck{int(graphs)}", "--log-format", "simple",
+                   "--log-interval", 10, "--num-workers", 0, "--no-epoch-checkpoints", "--validate-interval-updates", 10,
+                   "--tnn-compile", "strict", *(["--tnn-cuda-graphs"] if graphs else [])])
+        losses[graphs] = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)]
+        assert len(losses[graphs]) >= 3 and all(math.isfinite(x) for x in losses[graphs]), log[-3000:]
+    assert losses[True] == pytest.approx(losses[False], rel=2e-3), losses
 
 
 @pytest.mark.slow

@@ -386,3 +386,58 @@ def test_fairseq_train_strict_stops_when_compilation_fails(data_bin, tmp_path):
     assert re.search(r"TnnCompileError: --tnn-compile strict: compiling decoder\.layers\.0 failed: InductorError: "
                      r"InvalidCxxCompiler: No working C\+\+ compiler", log), log[-3000:]
     assert "done training" not in log
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--tnn-cuda-graphs"], r"--tnn-cuda-graphs=True is invalid: needs --tnn-compile"),
+    (["--tnn-compile", "strict", "--tnn-cuda-graphs"], r"--tnn-cuda-graphs=True is invalid: needs a CUDA GPU")])
+def test_cuda_graphs_refused_without_compile_or_gpu(data_bin, tmp_path, args, error):
+    """--tnn-cuda-graphs without --tnn-compile, or where torch sees no GPU (this CPU machine): refused by name before
+    training starts; nothing is written."""
+    if "GPU" in error and torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    log = run(lm_train_cmd(data_bin, *args, "--save-dir", tmp_path / "ck"), expect_ok=False)
+    assert re.search(error, log), log[-3000:]
+    assert not (tmp_path / "ck").exists() or not list((tmp_path / "ck").iterdir())
+
+
+def test_cuda_graphs_layers_evaluate_and_run_on_the_cpu_as_plain_compiled_layers():
+    """With cuda_graphs the layers hold a second compiled function, used only while training on a CUDA tensor: on
+    the CPU (and in evaluation) a call takes the plain compiled one, and computes what the eager layer does."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layers = layers_of(build_arch("tnn_lm_tiny", 50, dropout=0.0))
+    eager = copy.deepcopy(layers[0])
+    compile_layers(layers, "strict", "decoder.layers", cuda_graphs=True)
+    forward = layers[0].forward
+    assert forward.graphs is not None and forward.graphs is not forward.compiled and forward.first
+    assert not layers[1].forward.first and layers[1].forward.graphs is forward.graphs  # shared by the stack
+    x = torch.randn(2, 16, 64)
+    assert forward._function((x,)) is forward.compiled
+    assert_compiled_matches_eager(eager, layers[0], x)
+    assert forward.stack.fresh == []  # no graph step began
+
+
+def test_a_graph_step_moves_the_gradients_of_the_step_before_out_of_the_graphs_memory():
+    """begin_graph_step: parameters whose .grad was None when a step began get their gradient (which the graphs'
+    backward wrote into memory the next step's replay reuses) copied out at the next step, values kept, so that
+    gradient accumulation (--update-freq > 1) adds into memory of its own; gradients that existed before the step
+    began (already copies) and those an optimizer reset to None are left as they are."""
+    layers = torch.nn.ModuleList([torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)])
+    compile_layers(layers, "strict", "layers", cuda_graphs=True)
+    forward = layers[0].forward
+    params = list(layers.parameters())
+    params[0].grad = torch.ones_like(params[0])  # existed before the step: not the graphs'
+    forward.begin_graph_step()
+    assert forward.stack.fresh == params[1:]
+    written = {}
+    for p in params[1:]:  # the step's backward writes them
+        p.grad = torch.randn_like(p)
+        written[p] = p.grad
+    params[3].grad = None  # say, an optimizer's zero_grad in between
+    forward.begin_graph_step()
+    for p in params[1:3]:
+        assert p.grad is not written[p] and p.grad.data_ptr() != written[p].data_ptr()
+        assert torch.equal(p.grad, written[p])
+    assert torch.equal(params[0].grad, torch.ones_like(params[0])) and params[3].grad is None
+    assert forward.stack.fresh == [params[3]]

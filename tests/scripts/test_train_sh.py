@@ -85,14 +85,17 @@ def test_train_dry_run_masked_knobs(data_bin, tmp_path):
 
 
 @pytest.mark.parametrize("env,present,absent", [
-    ({}, ["--fp16", "--tnn-compile"], ["--bf16-autocast", "--bf16", "--cpu"]),
+    ({}, ["--fp16", "--tnn-compile"], ["--bf16-autocast", "--bf16", "--cpu", "--tnn-cuda-graphs"]),
     ({"PRECISION": "bf16"}, ["--bf16-autocast", "--tnn-compile"], ["--fp16", "--bf16"]),
-    ({"PRECISION": "fp32", "TNN_COMPILE": "0"}, [], ["--fp16", "--bf16-autocast", "--tnn-compile"]),
-    ({"CPU": "1", "PRECISION": "bf16", "TNN_COMPILE": "1"}, ["--bf16-autocast", "--tnn-compile", "--cpu"], ["--fp16"]),
+    ({"PRECISION": "fp32", "TNN_COMPILE": "0"}, [], ["--fp16", "--bf16-autocast", "--tnn-compile", "--tnn-cuda-graphs"]),
+    ({"CUDA_GRAPHS": "1"}, ["--fp16", "--tnn-compile", "--tnn-cuda-graphs"], []),
+    ({"CPU": "1", "PRECISION": "bf16", "TNN_COMPILE": "1"}, ["--bf16-autocast", "--tnn-compile", "--cpu"],
+     ["--fp16", "--tnn-cuda-graphs"]),
 ])
 def test_train_dry_run_precision_and_compile(data_bin, tmp_path, env, present, absent):
     """GPU recipe: fp16 and compiled layers by default; PRECISION=bf16 is the plugin's bf16 autocast (fairseq's
-    --bf16 means TPU); TNN_COMPILE switches compilation either way."""
+    --bf16 means TPU); TNN_COMPILE switches compilation either way, CUDA_GRAPHS=1 adds CUDA graphs (refused on the
+    CPU and without compilation, below)."""
     f = flags(dry_train("tnn_lm_wt103", data_bin, NPROC="1", SAVE_ROOT=str(tmp_path), **env))
     for flag in present:
         assert flag in f, (flag, env)
@@ -144,6 +147,12 @@ def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_pa
     ({"NPROC": "1", "TNN_COMPILE": "yes"}, "TNN_COMPILE must be 0 or 1 (--tnn-compile), or strict (--tnn-compile "
                                            "strict), not 'yes'"),
     ({"CPU": "1", "PRECISION": "fp16"}, "CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16"),
+    ({"CPU": "1", "CUDA_GRAPHS": "1"}, "CUDA_GRAPHS=1 runs the compiled layers as CUDA graphs on a GPU: it needs "
+                                       "TNN_COMPILE=1 or strict and a GPU (here TNN_COMPILE=0, CPU=1); set CUDA_GRAPHS=0"),
+    ({"NPROC": "1", "CUDA_GRAPHS": "yes"}, "CUDA_GRAPHS must be 0 or 1 (--tnn-cuda-graphs), not 'yes'"),
+    ({"NPROC": "1", "TNN_COMPILE": "0", "CUDA_GRAPHS": "1"}, "CUDA_GRAPHS=1 runs the compiled layers as CUDA graphs on "
+                                                             "a GPU: it needs TNN_COMPILE=1 or strict and a GPU (here "
+                                                             "TNN_COMPILE=0, CPU=0); set CUDA_GRAPHS=0"),
     ({"CPU": "yes", "NPROC": "1"}, "CPU must be 0 (train on GPUs) or 1 (train on the CPU), not 'yes'"),
     ({"NPROC": "1", "OVERSIZED": "maybe", "BATCH_PER_GPU": "0"}, "OVERSIZED must be drop or error, not 'maybe'"),  # first
     ({"NPROC": "1", "OVERSIZED": "drop"}, "OVERSIZED=drop applies to the masked presets only"),  # not ignored
