@@ -8,9 +8,10 @@
 #   environment   GPU, driver, CUDA, torch, fairseq, Python, Triton (environment.json)
 #   profile       benchmarks/gpu_profile.py: where each millisecond of an update goes (issue 39), under 8 minutes:
 #                 the seven wt103 presets, transformer_lm and the no-mixing bound at the paper's shapes, eager
-#                 and (as far as a 180 s compile budget goes) compiled: update and kernel time, kernel launches,
-#                 the forward/backward/optimizer/rest split, the 15 longest kernels, peak memory, compile time,
-#                 operations dispatched; and each TNO's mixing time beside its floor (bytes / copy bandwidth)
+#                 and (as far as a 180 s compile budget goes) compiled and compiled with CUDA graphs: update and
+#                 kernel time, kernel launches, the forward/backward/optimizer/rest split, the 15 longest
+#                 kernels and host items, peak memory, compile time, operations dispatched; and each TNO's
+#                 mixing time beside its floor (bytes / copy bandwidth)
 #   tests         pytest tests/ops tests/modules tests/models tests/gpu (their CUDA cases run on the GPU)
 #   bench-fp16    benchmarks/run.py --device cuda in fp16, eager and compiled, at the paper's per-GPU batches
 #                 (causal 8 x 512, masked 16 x 512 and 4 x 2048): TNN (RPE 6), FD-TNN, SKI-TNN, the

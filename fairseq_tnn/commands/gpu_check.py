@@ -21,9 +21,9 @@ from fairseq_tnn.commands.common import (ROOT, CommandError, Knob, abs_path, cpu
 PARTS = ("environment", "profile", "tests", "bench-fp16", "bench-bf16", "data", "train")
 # time limits (seconds): on one H100 they add up to 20 minutes; toy sizes on a loaded CPU get more room.
 # Measured on one H100 (torch 2.11, 2026-11-25): tests 290 s with the compile tests failing fast (more with them
-# compiling), bench-fp16 past 300 s, bench-bf16 past 120 s, a compiled 200-update run 89-114 s. profile: written
-# for 6-7 minutes (eager about 2.5, compiling 3), not yet run on a GPU; it writes its results after every
-# configuration, so a run stopped at the limit still reports what it measured. train: each of its runs.
+# compiling), bench-fp16 past 300 s, bench-bf16 past 120 s, a compiled 200-update run 89-114 s. profile: 177-215 s
+# on one H200 (2026-11-26; eager about 2 minutes, compiled and CUDA graphs the rest); it writes its results after
+# every configuration, so a run stopped at the limit still reports what it measured. train: each of its runs.
 LIMITS = {"environment": 45, "profile": 420, "tests": 600, "bench-fp16": 480, "bench-bf16": 300, "data": 45,
           "train": 180}
 QUICK_LIMITS = {"environment": 600, "profile": 900, "tests": 900, "bench-fp16": 900, "bench-bf16": 900, "data": 600,
