@@ -29,6 +29,24 @@ class Rpe(nn.Module):
         self.linears = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(layers))
         self.out = nn.Linear(hidden, out_dim)
 
+    def _apply(self, fn, recurse=True):
+        """A cast of the model to a 16-bit float (fairseq's ``model.half()`` under ``--fp16``, ``.to(torch.bfloat16)``)
+        leaves the RPE's weights in fp32; device moves and other casts apply as usual. The MLP computes in fp32
+        anyway (below); kept in fp16, its weights were rounded to fp16 and, worse, their gradients stored in fp16:
+        the RPE's weights gather gradient from every lag (or frequency), channel and sequence of the batch, and
+        its input projection's multiplies the raw lag (up to +-2047 at 2048 tokens), so they are the model's
+        largest, and overflowed fp16 where no other gradient did (eager masked TNN: fairseq's loss scale fell from
+        128 to 1/32; docs/performance.md). fairseq's FP16Optimizer keeps a flat fp32 master copy of every
+        parameter whatever its dtype, so fp32 parameters train beside fp16 ones."""
+        half = (torch.float16, torch.bfloat16)
+
+        def keep_fp32(t):
+            out = fn(t)
+            if out.dtype in half and t.is_floating_point() and t.dtype not in half:
+                return t.to(device=out.device, dtype=torch.float32)
+            return out
+        return super()._apply(keep_fp32, recurse)
+
     def features(self, t: torch.Tensor) -> torch.Tensor:
         """t: (m,) -> (m, hidden), the input of the last Linear, in fp32 (fp64 for fp64 weights)."""
         with autocast_off(t.device.type):

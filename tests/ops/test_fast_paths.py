@@ -72,8 +72,11 @@ def test_rpe_mlp_gradient_at_a_zero_row_is_finite():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_rpe_mlp_half_weights_compute_in_fp32(dtype, device):
-    """--fp16 halves the weights; the MLP still computes in fp32, and each gradient comes back in its parameter's dtype."""
-    rpe = _rpe("relu", "simplermsnorm", 2, device, dtype)
+    """16-bit weights (a cast of the model leaves the RPE's in fp32, tests/modules/test_rpe_fp32.py; set directly here):
+    the MLP still computes in fp32, and each gradient comes back in its parameter's dtype."""
+    rpe = _rpe("relu", "simplermsnorm", 2, device, torch.float32)
+    for p in rpe.parameters():
+        p.data = p.data.to(dtype)
     t = torch.arange(300, dtype=torch.float32, device=device)
     y = rpe.channel_major(t)
     assert y.dtype == torch.float32

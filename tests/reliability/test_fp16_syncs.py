@@ -87,7 +87,7 @@ def half_model_params(model):
     g = torch.Generator().manual_seed(2)
     params = list(model.parameters())
     for p in params:
-        p.grad = torch.randn(p.shape, generator=g).half()
+        p.grad = torch.randn(p.shape, generator=g).to(p.dtype)  # the TNN models' RPEs stay fp32 (modules/rpe.py)
     return params
 
 
@@ -114,6 +114,8 @@ def test_every_model_takes_the_fast_path_with_fairseqs_values(monkeypatch, arch)
     FAIRSEQ_SYNC_PARAMS(theirs)
     assert torch.equal(ours.fp32_params[None].grad, theirs.fp32_params[None].grad)
     assert all(torch.equal(a, b) for a, b in zip(ours.fp16_params, theirs.fp16_params))
+    dtypes = {p.dtype for p in ours.fp16_params}
+    assert dtypes == ({torch.float16} if arch == "transformer_lm" else {torch.float16, torch.float32}), dtypes
 
 
 def test_the_benchmark_times_both_syncs_side_by_side():
