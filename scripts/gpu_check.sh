@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything a CUDA GPU can check, in one command and one report (about 42 minutes on one H100; under a
+# Everything a CUDA GPU can check, in one command and one report (about 45-50 minutes on one H100; under a
 # 10-minute limit per command, run it in five pieces: --only profile, --only tests, --only bench-fp16,
 # --only bench-bf16, --only data,train):
 #   bash scripts/gpu_check.sh [--out DIR] [--force] [--cpu] [--quick] [--only PART,...]
@@ -19,8 +19,9 @@
 #   bench-bf16    the same in bf16 (--bf16-autocast), compiled
 #   data          data/sample binarised with a dictionary padded to Wikitext-103's 50,264 symbols
 #   train         scripts/train.sh, 200 updates each of fd_tnn_lm_wt103 (8 x 512) and ski_tnn_mlm_wt103
-#                 (16 x 512), compiled (TNN_COMPILE=1) and eager: update_ms and the validation loss of
-#                 each; compiled and eager must agree, and no compiled layer may fall back to eager
+#                 (16 x 512), compiled with CUDA graphs (CUDA_GRAPHS=1), compiled (TNN_COMPILE=1) and eager:
+#                 update_ms and the validation loss of each; each compiled run must agree with the eager one,
+#                 and no compiled layer may fall back to eager
 # Writes DIR/report.md and DIR/report.json (machine and versions, each part passed or failed with the
 # failing tests and the last lines of its log, the benchmark tables, the training runs, wall time per
 # part) beside each part's own log and outputs. DIR defaults to results/gpu-check; an existing DIR is

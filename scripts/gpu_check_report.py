@@ -10,7 +10,8 @@ The report reads OUT_DIR/parts.tsv (one line per part, written by the gpu-check 
 seconds, time limit, log file, kind) and, per kind of part, its outputs: the junit XML of the tests, trainer.json
 of a benchmark, train.log of a training run. A part passed when its command exited 0 and its outputs
 say nothing failed; a compiled training run also fails if any of its layers fell back to eager, and the
-compiled and eager runs of a preset must agree on the final validation loss (AGREEMENT, relative).
+compiled runs of a preset (and on a GPU its CUDA-graph runs) must agree with its eager run on the final
+validation loss (AGREEMENT, relative).
 """
 import json
 import os
@@ -195,7 +196,8 @@ def training_results(part, out):
     steady = [float(r["update_ms"]) for r in inner[1:]] or [float(r["update_ms"]) for r in inner]
     text = open(log, errors="replace").read() if os.path.exists(log) else ""
     fallbacks = [{"layer": m.group(1), "error": m.group(2)[:300]} for m in FALLBACK.finditer(text)]
-    result = {"train_log": os.path.relpath(log, out), "compiled": part["name"].endswith("compiled"),
+    mode = part["name"].split()[-1]  # "train PRESET MODE": eager, compiled or graphs (compiled with CUDA graphs)
+    result = {"train_log": os.path.relpath(log, out), "mode": mode, "compiled": mode != "eager",
               "update_ms": round(statistics.median(steady), 2) if steady else None,
               "update_ms_intervals": len(steady),
               "valid_loss": float(valid[-1]["valid_loss"]) if valid else None,
@@ -252,20 +254,24 @@ def judge(part, out):
 
 
 def agreement_checks(parts):
-    """Compiled and eager runs of each preset: the same final validation loss, within AGREEMENT."""
+    """The compiled runs of each preset (compiled, and compiled with CUDA graphs where run) against its eager run:
+    the same final validation loss, within AGREEMENT."""
     runs = {}
     for p in parts:
         if p["kind"] == "train" and p.get("training", {}).get("valid_loss") is not None:
             preset = p["name"].split()[1]
-            runs.setdefault(preset, {})["compiled" if p["training"]["compiled"] else "eager"] = p["training"]
+            runs.setdefault(preset, {})[p["training"].get("mode", "compiled" if p["training"]["compiled"] else "eager")] \
+                = p["training"]
     checks = []
     for preset, modes in runs.items():
-        if set(modes) != {"compiled", "eager"}:
+        if "eager" not in modes:
             continue
-        a, b = modes["compiled"]["valid_loss"], modes["eager"]["valid_loss"]
-        rel = abs(a - b) / abs(b) if b else float("inf")
-        checks.append({"preset": preset, "compiled": a, "eager": b, "relative_difference": round(rel, 5),
-                       "tolerance": AGREEMENT, "status": "passed" if rel <= AGREEMENT else "failed"})
+        b = modes["eager"]["valid_loss"]
+        for mode in sorted(m for m in modes if m != "eager"):
+            a = modes[mode]["valid_loss"]
+            rel = abs(a - b) / abs(b) if b else float("inf")
+            checks.append({"preset": preset, "mode": mode, "compiled": a, "eager": b, "relative_difference": round(rel, 5),
+                           "tolerance": AGREEMENT, "status": "passed" if rel <= AGREEMENT else "failed"})
     return checks
 
 
@@ -291,7 +297,7 @@ def markdown(report):
     for p in report["parts"]:
         lines.append(f"| {p['name']} | {p['status']} | {p['seconds']:.0f} | {p['limit_s']} | {p['log']} |")
     for c in report["agreement"]:
-        lines.append(f"| compiled = eager, {c['preset']} | {c['status']} | - | - | validation loss "
+        lines.append(f"| {c.get('mode', 'compiled')} = eager, {c['preset']} | {c['status']} | - | - | validation loss "
                      f"{c['compiled']:.4f} vs {c['eager']:.4f} |")
     failed = [p for p in report["parts"] if p["status"] != "passed"]
     bad_checks = [c for c in report["agreement"] if c["status"] != "passed"]
@@ -305,8 +311,9 @@ def markdown(report):
                 lines.append("")
             lines += [f"Last lines of {p['log']}:", "", "```", *p.get("log_tail", []), "```", ""]
         for c in bad_checks:
-            lines += [f"### compiled = eager, {c['preset']}: failed", "",
-                      f"final validation loss compiled {c['compiled']:.4f}, eager {c['eager']:.4f}: relative difference "
+            lines += [f"### {c.get('mode', 'compiled')} = eager, {c['preset']}: failed", "",
+                      f"final validation loss {c.get('mode', 'compiled')} {c['compiled']:.4f}, eager {c['eager']:.4f}: "
+                      "relative difference "
                       f"{c['relative_difference']:.4f} > {c['tolerance']}", ""]
     tests = [p for p in report["parts"] if "tests" in p]
     if tests:

@@ -256,9 +256,11 @@ class Check:
                 masked = "mlm" in preset
                 batch = 4 if quick else 16 if masked else 8
                 kind_extra = ["--sample-break-mode", "none"] if masked else []
-                for mode in ("compiled", "eager"):
+                # on a GPU also compiled with CUDA graphs (CUDA_GRAPHS=1), which the report compares with eager too
+                for mode in ("compiled", "eager") if self.cpu else ("graphs", "compiled", "eager"):
                     env = {**knobs, "NPROC": "1", "CPU": self.knobs["CPU"], "PRECISION": first,
-                           "TNN_COMPILE": "1" if mode == "compiled" else "0", "BATCH_PER_GPU": str(batch),
+                           "TNN_COMPILE": "0" if mode == "eager" else "1", "CUDA_GRAPHS": "1" if mode == "graphs" else "0",
+                           "BATCH_PER_GPU": str(batch),
                            "SEQS_PER_UPDATE": str(batch), "SAVE_ROOT": str(out / "train"),
                            "RUN_NAME": f"{preset}-{mode}", "NUM_WORKERS": "0", "FAIRSEQ_BIN": str(self.bin),
                            "PYTHON": py}

@@ -182,7 +182,7 @@ def write_train_log(path, valid_loss, update_ms=(900.0, 50.0, 52.0, 48.0), warni
 def test_report_fails_a_compiled_run_fallen_back_to_eager_and_compiled_eager_disagreement(tmp_path):
     """The report's checks of the training runs: update_ms (median after the first interval), the final
     validation loss, a compiled run whose layers fell back to eager fails, and compiled and eager runs of a
-    preset must agree (2%)."""
+    preset must agree (2%), as must a run compiled with CUDA graphs (CUDA_GRAPHS=1) and the eager one."""
     out = tmp_path
     (out / "run.json").write_text(json.dumps({"command": "bash scripts/gpu_check.sh", "started": "now", "seconds": 9,
                                               "device": "cuda", "quick": False, "only": None}))
@@ -193,8 +193,13 @@ def test_report_fails_a_compiled_run_fallen_back_to_eager_and_compiled_eager_dis
     write_train_log(out / "train/a-eager", 5.01)
     write_train_log(out / "train/b-compiled", 5.00)
     write_train_log(out / "train/b-eager", 6.00)
+    write_train_log(out / "train/c-graphs", 4.00)
+    write_train_log(out / "train/c-compiled", 5.00)
+    write_train_log(out / "train/c-eager", 5.05)
     parts = [("train a compiled", "train/a-compiled"), ("train a eager", "train/a-eager"),
-             ("train b compiled", "train/b-compiled"), ("train b eager", "train/b-eager")]
+             ("train b compiled", "train/b-compiled"), ("train b eager", "train/b-eager"),
+             ("train c graphs", "train/c-graphs"), ("train c compiled", "train/c-compiled"),
+             ("train c eager", "train/c-eager")]
     (out / "parts.tsv").write_text("".join(f"{name}\t0\t10.0\t80\t{d}.log\ttrain\t{d}\n" for name, d in parts))
     for _, d in parts:
         (out / f"{d}.log").write_text("training ...\nlast line of the run\n")
@@ -203,16 +208,19 @@ def test_report_fails_a_compiled_run_fallen_back_to_eager_and_compiled_eager_dis
     report = json.loads((out / "report.json").read_text())
     status = {p["name"]: p["status"] for p in report["parts"]}
     assert status == {"train a compiled": "failed", "train a eager": "passed", "train b compiled": "passed",
-                      "train b eager": "passed"}
+                      "train b eager": "passed", "train c graphs": "passed", "train c compiled": "passed",
+                      "train c eager": "passed"}
     a = report["parts"][0]
     assert a["reasons"] == ["compiled run fell back to eager: decoder.layers.0: BackendCompilerFailed: no Triton. "
                             "Running eagerly from now on"]
     assert a["training"]["update_ms"] == 50.0 and a["training"]["valid_loss"] == 5.0 and a["training"]["peak_mb"] == 1200.5
     assert a["training"]["num_updates"] == 200 and a["log_tail"] == ["training ...", "last line of the run"]
-    assert [(c["preset"], c["status"]) for c in report["agreement"]] == [("a", "passed"), ("b", "failed")]
-    assert report["failed"] == 2 and not report["ok"]
+    assert [(c["preset"], c["mode"], c["status"]) for c in report["agreement"]] == [
+        ("a", "compiled", "passed"), ("b", "compiled", "failed"), ("c", "compiled", "passed"), ("c", "graphs", "failed")]
+    assert report["failed"] == 3 and not report["ok"]
     md = (out / "report.md").read_text()
     assert "### compiled = eager, b: failed" in md and "relative difference 0.1667 > 0.02" in md
+    assert "### graphs = eager, c: failed" in md and "final validation loss graphs 4.0000, eager 5.0500" in md
     assert "| train a compiled | failed | 200 | 50.00 | 5.0000 | 1200 | decoder.layers.0 |" in md
     assert "- GPU: NVIDIA H100 80GB HBM3" in md and "driver: 580" in md
 
