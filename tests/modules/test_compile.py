@@ -143,7 +143,8 @@ def test_identical_layers_share_their_compiled_graphs(arch):
 
 @pytest.mark.slow
 def test_tnn_compile_trains_and_checkpoint_loads_in_either_mode(data_bin, tmp_path):
-    """fairseq-train --tnn-compile learns; its checkpoint scores the same with and without compilation."""
+    """fairseq-train --tnn-compile learns; its checkpoint scores the same with and without compilation, and so does
+    one that says it was trained with --tnn-cuda-graphs, here on the CPU."""
     save = tmp_path / "ck"
     log = run([cli("fairseq-train"), data_bin, *LM_TRAIN, "--arch", "fd_tnn_lm_tiny", "--tnn-compile",
                "--tokens-per-sample", 64, "--batch-size", 8, "--max-update", 12, "--save-dir", save,
@@ -155,8 +156,12 @@ def test_tnn_compile_trains_and_checkpoint_loads_in_either_mode(data_bin, tmp_pa
     # a checkpoint written before the modes existed says tnn_compile: true, which still means compiled
     ckpt["cfg"]["model"]["tnn_compile"] = True
     torch.save(ckpt, save / "old.pt")
+    # one trained on a GPU with --tnn-cuda-graphs says so too: it scores anywhere (evaluation runs no graphs)
+    ckpt["cfg"]["model"]["tnn_compile"], ckpt["cfg"]["model"]["tnn_cuda_graphs"] = "fallback", True
+    torch.save(ckpt, save / "graphs.pt")
     ppls = []
-    for path, overrides in (("old.pt", "{}"), ("checkpoint_last.pt", "{'tnn_compile': False}")):
+    for path, overrides in (("old.pt", "{}"), ("checkpoint_last.pt", "{'tnn_compile': False}"), ("graphs.pt", "{}"),
+                            ("graphs.pt", "{'tnn_compile': False}")):
         # the validation's batches (valid, 8 x 64): the compiled run reuses the training's compiled graphs
         log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--path", save / path,
                    "--gen-subset", "valid", "--tokens-per-sample", 64, "--batch-size", 8, "--num-workers", 0,
@@ -164,7 +169,7 @@ def test_tnn_compile_trains_and_checkpoint_loads_in_either_mode(data_bin, tmp_pa
         m = re.search(r"Perplexity: ([0-9.]+)", log)
         assert m, log[-3000:]
         ppls.append(float(m.group(1)))
-    assert abs(ppls[0] - ppls[1]) <= 1e-4 * ppls[1], ppls
+    assert all(abs(p - ppls[1]) <= 1e-4 * ppls[1] for p in ppls), ppls
 
 
 @pytest.mark.slow
