@@ -219,7 +219,8 @@ class TnnPretrained(nn.Module):
     @classmethod
     def from_pretrained(cls, folder, device="cpu", dtype: torch.dtype = torch.float32):
         """The model exported to ``folder`` (config.json, model.safetensors, vocab.json, tokenizer files), in
-        evaluation mode, its floating-point weights in ``dtype`` on ``device``."""
+        evaluation mode, its floating-point weights in ``dtype`` on ``device`` (under a 16-bit ``dtype`` the RPEs'
+        weights stay fp32, as in training: fairseq_tnn/modules/rpe.py)."""
         folder = Path(folder)
         for name in (CONFIG_FILE, WEIGHTS_FILE, VOCAB_FILE):
             if not (folder / name).is_file():
