@@ -360,6 +360,16 @@ def targets(result) -> List[Dict]:
     return rows
 
 
+def _top_table(what: str, rows: List[Dict]) -> List[str]:
+    """A markdown table of ``_top``'s rows (names shortened to 90 characters)."""
+    out = [f"| {what} | ms / update | calls | share |", "|---|---:|---:|---:|"]
+    for k in rows:
+        name = k["name"].replace("|", "/")
+        name = name if len(name) <= 90 else name[:87] + "..."
+        out.append(f"| `{name}` | {k['ms']:.3f} | {k['calls']:.0f} | {100 * k['share']:.1f}% |")
+    return out
+
+
 def markdown(result) -> str:
     meta = result["meta"]
     unit = "kernels" if meta["device"] == "cuda" else "operators"
@@ -408,21 +418,11 @@ def markdown(result) -> str:
         for c in g["configs"]:
             if c.get("top_kernels"):
                 out += ["", f"## The {TOP_KERNELS} longest {unit} of one {c['label']} update ({g['section']} "
-                            f"{g['batch']} x {g['n']}, eager)", "", f"| {unit[:-1]} | ms / update | calls | share |",
-                        "|---|---:|---:|---:|"]
-                for k in c["top_kernels"]:
-                    name = k["name"].replace("|", "/")
-                    name = name if len(name) <= 90 else name[:87] + "..."
-                    out.append(f"| `{name}` | {k['ms']:.3f} | {k['calls']:.0f} | {100 * k['share']:.1f}% |")
+                            f"{g['batch']} x {g['n']}, eager)", "", *_top_table(unit[:-1], c["top_kernels"])]
             if c.get("top_host"):
                 out += ["", f"The host's {TOP_KERNELS} largest self times in the same update ({c['host_self_ms']:.2f} ms "
                             f"of host self time per update; launches: {c['launch_calls']:.0f} calls, "
-                            f"{c['launch_ms']:.2f} ms):", "", "| host event | ms / update | calls | share |",
-                        "|---|---:|---:|---:|"]
-                for k in c["top_host"]:
-                    name = k["name"].replace("|", "/")
-                    name = name if len(name) <= 90 else name[:87] + "..."
-                    out.append(f"| `{name}` | {k['ms']:.3f} | {k['calls']:.0f} | {100 * k['share']:.1f}% |")
+                            f"{c['launch_ms']:.2f} ms):", "", *_top_table("host event", c["top_host"])]
     if result.get("targets"):
         out += ["", "## The targets (issue 39), as measured in this run", "", "| target | measured | bound | met |",
                 "|---|---:|---:|---|"]
