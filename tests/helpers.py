@@ -392,3 +392,33 @@ def doc_blocks(page: Path, lang: str, section: str = "") -> list:
         ends = [m.start() for m in re.finditer(rf"\n#{{1,{len(level)}}} ", text) if m.start() > start]
         text = text[start:ends[0] if ends else len(text)]
     return re.findall(rf"```{lang}\n(.*?)```", text, re.S)
+
+
+def install_core(tmp_path: Path):
+    """`pip install .` of a copy of the package (no dependencies fetched: torch is this venv's), into a folder of
+    its own (``tmp_path/site``); returns that folder and the installed distribution's metadata."""
+    import shutil
+    from email.parser import Parser
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("setup.py", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "fairseq_tnn", src / "fairseq_tnn", ignore=shutil.ignore_patterns("__pycache__"))
+    site = tmp_path / "site"
+    code, out, _ = execute([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                            "--no-index", "--target", site, src], command_env(), 300, merge=True, cwd=tmp_path)
+    assert code == 0, out[-3000:]
+    meta, = site.glob("fairseq_tnn-*.dist-info/METADATA")
+    return site, Parser().parsestr(meta.read_text())
+
+
+def wait_all(procs, logs, timeout: int = 600):
+    """Wait for processes started together (one per node or rank, each writing its log file), kill any still running
+    once one wait fails; return their exit codes and logs' texts."""
+    try:
+        codes = [p.wait(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    return codes, [log.read_text() for log in logs]

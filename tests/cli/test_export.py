@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from helpers import BIN, ROOT, cli, command_env, doc_blocks, execute, mlm_train_cmd, run, tiny_gpt2_bpe
+from helpers import (BIN, ROOT, cli, command_env, doc_blocks, execute, install_core, mlm_train_cmd, run,
+                     tiny_gpt2_bpe)
 
 import fairseq_tnn.models  # noqa: F401  (registers the plugin's models, as --user-dir does)
 from fairseq_tnn.commands import main as fairseq_tnn_main
@@ -475,15 +476,7 @@ def test_the_docs_example_runs_with_torch_alone(exported, eval_lm, tmp_path):
     """docs/using-models.md's "Without fairseq" example, as written, from a `pip install .` of the package (torch
     alone) in an interpreter where importing fairseq, sentencepiece and regex fails: the demo's FD-TNN prints
     fairseq-eval-lm's test perplexity and samples text; the fine-tuning block trains and saves."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("setup.py", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "fairseq_tnn", src / "fairseq_tnn", ignore=shutil.ignore_patterns("__pycache__"))
-    site = tmp_path / "site"
-    status, out, _ = execute([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                              "--no-index", "--target", site, src], command_env(), 300, merge=True, cwd=tmp_path)
-    assert status == 0, out[-3000:]
+    site, _ = install_core(tmp_path)
 
     box = tmp_path / "box"  # laid out as the docs' commands leave it
     (box / "blocker").mkdir(parents=True)

@@ -1,11 +1,9 @@
 """The torch-only core: `pip install .` without the fairseq extra requires torch alone, and the README's
 example of the layers in a plain PyTorch model runs, as written, from that install in a fresh interpreter
 where importing fairseq fails."""
-import shutil
 import sys
-from email.parser import Parser
 
-from helpers import ROOT, command_env, doc_blocks, execute
+from helpers import ROOT, command_env, doc_blocks, execute, install_core
 
 # Put first on the path of the interpreter under test: every import of fairseq or fairseq_cli fails, as where
 # fairseq is not installed.
@@ -27,21 +25,6 @@ except ImportError as e:
     print("import fairseq:", e)
 '''
 
-
-def install_core(tmp_path):
-    """`pip install .` of a copy of the package (no dependencies fetched: torch is this venv's), into a folder of
-    its own; the installed distribution's metadata."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for name in ("setup.py", "README.md"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "fairseq_tnn", src / "fairseq_tnn", ignore=shutil.ignore_patterns("__pycache__"))
-    site = tmp_path / "site"
-    code, out, _ = execute([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                            "--no-index", "--target", site, src], command_env(), 300, merge=True, cwd=tmp_path)
-    assert code == 0, out[-3000:]
-    meta, = site.glob("fairseq_tnn-*.dist-info/METADATA")
-    return site, Parser().parsestr(meta.read_text())
 
 
 def test_the_core_requires_torch_alone_and_the_readme_example_runs_without_fairseq(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import cli, lm_args, mlm_args, run
+from helpers import cli, lm_args, mlm_args, run, wait_all
 from fairseq_tnn.patches.broadcast_unpickle import broadcast_object_slow
 from fairseq_tnn.distributed import launch
 
@@ -171,13 +171,7 @@ def launch_nodes(nnodes, nproc, train, run_dir, hook_dir):
                str(port), "--log-dir", str(run_dir / f"ranks{rank}"), "--", *map(str, train)]
         with open(logs[rank], "w") as log:  # files, not pipes: a node blocked on a full pipe would stall the others
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env))
-    try:
-        codes = [p.wait(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    out = [log.read_text() for log in logs]
+    codes, out = wait_all(procs, logs)
     assert codes == [0] * nnodes, "\n".join(o[-3000:] for o in out)
     return out, writes.read_text().splitlines() if writes.exists() else []
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from helpers import (ROOT, SCRIPTS, USER_DIR, cli, dry_train, flags, ok, script_env, sh,
+from helpers import (ROOT, SCRIPTS, USER_DIR, cli, dry_train, flags, ok, script_env, sh, wait_all,
                      wt103_presets)
 
 CAUSAL = wt103_presets("tnn_lm")
@@ -351,13 +351,7 @@ def test_train_sh_on_two_machines_trains_one_run(data_bin, tmp_path):
             procs.append(subprocess.Popen(["bash", SCRIPTS / "train.sh", "tnn_lm_tiny", data_bin, "--max-valid-steps",
                                            "2"], stdout=log, stderr=subprocess.STDOUT, env={**env, "NODE_RANK": str(rank)},
                                           cwd=ROOT))
-    try:
-        codes = [p.wait(timeout=600) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    out = [log.read_text() for log in logs]
+    codes, out = wait_all(procs, logs)
     assert codes == [0, 0], "\n".join(o[-3000:] for o in out)
     assert "train.sh: tnn_lm_tiny, 1 process(es) on each of 2 machines (this one NODE_RANK 0), update-freq 1" in out[0]
     assert "training on 2 devices" in out[0] and "'distributed_world_size': 2" in out[0], out[0][-3000:]
