@@ -83,7 +83,7 @@ class TnnLayerConfig(FairseqDataclass):
         default=False, metadata={
             "help": "with --tnn-compile: while training on a GPU, the compiled layers run as CUDA graphs (torch.compile's "
                     "reduce-overhead mode: each layer's forward and backward one graph launch instead of about a "
-                    "hundred kernel launches; on by default in the GPU recipe of scripts/train.sh). Evaluation, "
+                    "hundred kernel launches; CUDA_GRAPHS=1 in scripts/train.sh). Evaluation, "
                     "generation and layers on the CPU run the plain compiled layers. Needs --tnn-compile and a CUDA GPU"})
 
 
