@@ -48,11 +48,12 @@ PATHS = ("fast", "reference")
 
 
 def _is_metadata(func, out) -> bool:
-    """Views (aliases of their input) and operations that return no tensor (dtype promotion, sizes)."""
+    """Views (aliases of their input) and operations that neither return a tensor nor write one (dtype promotion,
+    sizes); in-place multi-tensor operations (``_foreach_add_``, ``_fused_adam_``) return nothing and count."""
     if func.is_view:
         return True
     flat = out if isinstance(out, (tuple, list)) else (out,)
-    return not any(isinstance(o, torch.Tensor) for o in flat)
+    return not any(isinstance(o, torch.Tensor) for o in flat) and not func._schema.is_mutable
 
 
 class OpCounter(TorchDispatchMode):
