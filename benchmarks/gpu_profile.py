@@ -28,7 +28,9 @@ time and the compile time (the first two updates less two steady ones), the grap
 updates were timed (0 unless something recompiles at every step), for the configurations of ``--compiled`` and
 then ``--graphs``, in that order, as long as ``--compile-budget`` seconds of compiling are left (a cold compile
 took 12-52 s on an H200, a warm one, from inductor's cache, 4-9 s). A configuration that fails is reported and
-the run goes on.
+the run goes on. Last, the configurations of ``--bf16`` again in bf16 (``--bf16-autocast``: fp32 weights, bf16
+autocast), eager and in each compiled mode they were measured in, each against the same mode in the run's precision
+(the issue's target: within 1.1x of fp16's update time).
 
 The floor of the mixing: for each TNO at each shape, the least bytes its forward and backward must move (the
 input and output forward, the output gradient, the saved input and the input gradient backward: 5 x d1 x b x
@@ -65,6 +67,9 @@ COMPILED_DEFAULT = ["causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "mas
 QUICK_COMPILED_DEFAULT: List[str] = []
 # compiled with CUDA graphs (--tnn-cuda-graphs), after the compiled ones: the same configurations
 GRAPHS_DEFAULT = COMPILED_DEFAULT[:6]
+# measured again in bf16 (--bf16-autocast) in each mode the main precision measured them, last (issue 39: bf16
+# within 1.1x of fp16)
+BF16_DEFAULT = ["causal/512/tnn6"]
 KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
         "masked": ["tnn6", "tnn3", "fd3", "ski", "bound_identity"]}
 # the TNOs whose floor is measured, per section: the layer of this configuration
@@ -237,7 +242,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     ms = _timed(update, device, timed)
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", "graphs": " compiled + CUDA graphs"}[compiled]
-    c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled,
+    c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,
          "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
          "tokens_per_s": batch * n / (steady / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
          "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
@@ -267,7 +272,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
 
 
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
-        log, graphs_ids: List[str] = ()) -> Dict:
+        log, graphs_ids: List[str] = (), bf16_ids: List[str] = ()) -> Dict:
     import fairseq_tnn
     fairseq_tnn.register()
     result = {"groups": [], "bandwidth_gbs": None}
@@ -294,14 +299,18 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 g["configs"].append(measure(key, arch, bound, section, n, batch, device, precision, quick, data, timed,
                                             False, top, floor, log))
                 write(result)
-        # compiled, then compiled with CUDA graphs, while the budget lasts; a configuration that fails is reported
-        for cid, how in [(c, True) for c in compiled_ids] + [(c, "graphs") for c in graphs_ids]:
+        # compiled, then compiled with CUDA graphs, while the budget lasts, then bf16 in the main precision's modes;
+        # a configuration that fails is reported
+        runs = [(c, True, precision) for c in compiled_ids] + [(c, "graphs", precision) for c in graphs_ids]
+        runs += [(c, how, "bf16") for c in bf16_ids for how in (False, True, "graphs")
+                 if not how or c in (compiled_ids if how is True else graphs_ids)]
+        for cid, how, prec in runs:
             section, n_s, key = cid.split("/")
             g = next((g for g in result["groups"] if g["section"] == section and g["n"] == int(n_s)), None)
             if g is None or (keys and key not in keys):
                 continue
             last = max([c.get("compile_s", 0.0) for gg in result["groups"] for c in gg["configs"]] + [0.0])
-            if compile_spent + last > budget:
+            if how and compile_spent + last > budget:
                 log(f"compile budget ({budget:.0f} s) spent: {cid} ({how}) and the rest not compiled")
                 result.setdefault("not_compiled", []).append(cid + (" (CUDA graphs)" if how == "graphs" else ""))
                 continue
@@ -309,21 +318,28 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
             t0 = time.time()
             torch._dynamo.reset()  # each model compiles afresh, never against the recompile limit of the ones before
             try:
-                g["configs"].append(measure(key, arch, bound, section, g["n"], g["batch"], device, precision, quick,
-                                            data, timed, how, False, None, log))
+                c = measure(key, arch, bound, section, g["n"], g["batch"], device, prec, quick, data, timed, how, False,
+                            None, log)
+                if prec != precision:
+                    c["label"] += f" ({prec})"
+                g["configs"].append(c)
             except Exception as err:  # one configuration's failure is a result, not the end of the run
                 first = (str(err).strip().splitlines() or [""])[0][:300]
                 log(f"[{section} {g['batch']}x{g['n']}] {tr.LABELS[key]} ({how}) failed: {type(err).__name__}: {first}")
                 result.setdefault("failed", []).append({"id": cid, "how": str(how), "error": f"{type(err).__name__}: {first}"})
                 if device == "cuda":
                     torch.cuda.empty_cache()
-            compile_spent += time.time() - t0
+            if how:
+                compile_spent += time.time() - t0
             write(result)
     return result
 
 
-def _get(g, key, compiled=False):
-    return next((c for c in g["configs"] if c["key"] == key and c["compiled"] == compiled), None)
+def _get(g, key, compiled=False, precision=None):
+    """The configuration ``key`` of group ``g`` in that mode, in ``precision`` (default: the run's main one)."""
+    main = g["configs"][0].get("precision") if g["configs"] else None
+    return next((c for c in g["configs"] if c["key"] == key and c["compiled"] == compiled
+                 and c.get("precision") == (precision or main)), None)
 
 
 def targets(result) -> List[Dict]:
@@ -353,6 +369,10 @@ def targets(result) -> List[Dict]:
                     add(f"{shape}: SKI-TNN peak memory vs TNN (RPE 6), {mode}", ski["peak_mib"] / tnn6["peak_mib"], 0.85,
                         higher=False)
             for c in g["configs"]:
+                other = _get(g, c["key"], compiled)
+                if c["compiled"] == compiled and c.get("precision") == "bf16" and other and other is not c:
+                    add(f"{shape}: {c['label']} update time vs {other['precision']}", c["update_ms"] / other["update_ms"],
+                        1.1, higher=False)
                 if c["compiled"] == compiled and "compile_s" in c:
                     add(f"{shape}: {c['label']} compile time, s", c["compile_s"], 30.0, higher=False)
                 if not compiled and c.get("floor"):
@@ -449,6 +469,10 @@ def main(argv=None):
                    help="configurations also compiled with CUDA graphs (--tnn-cuda-graphs; CUDA only), after "
                         f"--compiled, while the budget lasts (default: {' '.join(GRAPHS_DEFAULT)}; on the CPU or with "
                         "--quick: none; none: --graphs with no value)")
+    p.add_argument("--bf16", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
+                   help="configurations measured again in bf16 (--bf16-autocast) after the rest, eager and in each "
+                        f"compiled mode they were measured in (default on CUDA in fp16: {' '.join(BF16_DEFAULT)}; "
+                        "none: --bf16 with no value)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -465,6 +489,10 @@ def main(argv=None):
         p.error(f"--compile-budget={a.compile_budget} must be >= 0")
     compiled = a.compiled if a.compiled is not None else (QUICK_COMPILED_DEFAULT if a.quick else COMPILED_DEFAULT)
     graphs = a.graphs if a.graphs is not None else ([] if a.quick or a.device == "cpu" else GRAPHS_DEFAULT)
+    bf16 = a.bf16 if a.bf16 is not None else (BF16_DEFAULT if a.device == "cuda" and precision == "fp16"
+                                               and not a.quick else [])
+    if bf16 and precision == "bf16":
+        p.error("--bf16: the run's precision is bf16 already; these rows compare another precision with bf16")
     if graphs and a.device == "cpu":
         p.error("--graphs: CUDA graphs need --device cuda (fairseq-train refuses --tnn-cuda-graphs without a GPU)")
     refuse_overwrite(p, a, "gpu_profile.json")
@@ -472,7 +500,7 @@ def main(argv=None):
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
-            "graphs": graphs,
+            "graphs": graphs, "bf16": bf16,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -483,7 +511,7 @@ def main(argv=None):
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
-                 lambda m: print(m, flush=True), graphs)
+                 lambda m: print(m, flush=True), graphs, bf16)
     write(result)
     print(markdown(result))
     return result
