@@ -351,3 +351,27 @@ def test_gpu_profile_measures_bf16_beside_the_runs_precision(tmp_path):
     code, log, _ = execute([*cmd[:-2], "--precision", "bf16", "--out", str(tmp_path / "again")], command_env(), 60,
                            merge=True)
     assert code == 2 and "--bf16: the run's precision is bf16 already" in log, log[-2000:]
+
+
+def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
+    """benchmarks/tno_versions.py (issue 39: did the code or the harness make masked FD-TNN and SKI-TNN slower than
+    at 23edccf?): the commit's TNOs, imported from git without registering anything, and the current ones, on the
+    same input, side by side; here SKI-TNN at a 16th of its batches."""
+    import subprocess
+    if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", "23edccf^{commit}"]).returncode:
+        pytest.skip("this clone has no history back to 23edccf")
+    out = tmp_path / "tv"
+    cmd = [sys.executable, str(ROOT / "benchmarks/tno_versions.py"), "--rev", "23edccf", "--only", "ski",
+           "--batch-scale", "16", "--rounds", "1", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "tno_versions.json").read_text())
+    assert [(r["kind"], r["batch"], r["n"]) for r in result["rows"]] == [("ski", 1, 512), ("ski", 1, 2048)]
+    for r in result["rows"]:
+        for version in ("commit", "current"):
+            assert r[version]["median_ms"] > 0 and r[version]["ops"] > 20 and r[version]["ffts"] >= 2
+    assert "fairseq_tnn_at_23edccf" not in log  # nothing of the commit's was registered or named by fairseq
+    md = (out / "tno_versions.md").read_text()
+    assert "| SKI-TNN, bidirectional | 1 x 512, d1 2304 |" in md
+    code, log, _ = execute([*cmd[:3], "no-such-rev", *cmd[4:], "--force"], command_env(), 120, merge=True)
+    assert code != 0 and "--rev no-such-rev: git archive failed" in log, log[-2000:]

@@ -1,0 +1,191 @@
+"""One TNO's forward and backward, as this checkout computes it and as an earlier commit did, side by side in one
+process (issue 39: the masked FD-TNN and SKI-TNN measured faster at commit 23edccf; did the code change, or the
+harness?).
+
+    python benchmarks/tno_versions.py --rev 23edccf --out results/tno-versions                # on the CPU, fp32
+    python benchmarks/tno_versions.py --rev 23edccf --device cuda --out $OUT/tno-versions     # on a GPU, fp16
+
+The commit's ``fairseq_tnn/modules`` and ``fairseq_tnn/ops`` are read with ``git archive`` and imported under
+another package name (nothing of the commit registers with fairseq). For each TNO of the Wikitext-103 presets
+(TNN with its 6-layer RPE, FD-TNN with its 3-layer RPE, SKI-TNN; each with the preset's settings, the same in
+both versions) at the paper's per-GPU shapes (d1 = 3 x 512 channels causal at 8 x 512; 3 x 768 bidirectional at
+16 x 512 and 4 x 2048), both versions get the same input in the layout the layers hand them (channel-major) and
+the same output gradient, and report: the median time of a forward and backward (rounds interleaved, the device
+synchronised), the operations each dispatches (``benchmarks/opcount.py``'s count) and the FFTs among them, and,
+on a GPU, the peak memory above the input's. ``--dtype fp16`` casts both modules as fairseq's ``--fp16`` does
+(``.half()``: the current code keeps its RPE in fp32, the commit's did not), the default on a GPU.
+``--batch-scale`` divides the batches (a short CPU run; the operation counts do not depend on it).
+"""
+import argparse
+import importlib
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import types
+from typing import Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
+
+# (label, TNO type, causal, d1, batch, n): the presets' TNOs at the paper's per-GPU shapes
+SHAPES = [("TNN (RPE 6)", "tnn", True, 1536, 8, 512), ("FD-TNN (RPE 3)", "fd", True, 1536, 8, 512),
+          ("TNN (RPE 6)", "tnn", False, 2304, 16, 512), ("FD-TNN (RPE 3)", "fd", False, 2304, 16, 512),
+          ("SKI-TNN", "ski", False, 2304, 16, 512),
+          ("TNN (RPE 6)", "tnn", False, 2304, 4, 2048), ("FD-TNN (RPE 3)", "fd", False, 2304, 4, 2048),
+          ("SKI-TNN", "ski", False, 2304, 4, 2048)]
+# each preset's TNO settings, as the commit's and the current code's constructors take them
+SETTINGS = {"tnn": {"rpe_dim": 64, "rpe_layers": 6, "rpe_activation": "relu", "decay": 0.99},
+            "fd": {"rpe_dim": 64, "rpe_layers": 3, "rpe_activation": "relu"},
+            "ski": {"rank": 32, "taps": 17, "decay": 0.99}}
+CURRENT_NAMES = {"tnn": {}, "fd": {}, "ski": {"rank": "ski_rank", "taps": "ski_taps", "decay": "ski_warp_decay"}}
+WARMUP = 2
+
+
+def load_commit(rev: str, tmp: str):
+    """The ``modules`` package of ``fairseq_tnn`` at ``rev``, imported as ``fairseq_tnn_at_<rev>.modules`` from a
+    ``git archive`` of the commit (its ``__init__``, which registers with fairseq, is not run)."""
+    try:
+        tar = subprocess.run(["git", "-C", ROOT, "archive", rev, "fairseq_tnn/modules", "fairseq_tnn/ops"],
+                             check=True, capture_output=True).stdout
+    except subprocess.CalledProcessError as err:
+        raise SystemExit(f"--rev {rev}: git archive failed: {err.stderr.decode().strip()}")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(tmp, filter="data")
+    name = "fairseq_tnn_at_" + "".join(c if c.isalnum() else "_" for c in rev)
+    package = types.ModuleType(name)
+    package.__path__ = [os.path.join(tmp, "fairseq_tnn")]
+    sys.modules[name] = package
+    return importlib.import_module(name + ".modules")
+
+
+def build(version: str, modules, kind: str, causal: bool, d1: int):
+    settings = dict(SETTINGS[kind])
+    if version == "current":
+        from fairseq_tnn.modules.tno import build_tno
+        return build_tno(kind, d1, causal, **{CURRENT_NAMES[kind].get(k, k): v for k, v in settings.items()})
+    cls = {"tnn": modules.TnnTno, "fd": modules.FdTno, "ski": modules.SkiTno}[kind]
+    return cls(d1, causal, **settings)
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(tnos: Dict[str, torch.nn.Module], d1: int, batch: int, n: int, device: str, dtype, rounds: int) -> Dict:
+    from benchmarks.opcount import count
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(d1, batch, n, generator=g).to(device, dtype).requires_grad_()
+    grad = torch.randn(d1, batch, n, generator=g).to(device, dtype)
+
+    def step(tno):
+        tno.zero_grad(set_to_none=True)
+        x.grad = None
+        tno(x, layout="dbn").backward(grad)
+
+    out = {}
+    for name, tno in tnos.items():
+        step(tno)  # builds what each version caches
+        counted = count(lambda: step(tno))[1]
+        out[name] = {"ops": counted.total, "ffts": sum(v for k, v in counted.counts.items() if "fft" in k), "ms": []}
+        if device == "cuda":
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            step(tno)
+            torch.cuda.synchronize()
+            out[name]["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    for r in range(WARMUP + rounds):
+        for name in (list(tnos) if r % 2 else list(tnos)[::-1]):
+            _sync(device)
+            t = time.perf_counter()
+            step(tnos[name])
+            _sync(device)
+            if r >= WARMUP:
+                out[name]["ms"].append((time.perf_counter() - t) * 1000.0)
+    for v in out.values():
+        v["median_ms"] = statistics.median(v["ms"])
+    return out
+
+
+def markdown(result) -> str:
+    meta = result["meta"]
+    out = [f"# One TNO's forward and backward: commit {meta['rev']} against this checkout ({meta['head']})", "",
+           f"{meta['machine']}; torch {meta['torch']}; {meta['dtype']}; batches divided by {meta['batch_scale']}; "
+           f"median of {meta['rounds']} interleaved rounds; `{meta['command']}`.", "",
+           f"| TNO | shape | {meta['rev']} ms | current ms | current / {meta['rev']} | ops: {meta['rev']} / current | "
+           "FFTs: then / now | peak MiB: then / now |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        old, new = r["commit"], r["current"]
+        peak = f"{old['peak_mib']:.0f} / {new['peak_mib']:.0f}" if "peak_mib" in old else "-"
+        out.append(f"| {r['label']}, {'causal' if r['causal'] else 'bidirectional'} | {r['batch']} x {r['n']}, "
+                   f"d1 {r['d1']} | {old['median_ms']:.2f} | {new['median_ms']:.2f} | "
+                   f"{new['median_ms'] / old['median_ms']:.2f} | {old['ops']} / {new['ops']} | "
+                   f"{old['ffts']} / {new['ffts']} | {peak} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rev", default="23edccf", help="the earlier commit (default 23edccf)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"],
+                   help="the modules' and activations' dtype (default: fp16 on cuda, fp32 on cpu)")
+    p.add_argument("--rounds", type=int, default=10, help="timed rounds (default 10)")
+    p.add_argument("--batch-scale", type=int, default=1, help="divide every batch by this (default 1)")
+    p.add_argument("--only", nargs="+", choices=sorted(SETTINGS), help="these TNO types only (default: all)")
+    add_out_options(p, "results/tno-versions")
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device is visible to torch")
+    if a.rounds < 1 or a.batch_scale < 1:
+        p.error(f"--rounds={a.rounds} and --batch-scale={a.batch_scale} must be integers >= 1")
+    dtype_name = a.dtype or ("fp16" if a.device == "cuda" else "fp32")
+    if a.device == "cpu" and dtype_name == "fp16":
+        p.error("--dtype fp16 needs --device cuda (the CPU has no fp16 FFT)")
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    refuse_overwrite(p, a, "tno_versions.json")
+    os.makedirs(a.out, exist_ok=True)
+    from benchmarks.measure import _machine
+    head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    meta = {"rev": a.rev, "head": head.strip() or "unknown", "device": a.device, "dtype": dtype_name,
+            "rounds": a.rounds, "batch_scale": a.batch_scale, "torch": torch.__version__,
+            "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
+            "command": "python benchmarks/tno_versions.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    rows: List[Dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        then = load_commit(a.rev, tmp)
+        for label, kind, causal, d1, batch, n in SHAPES:
+            if a.only and kind not in a.only:
+                continue
+            batch = max(1, batch // a.batch_scale)
+            tnos = {}
+            for version in ("commit", "current"):
+                torch.manual_seed(0)
+                tnos[version] = build(version, then, kind, causal, d1).to(a.device, dtype)
+            row = {"label": label, "kind": kind, "causal": causal, "d1": d1, "batch": batch, "n": n,
+                   **measure(tnos, d1, batch, n, a.device, dtype, a.rounds)}
+            rows.append(row)
+            print(f"{label:<16} {'causal' if causal else 'bidir.':<7} {batch:>2} x {n:<5} commit "
+                  f"{row['commit']['median_ms']:8.2f} ms ({row['commit']['ops']} ops), current "
+                  f"{row['current']['median_ms']:8.2f} ms ({row['current']['ops']} ops)", flush=True)
+            del tnos
+            if a.device == "cuda":
+                torch.cuda.empty_cache()
+            result = {"meta": meta, "rows": rows}
+            write_results(a.out, "tno_versions", result, markdown(result))
+    print(markdown({"meta": meta, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
