@@ -5,8 +5,10 @@ harness?).
     python benchmarks/tno_versions.py --rev 23edccf --out results/tno-versions                # on the CPU, fp32
     python benchmarks/tno_versions.py --rev 23edccf --device cuda --out $OUT/tno-versions     # on a GPU, fp16
 
-The commit's ``fairseq_tnn/modules`` and ``fairseq_tnn/ops`` are read with ``git archive`` and imported under
-another package name (nothing of the commit registers with fairseq). For each TNO of the Wikitext-103 presets
+The commit's ``fairseq_tnn/modules`` and ``fairseq_tnn/ops`` are read with ``git archive`` (or, where the checkout
+has no git history, as on a GPU machine that receives a copy of the working tree, from ``--from DIR``, a
+directory made beforehand with ``mkdir -p DIR && git archive 23edccf fairseq_tnn/modules fairseq_tnn/ops | tar -x
+-C DIR``) and imported under another package name (nothing of the commit registers with fairseq). For each TNO of the Wikitext-103 presets
 (TNN with its 6-layer RPE, FD-TNN with its 3-layer RPE, SKI-TNN; each with the preset's settings, the same in
 both versions) at the paper's per-GPU shapes (d1 = 3 x 512 channels causal at 8 x 512; 3 x 768 bidirectional at
 16 x 512 and 4 x 2048), both versions get the same input in the layout the layers hand them (channel-major) and
@@ -51,19 +53,24 @@ CURRENT_NAMES = {"tnn": {}, "fd": {}, "ski": {"rank": "ski_rank", "taps": "ski_t
 WARMUP = 2
 
 
-def load_commit(rev: str, tmp: str):
+def load_commit(rev: str, tmp: str, source: str = None):
     """The ``modules`` package of ``fairseq_tnn`` at ``rev``, imported as ``fairseq_tnn_at_<rev>.modules`` from a
-    ``git archive`` of the commit (its ``__init__``, which registers with fairseq, is not run)."""
-    try:
-        tar = subprocess.run(["git", "-C", ROOT, "archive", rev, "fairseq_tnn/modules", "fairseq_tnn/ops"],
-                             check=True, capture_output=True).stdout
-    except subprocess.CalledProcessError as err:
-        raise SystemExit(f"--rev {rev}: git archive failed: {err.stderr.decode().strip()}")
-    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
-        t.extractall(tmp, filter="data")
+    ``git archive`` of the commit into ``tmp``, or from ``source`` (a directory holding the commit's
+    ``fairseq_tnn/modules`` and ``fairseq_tnn/ops``); the package's ``__init__``, which registers with fairseq, is
+    not run."""
+    if source is None:
+        try:
+            tar = subprocess.run(["git", "-C", ROOT, "archive", rev, "fairseq_tnn/modules", "fairseq_tnn/ops"],
+                                 check=True, capture_output=True).stdout
+        except (OSError, subprocess.CalledProcessError) as err:
+            raise SystemExit(f"--rev {rev}: git archive failed: {getattr(err, 'stderr', b'').decode().strip() or err} "
+                             "(without the commit in this checkout's history: --from DIR, see --help)")
+        with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+            t.extractall(tmp, filter="data")
+        source = tmp
     name = "fairseq_tnn_at_" + "".join(c if c.isalnum() else "_" for c in rev)
     package = types.ModuleType(name)
-    package.__path__ = [os.path.join(tmp, "fairseq_tnn")]
+    package.__path__ = [os.path.join(source, "fairseq_tnn")]
     sys.modules[name] = package
     return importlib.import_module(name + ".modules")
 
@@ -138,6 +145,8 @@ def markdown(result) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rev", default="23edccf", help="the earlier commit (default 23edccf)")
+    p.add_argument("--from", dest="source", metavar="DIR",
+                   help="read the commit's fairseq_tnn/modules and fairseq_tnn/ops from DIR instead of git (see above)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"],
                    help="the modules' and activations' dtype (default: fp16 on cuda, fp32 on cpu)")
@@ -154,6 +163,8 @@ def main(argv=None):
     if a.device == "cpu" and dtype_name == "fp16":
         p.error("--dtype fp16 needs --device cuda (the CPU has no fp16 FFT)")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    if a.source is not None and not os.path.isfile(os.path.join(a.source, "fairseq_tnn", "modules", "__init__.py")):
+        p.error(f"--from {a.source}: no fairseq_tnn/modules/__init__.py there (make it with git archive, see --help)")
     refuse_overwrite(p, a, "tno_versions.json")
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
@@ -164,7 +175,7 @@ def main(argv=None):
             "command": "python benchmarks/tno_versions.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     rows: List[Dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        then = load_commit(a.rev, tmp)
+        then = load_commit(a.rev, tmp, a.source)
         for label, kind, causal, d1, batch, n in SHAPES:
             if a.only and kind not in a.only:
                 continue

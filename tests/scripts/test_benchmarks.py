@@ -375,3 +375,13 @@ def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
     assert "| SKI-TNN, bidirectional | 1 x 512, d1 2304 |" in md
     code, log, _ = execute([*cmd[:3], "no-such-rev", *cmd[4:], "--force"], command_env(), 120, merge=True)
     assert code != 0 and "--rev no-such-rev: git archive failed" in log, log[-2000:]
+    # --from DIR: the commit's files made beforehand (a GPU machine's copy of the tree has no git history)
+    source = tmp_path / "old"
+    source.mkdir()
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", "23edccf", "fairseq_tnn/modules", "fairseq_tnn/ops"],
+                         check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(source)], input=tar, check=True)
+    code, log, _ = execute([*cmd, "--force", "--from", str(source)], command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    again = json.loads((out / "tno_versions.json").read_text())
+    assert [r["commit"]["ops"] for r in again["rows"]] == [r["commit"]["ops"] for r in result["rows"]]
