@@ -60,6 +60,7 @@ from benchmarks import trainer as tr  # noqa: E402
 from benchmarks.measure import IdentityTno, add_out_options, refuse_overwrite, write_results  # noqa: E402
 
 TOP_KERNELS = 15
+COMPILE_PHASES = 10  # the longest phases of a compilation kept per configuration
 TOP_OF = ("tnn6", "fd3", "ski")  # the models whose longest kernels are listed (first group that has each)
 # compiled, in this order while the budget lasts: the causal targets first, then SKI and FD at 4 x 2048
 COMPILED_DEFAULT = ["causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "masked/2048/ski", "masked/2048/tnn6",
@@ -201,6 +202,14 @@ def _loss_scale(trainer) -> Optional[float]:
     return None if scaler is None else float(scaler.loss_scale)
 
 
+def _compile_phases() -> Dict[str, float]:
+    """Seconds torch has spent so far in this process in each phase of compiling (dynamo, AOT autograd, inductor's
+    code generation, Triton or C++ compilation), by the name ``torch._dynamo.utils.compile_times`` gives it."""
+    from torch._dynamo.utils import compile_times
+    names, values = compile_times(repr="csv", aggregate=True)
+    return {n: float(v) for n, v in zip(names, values) if v not in ("", None)}
+
+
 def _graphs() -> int:
     """Graphs dynamo has compiled in this process so far."""
     from torch._dynamo.utils import counters
@@ -222,7 +231,9 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     t0 = time.time()
     trainer = tr.build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
     build_s = time.time() - t0
+    phases = _compile_phases()
     first = _timed(lambda: trainer.train_step([sample]), device, 2)  # compiles (compiled), allocates optimizer state
+    phases = {k: v - phases.get(k, 0.0) for k, v in _compile_phases().items()}
     warmup = 2
     for _ in range(MAX_WARMUP):
         before = _loss_scale(trainer)
@@ -250,6 +261,9 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         c["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
     if compiled:
         c["compile_s"] = max(0.0, (sum(first) - 2 * steady) / 1000.0)
+        # where it went (phases nest: an outer phase's time includes its inner ones')
+        c["compile_phases"] = dict(sorted(((k, round(v, 2)) for k, v in phases.items() if v >= 0.05),
+                                          key=lambda kv: -kv[1])[:COMPILE_PHASES])
     else:
         c["first_updates_ms"] = first
     c.update(kernel_profile(trainer, sample, device, 2, top))
@@ -371,8 +385,8 @@ def targets(result) -> List[Dict]:
             for c in g["configs"]:
                 other = _get(g, c["key"], compiled)
                 if c["compiled"] == compiled and c.get("precision") == "bf16" and other and other is not c:
-                    add(f"{shape}: {c['label']} update time vs {other['precision']}", c["update_ms"] / other["update_ms"],
-                        1.1, higher=False)
+                    add(f"{shape}: {c['label']} vs {other['precision']}, {mode} update time",
+                        c["update_ms"] / other["update_ms"], 1.1, higher=False)
                 if c["compiled"] == compiled and "compile_s" in c:
                     add(f"{shape}: {c['label']} compile time, s", c["compile_s"], 30.0, higher=False)
                 if not compiled and c.get("floor"):
@@ -443,6 +457,15 @@ def markdown(result) -> str:
                 out += ["", f"The host's {TOP_KERNELS} largest self times in the same update ({c['host_self_ms']:.2f} ms "
                             f"of host self time per update; launches: {c['launch_calls']:.0f} calls, "
                             f"{c['launch_ms']:.2f} ms):", "", *_top_table("host event", c["top_host"])]
+    compiled = [(g, c) for g in result["groups"] for c in g["configs"] if c.get("compile_phases")]
+    if compiled:
+        out += ["", "## Where the compile time went", "",
+                f"The {COMPILE_PHASES} longest phases of each compiled configuration's first two updates "
+                "(`torch._dynamo.utils.compile_times`; phases nest, so an outer one includes its inner ones).", "",
+                "| shape | configuration | compile s | longest phases (s) |", "|---|---|---:|---|"]
+        for g, c in compiled:
+            phases = ", ".join(f"{k} {v:.1f}" for k, v in c["compile_phases"].items())
+            out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['compile_s']:.0f} | {phases} |")
     if result.get("targets"):
         out += ["", "## The targets (issue 39), as measured in this run", "", "| target | measured | bound | met |",
                 "|---|---:|---:|---|"]

@@ -334,20 +334,31 @@ def test_gpu_profile_measures_bf16_beside_the_runs_precision(tmp_path):
     bf16 within 1.1x of fp16); on the CPU at toy sizes, against fp32."""
     out = tmp_path / "profile"
     cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--configs", "fd3",
-           "--compiled", "--bf16", "causal/32/fd3", "--out", str(out)]
+           "--compiled", "causal/32/fd3", "--bf16", "causal/32/fd3", "--out", str(out)]
     code, log, _ = execute(cmd, command_env(), 600, merge=True)
     assert code == 0, log[-4000:]
     result = json.loads((out / "gpu_profile.json").read_text())
     assert result["meta"]["bf16"] == ["causal/32/fd3"] and result["meta"]["precision"] == "fp32"
     causal = next(g for g in result["groups"] if g["section"] == "causal")
     rows = [(c["label"], c["precision"], c["compiled"]) for c in causal["configs"]]
-    assert rows == [("FD-TNN (RPE 3)", "fp32", False), ("FD-TNN (RPE 3) (bf16)", "bf16", False)], rows
+    assert rows == [("FD-TNN (RPE 3)", "fp32", False), ("FD-TNN (RPE 3) compiled", "fp32", True),
+                    ("FD-TNN (RPE 3) (bf16)", "bf16", False), ("FD-TNN (RPE 3) compiled (bf16)", "bf16", True)], rows
     masked = next(g for g in result["groups"] if g["section"] == "masked")
     assert [c["precision"] for c in masked["configs"]] == ["fp32"]  # only the configuration named
-    bf16 = causal["configs"][1]
-    target = next(t for t in result["targets"] if "(bf16) update time vs fp32" in t["target"])
-    assert target["bound"] == 1.1 and target["ratio"] == bf16["update_ms"] / causal["configs"][0]["update_ms"]
-    assert "| causal 2 x 32 | FD-TNN (RPE 3) (bf16) |" in (out / "gpu_profile.md").read_text()
+    for compiled in (False, True):
+        ours, bf16 = (c for c in causal["configs"] if c["compiled"] == compiled)
+        mode = "compiled" if compiled else "eager"
+        target = next(t for t in result["targets"] if f"{bf16['label']} vs fp32, {mode} update time" in t["target"])
+        assert target["bound"] == 1.1
+        assert target["ratio"] == bf16["update_ms"] / ours["update_ms"]
+    # where each compiled configuration's compile time went, by torch's phases
+    for c in causal["configs"]:
+        phases = c.get("compile_phases")
+        assert (phases is not None) == c["compiled"], c["label"]
+        if phases:
+            assert 0 < max(phases.values()) <= c["compile_s"] + 5 and len(phases) <= 10
+    md = (out / "gpu_profile.md").read_text()
+    assert "| causal 2 x 32 | FD-TNN (RPE 3) (bf16) |" in md and "## Where the compile time went" in md
     code, log, _ = execute([*cmd[:-2], "--precision", "bf16", "--out", str(tmp_path / "again")], command_env(), 60,
                            merge=True)
     assert code == 2 and "--bf16: the run's precision is bf16 already" in log, log[-2000:]
