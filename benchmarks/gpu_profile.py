@@ -24,7 +24,9 @@ its TNOs replaced by the identity). For each, eager:
   and the 15 host-side events (operators, CUDA runtime calls) with the most self time in the same update.
 
 Compiled (``--tnn-compile strict``), and compiled with CUDA graphs (``--tnn-cuda-graphs`` as well): the update
-time and the compile time (the first two updates less two steady ones), the graphs dynamo compiled while the
+time and the compile time (the first two updates less two steady ones) with its longest phases
+(``torch._dynamo.utils.compile_times``: tracing, AOT autograd, inductor's code generation, Triton's or the C++
+compiler's), the graphs dynamo compiled while the
 updates were timed (0 unless something recompiles at every step), for the configurations of ``--compiled`` and
 then ``--graphs``, in that order, as long as ``--compile-budget`` seconds of compiling are left (a cold compile
 took 12-52 s on an H200, a warm one, from inductor's cache, 4-9 s). A configuration that fails is reported and
