@@ -23,6 +23,7 @@ from .blocks import build_layers
 from .compile import compile_per_config
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
+from .trainer_calls import TrainerCalls
 
 # A TNN has no positional limit: report a bound no dataset reaches, so fairseq
 # never drops a long evaluation block because of the model.
@@ -199,7 +200,7 @@ def decoding_length(models, length: Optional[int]):
 
 
 @register_model("tnn_lm", dataclass=TnnLmConfig)
-class TnnLanguageModel(FairseqLanguageModel):
+class TnnLanguageModel(TrainerCalls, FairseqLanguageModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)

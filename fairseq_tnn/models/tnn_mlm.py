@@ -19,6 +19,7 @@ from ..modules import MaskedLMHead
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
+from .trainer_calls import TrainerCalls
 
 
 @dataclass
@@ -66,7 +67,7 @@ def init_like_roberta(module: nn.Module) -> None:
                 module.weight[module.padding_idx].zero_()
 
 
-class TnnEncoder(FairseqEncoder):
+class TnnEncoder(TrainerCalls, FairseqEncoder):
     """The bidirectional stack. A new encoder starts from RoBERTa's initialisation (``init_like_roberta``), as
     the authors' masked models do; its TNOs' own parameters (SKI's taps and knots) keep theirs."""
 
@@ -141,7 +142,7 @@ NOT_FOR_EVAL_LM = (
 
 
 @register_model("tnn_mlm", dataclass=TnnMlmConfig)
-class TnnMaskedLMModel(FairseqEncoderModel):
+class TnnMaskedLMModel(TrainerCalls, FairseqEncoderModel):
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)

@@ -1,0 +1,78 @@
+"""Host time of the model calls fairseq's Trainer makes at every update besides forward and backward: two
+``model.train()`` and one ``model.set_num_updates``, the plugin's (fairseq_tnn/models/trainer_calls.py) against
+nn.Module's and fairseq's, side by side in one run, for the Wikitext-103 models at their published size.
+
+    .venv/bin/python benchmarks/trainer_calls.py [--rounds 200]
+
+The same model, built twice: one with the plugin's calls, one whose instance (and encoder) calls nn.Module's
+``train`` and fairseq's ``set_num_updates`` instead. Each round times one update's three calls on each, in
+alternating order; the medians after 20 warm-up rounds are printed, in milliseconds of host time per update (on a
+GPU, time in which a GPU that has finished the previous update's kernels waits for the next).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+import types
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+ARCHS = ["tnn_lm_wt103", "fd_tnn_lm_wt103", "tnn_mlm_wt103", "ski_tnn_mlm_wt103"]
+WARMUP = 20
+
+
+def fairseqs_calls(model):
+    """``model`` with nn.Module's ``train`` and fairseq's ``set_num_updates`` on its instance (and its encoder's),
+    where the plugin's class defines its own."""
+    from fairseq.models import BaseFairseqModel, FairseqEncoder
+
+    from fairseq_tnn.models.trainer_calls import modules_of
+    for m in modules_of(model):
+        m.train = types.MethodType(nn.Module.train, m)
+        if isinstance(m, FairseqEncoder):
+            m.set_num_updates = types.MethodType(FairseqEncoder.set_num_updates, m)
+    model.set_num_updates = types.MethodType(BaseFairseqModel.set_num_updates, model)
+    return model
+
+
+def update_calls(model, num_updates: int) -> None:
+    """What fairseq's ``Trainer.train_step`` and ``FairseqTask.train_step`` call on the model in one update."""
+    model.train()
+    model.train()
+    model.set_num_updates(num_updates)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=200, help="timed rounds (default 200)")
+    p.add_argument("--archs", nargs="+", default=ARCHS, help=f"architectures (default: {' '.join(ARCHS)})")
+    a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error(f"--rounds={a.rounds} is invalid: must be an integer >= 1")
+    from fairseq_tnn import register
+    from fairseq_tnn.models.build import build_arch
+    register()
+    print(f"torch {torch.__version__}; two train() and one set_num_updates per update, median of {a.rounds} rounds "
+          "(ms of host time per update)")
+    print("| model | modules | fairseq's | plugin's |\n|---|---:|---:|---:|")
+    for arch in a.archs:
+        models = {"fairseq": fairseqs_calls(build_arch(arch, 1000)), "plugin": build_arch(arch, 1000)}
+        times = {name: [] for name in models}
+        for r in range(WARMUP + a.rounds):
+            for name in (list(models) if r % 2 else list(models)[::-1]):
+                t = time.perf_counter()
+                update_calls(models[name], r)
+                if r >= WARMUP:
+                    times[name].append((time.perf_counter() - t) * 1e3)
+        n = len(list(models["plugin"].modules()))
+        print(f"| {arch} | {n} | {statistics.median(times['fairseq']):.3f} | {statistics.median(times['plugin']):.3f} |")
+
+
+if __name__ == "__main__":
+    main()
