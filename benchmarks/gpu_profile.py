@@ -28,11 +28,12 @@ time and the compile time (the first two updates less two steady ones) with its 
 (``torch._dynamo.utils.compile_times``: tracing, AOT autograd, inductor's code generation, Triton's or the C++
 compiler's), the graphs dynamo compiled while the
 updates were timed (0 unless something recompiles at every step), for the configurations of ``--compiled`` and
-then ``--graphs``, in that order, as long as ``--compile-budget`` seconds of compiling are left (a cold compile
+``--graphs``, each compiled and then with CUDA graphs before the next one, as long as ``--compile-budget`` seconds
+of compiling are left (a cold compile
 took 12-52 s on an H200, a warm one, from inductor's cache, 4-9 s). A configuration that fails is reported and
-the run goes on. Last, the configurations of ``--bf16`` again in bf16 (``--bf16-autocast``: fp32 weights, bf16
-autocast), eager and in each compiled mode they were measured in, each against the same mode in the run's precision
-(the issue's target: within 1.1x of fp16's update time).
+the run goes on. The configurations of ``--bf16`` are measured again in bf16 (``--bf16-autocast``: fp32 weights,
+bf16 autocast) right after their compiled runs, eager and in each compiled mode they were measured in, each against
+the same mode in the run's precision (the issue's target: within 1.1x of fp16's update time).
 
 The floor of the mixing: for each TNO at each shape, the least bytes its forward and backward must move (the
 input and output forward, the output gradient, the saved input and the input gradient backward: 5 x d1 x b x
@@ -70,8 +71,8 @@ COMPILED_DEFAULT = ["causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "mas
 QUICK_COMPILED_DEFAULT: List[str] = []
 # compiled with CUDA graphs (--tnn-cuda-graphs), after the compiled ones: the same configurations
 GRAPHS_DEFAULT = COMPILED_DEFAULT[:6]
-# measured again in bf16 (--bf16-autocast) in each mode the main precision measured them, last (issue 39: bf16
-# within 1.1x of fp16)
+# measured again in bf16 (--bf16-autocast) in each mode the main precision measured them (issue 39: bf16 within
+# 1.1x of fp16)
 BF16_DEFAULT = ["causal/512/tnn6"]
 KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
         "masked": ["tnn6", "tnn3", "fd3", "ski", "bound_identity"]}
@@ -315,11 +316,15 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 g["configs"].append(measure(key, arch, bound, section, n, batch, device, precision, quick, data, timed,
                                             False, top, floor, log))
                 write(result)
-        # compiled, then compiled with CUDA graphs, while the budget lasts, then bf16 in the main precision's modes;
-        # a configuration that fails is reported
-        runs = [(c, True, precision) for c in compiled_ids] + [(c, "graphs", precision) for c in graphs_ids]
-        runs += [(c, how, "bf16") for c in bf16_ids for how in (False, True, "graphs")
-                 if not how or c in (compiled_ids if how is True else graphs_ids)]
+        # while the compile budget lasts: each configuration compiled, then with CUDA graphs, then in bf16 in the modes
+        # it ran in, before the next configuration (so that the first ones of the lists, the targets', get every
+        # mode); a configuration that fails is reported
+        runs = []
+        for c in list(dict.fromkeys([*compiled_ids, *graphs_ids, *bf16_ids])):
+            modes = [how for how, ids in ((True, compiled_ids), ("graphs", graphs_ids)) if c in ids]
+            runs += [(c, how, precision) for how in modes]
+            if c in bf16_ids:
+                runs += [(c, how, "bf16") for how in [False, *modes]]
         for cid, how, prec in runs:
             section, n_s, key = cid.split("/")
             g = next((g for g in result["groups"] if g["section"] == section and g["n"] == int(n_s)), None)
@@ -491,13 +496,13 @@ def main(argv=None):
                    help="configurations also compiled, in this order while the budget lasts (default: "
                         f"{' '.join(COMPILED_DEFAULT)}; quick: none; none: --compiled with no value)")
     p.add_argument("--graphs", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
-                   help="configurations also compiled with CUDA graphs (--tnn-cuda-graphs; CUDA only), after "
-                        f"--compiled, while the budget lasts (default: {' '.join(GRAPHS_DEFAULT)}; on the CPU or with "
-                        "--quick: none; none: --graphs with no value)")
+                   help="configurations also compiled with CUDA graphs (--tnn-cuda-graphs; CUDA only), each right after "
+                        "its --compiled run, while the budget lasts (default: "
+                        f"{' '.join(GRAPHS_DEFAULT)}; on the CPU or with --quick: none; none: --graphs with no value)")
     p.add_argument("--bf16", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
-                   help="configurations measured again in bf16 (--bf16-autocast) after the rest, eager and in each "
-                        f"compiled mode they were measured in (default on CUDA in fp16: {' '.join(BF16_DEFAULT)}; "
-                        "none: --bf16 with no value)")
+                   help="configurations measured again in bf16 (--bf16-autocast), eager and in each compiled mode "
+                        "they were measured in, right after those (default on CUDA in fp16: "
+                        f"{' '.join(BF16_DEFAULT)}; none: --bf16 with no value)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
