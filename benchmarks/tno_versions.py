@@ -7,10 +7,10 @@ harness?).
 
 The commit's ``fairseq_tnn/modules`` and ``fairseq_tnn/ops`` are read with ``git archive`` (or, where the checkout
 has no git history, as on a GPU machine that receives a copy of the working tree, from ``--from DIR``, a
-directory made beforehand with ``mkdir -p DIR && git archive 23edccf fairseq_tnn/modules fairseq_tnn/ops | tar -x
--C DIR``) and imported under another package name (nothing of the commit registers with fairseq). For each TNO of the Wikitext-103 presets
-(TNN with its 6-layer RPE, FD-TNN with its 3-layer RPE, SKI-TNN; each with the preset's settings, the same in
-both versions) at the paper's per-GPU shapes (d1 = 3 x 512 channels causal at 8 x 512; 3 x 768 bidirectional at
+directory made beforehand with ``mkdir -p DIR && git archive 23edccf fairseq_tnn/modules fairseq_tnn/ops |
+tar -x -C DIR``) and imported under another package name (nothing of the commit registers with fairseq). For
+each TNO of the Wikitext-103 presets (TNN with its 6-layer RPE, FD-TNN with its 3-layer RPE, SKI-TNN; each with
+the preset's settings, the same in both versions) at the paper's per-GPU shapes (d1 = 3 x 512 channels causal at 8 x 512; 3 x 768 bidirectional at
 16 x 512 and 4 x 2048), both versions get the same input in the layout the layers hand them (channel-major) and
 the same output gradient, and report: the median time of a forward and backward (rounds interleaved, the device
 synchronised), the operations each dispatches (``benchmarks/opcount.py``'s count) and the FFTs among them, and,

@@ -71,7 +71,8 @@ def main(argv=None):
                 if r >= WARMUP:
                     times[name].append((time.perf_counter() - t) * 1e3)
         n = len(list(models["plugin"].modules()))
-        print(f"| {arch} | {n} | {statistics.median(times['fairseq']):.3f} | {statistics.median(times['plugin']):.3f} |")
+        fairseq_ms, plugin_ms = (statistics.median(times[name]) for name in ("fairseq", "plugin"))
+        print(f"| {arch} | {n} | {fairseq_ms:.3f} | {plugin_ms:.3f} |")
 
 
 if __name__ == "__main__":

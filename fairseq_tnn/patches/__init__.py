@@ -137,8 +137,9 @@ PATCHES = (
     Patch(
         name="fused-adam",
         why="--optimizer adam without apex: fairseq's Adam step as torch's fused multi-tensor Adam kernel (eps "
-            "rescaled to fairseq's placement; the weight decay one _foreach_add_) instead of about 9 operations per parameter; the same update up to "
-            "rounding, the same optimizer state; amsgrad and 16-bit weights keep fairseq's loop",
+            "rescaled to fairseq's placement; the weight decay one _foreach_add_) instead of about 9 operations per "
+            "parameter; the same update up to rounding, the same optimizer state; amsgrad and 16-bit weights keep "
+            "fairseq's loop",
         versions=f"{FAIRSEQ}; torch >= 2.4 (_fused_adam_ on CPU and CUDA); any numpy",
         checks="fairseq.optim.adam:Adam.step",
         fingerprint="f4ad1267d83ca12f",

@@ -6,16 +6,17 @@ the parameters in Python: about 9 operations per parameter (``mul_``, ``add_``, 
 ``add_``, the weight decay's ``add_``, ``addcdiv_``), and ``fairseq.utils.clip_grad_norm_`` takes one norm and one
 device copy per gradient. Where the master weights are one flat tensor (``--fp16``, fairseq's default) that is
 9 operations an update, each a full pass over all the weights; where they are not (fp32, ``--bf16-autocast``,
-``--fp16-no-flatten-grads``) it is about 1,900 operations an update for ``tnn_lm_wt103``'s 171 parameters, more than
+``--fp16-no-flatten-grads``) it is about 1,550 operations an update for ``tnn_lm_wt103``'s 171 parameters, more than
 its forward and backward, and on a GPU each is a kernel launch the host must issue.
 
-* ``adam_step``: the same update as fairseq's, by ``torch._fused_adam_``, one kernel (per chunk of tensors) for all
-  the parameters of a device, reading each weight, gradient and moment once; the decoupled weight decay, where
-  there is one, is fairseq's own expression, one multi-tensor ``_foreach_add_`` before it. fairseq adds eps to the square root
-  of the second moment before the bias correction, torch after it; passing eps / sqrt(1 - beta2^t) to torch's
-  kernel gives fairseq's update (up to rounding). The state keeps fairseq's layout (an int ``step``,
-  ``exp_avg``, ``exp_avg_sq``), so checkpoints load either way. Groups it does not cover (amsgrad, 16-bit
-  weights of ``--memory-efficient-fp16``, sparse gradients, a torch without the kernel) run fairseq's own step.
+* ``adam_step``: the same update as fairseq's, by ``torch._fused_adam_``, one kernel (per chunk of tensors) for
+  all the parameters of a device, reading each weight, gradient and moment once. fairseq adds eps to the square
+  root of the second moment before the bias correction, torch after it; passing eps / sqrt(1 - beta2^t) to
+  torch's kernel gives fairseq's update (up to rounding). The decoupled weight decay, where there is one, is
+  fairseq's own expression, one multi-tensor ``_foreach_add_`` before the kernel. The state keeps fairseq's
+  layout (an int ``step``, ``exp_avg``, ``exp_avg_sq``), so checkpoints load either way. Groups it does not
+  cover (amsgrad, 16-bit weights of ``--memory-efficient-fp16``, sparse gradients, a torch without the kernel)
+  run fairseq's own step.
 * ``clip_grad_norm``: the total norm of several gradients by ``torch._foreach_norm`` (one multi-tensor kernel
   per device) instead of one norm and one copy per gradient; the clipping was already one ``_foreach_mul_``.
   With apex's ``multi_tensor_l2norm`` available, or one gradient (the flat fp16 master), fairseq's own code runs.
