@@ -4,16 +4,16 @@ Each ``train_step`` calls ``model.train()`` twice (the Trainer, then the task) a
 ``nn.Module.train`` sets ``training`` on every submodule through ``nn.Module.__setattr__``, and fairseq's
 ``set_num_updates`` asks ``hasattr(m, "set_num_updates")`` of every submodule, which for one without it raises and
 catches an AttributeError; ``FairseqEncoder``'s does the same again over the encoder. A TNN model has many small
-modules (209 in ``tnn_lm_wt103``, 344 in ``tnn_mlm_wt103``: each RPE's linear layers and norms), so on the CI machine
-the three calls took 1.0 ms of host time per update for ``tnn_lm_wt103`` and 2.4 ms for ``tnn_mlm_wt103`` (0.5 ms for
-fairseq's ``transformer_lm`` of ``tnn_lm_wt103``'s depth): time in which a GPU that has finished the previous
-update's kernels waits for the next ones (docs/performance.md).
+modules (209 in ``tnn_lm_wt103``, 358 in ``tnn_mlm_wt103``: each RPE's linear layers and norms), so on the CI
+machine the three calls took 1.0 ms of host time per update for ``tnn_lm_wt103`` and 2.3 ms for ``tnn_mlm_wt103``
+(0.5 ms for fairseq's ``transformer_lm`` of ``tnn_lm_wt103``'s depth): time in which a GPU that has finished the
+previous update's kernels waits for the next ones (docs/performance.md).
 
 ``TrainerCalls.train(mode)`` returns at once where every module is in that mode already and none overrides
-``train`` (then ``nn.Module.train`` would set each flag to the value it has); ``set_num_updates`` calls the method of
-each submodule that has one, as fairseq does, finding it on the module's class or in its own attributes instead of
-by a failing lookup. ``benchmarks/trainer_calls.py`` times both against fairseq's; tests/models/test_trainer_calls.py
-checks that they do what fairseq's do.
+``train``, in its class or on itself (then ``nn.Module.train`` would set each flag to the value it has);
+``set_num_updates`` calls the method of each submodule that has one, as fairseq does, finding it on the module's
+class or in its own attributes instead of by a failing lookup. ``benchmarks/trainer_calls.py`` times both against
+fairseq's; tests/models/test_trainer_calls.py checks that they do what fairseq's do.
 """
 from typing import List
 
@@ -56,8 +56,9 @@ class TrainerCalls:
     """Mix into a plugin model or encoder before its fairseq base class."""
 
     def train(self, mode: bool = True):
-        if (mode is True or mode is False) and all(m.training is mode and type(m).train in PLAIN_TRAIN
-                                                   for m in modules_of(self)):
+        if (mode is True or mode is False) and all(
+                m.training is mode and type(m).train in PLAIN_TRAIN and "train" not in m.__dict__
+                for m in modules_of(self)):
             return self  # nn.Module.train would set every flag to the value it has
         return super().train(mode)
 

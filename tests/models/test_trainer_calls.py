@@ -67,6 +67,12 @@ def test_a_submodules_own_train_is_still_called():
     model.train()
     model.eval()
     assert calls == [True, True, False]
+    # a train() set on one module itself (as fairseq's make_generation_fast_ sets one that refuses to train)
+    refusals = []
+    layer = model.decoder.layers[0]
+    layer.train = lambda mode=True: refusals.append(mode) or layer
+    model.eval()
+    assert refusals == [False] and calls == [True, True, False, False]
 
 
 def test_a_mode_that_is_not_a_bool_is_refused_as_nn_module_refuses_it():
