@@ -33,7 +33,9 @@ of compiling are left (a cold compile
 took 12-52 s on an H200, a warm one, from inductor's cache, 4-9 s). A configuration that fails is reported and
 the run goes on. The configurations of ``--bf16`` are measured again in bf16 (``--bf16-autocast``: fp32 weights,
 bf16 autocast) right after their compiled runs, eager and in each compiled mode they were measured in, each against
-the same mode in the run's precision (the issue's target: within 1.1x of fp16's update time).
+the same mode in the run's precision (the issue's target: within 1.1x of fp16's update time); those of ``--amp``
+likewise with fairseq's ``--amp`` (fp32 weights, fp16 autocast, torch's gradient scaler) instead of its
+FP16Optimizer (fp16 weights, fp32 master copy), which the issue named as a candidate.
 
 The floor of the mixing: for each TNO at each shape, the least bytes its forward and backward must move (the
 input and output forward, the output gradient, the saved input and the input gradient backward: 5 x d1 x b x
@@ -200,9 +202,14 @@ def mixing_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
 
 
 def _loss_scale(trainer) -> Optional[float]:
-    """fairseq's dynamic fp16 loss scale (None without one: bf16, fp32)."""
+    """The dynamic fp16 loss scale: fairseq's (--fp16) or torch's gradient scaler's (--amp); None without one (bf16,
+    fp32, or a scaler torch disabled)."""
     scaler = getattr(trainer.optimizer, "scaler", None)
-    return None if scaler is None else float(scaler.loss_scale)
+    if scaler is None:
+        return None
+    if hasattr(scaler, "get_scale"):  # torch's GradScaler
+        return float(scaler.get_scale()) if scaler.is_enabled() else None
+    return float(scaler.loss_scale)
 
 
 def _compile_phases() -> Dict[str, float]:
@@ -289,7 +296,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
 
 
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
-        log, graphs_ids: List[str] = (), bf16_ids: List[str] = ()) -> Dict:
+        log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = ()) -> Dict:
     import fairseq_tnn
     fairseq_tnn.register()
     result = {"groups": [], "bandwidth_gbs": None}
@@ -320,11 +327,12 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
         # it ran in, before the next configuration (so that the first ones of the lists, the targets', get every
         # mode); a configuration that fails is reported
         runs = []
-        for c in list(dict.fromkeys([*compiled_ids, *graphs_ids, *bf16_ids])):
+        for c in list(dict.fromkeys([*compiled_ids, *graphs_ids, *bf16_ids, *amp_ids])):
             modes = [how for how, ids in ((True, compiled_ids), ("graphs", graphs_ids)) if c in ids]
             runs += [(c, how, precision) for how in modes]
-            if c in bf16_ids:
-                runs += [(c, how, "bf16") for how in [False, *modes]]
+            for other, ids in (("bf16", bf16_ids), ("amp", amp_ids)):
+                if c in ids:
+                    runs += [(c, how, other) for how in [False, *modes]]
         for cid, how, prec in runs:
             section, n_s, key = cid.split("/")
             g = next((g for g in result["groups"] if g["section"] == section and g["n"] == int(n_s)), None)
@@ -503,6 +511,9 @@ def main(argv=None):
                    help="configurations measured again in bf16 (--bf16-autocast), eager and in each compiled mode "
                         "they were measured in, right after those (default on CUDA in fp16: "
                         f"{' '.join(BF16_DEFAULT)}; none: --bf16 with no value)")
+    p.add_argument("--amp", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
+                   help="configurations measured again with fairseq's --amp (fp32 weights, fp16 autocast, torch's "
+                        "gradient scaler) instead of --fp16's FP16Optimizer, as --bf16 does (default: none)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -523,6 +534,9 @@ def main(argv=None):
                                                and not a.quick else [])
     if bf16 and precision == "bf16":
         p.error("--bf16: the run's precision is bf16 already; these rows compare another precision with bf16")
+    if a.amp and (precision != "fp16" or a.device != "cuda"):
+        p.error(f"--amp: fairseq's --amp trains on a GPU, and these rows compare it with --fp16 (here --device "
+                f"{a.device}, --precision {precision})")
     if graphs and a.device == "cpu":
         p.error("--graphs: CUDA graphs need --device cuda (fairseq-train refuses --tnn-cuda-graphs without a GPU)")
     refuse_overwrite(p, a, "gpu_profile.json")
@@ -530,7 +544,7 @@ def main(argv=None):
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
-            "graphs": graphs, "bf16": bf16,
+            "graphs": graphs, "bf16": bf16, "amp": a.amp,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -541,7 +555,7 @@ def main(argv=None):
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
-                 lambda m: print(m, flush=True), graphs, bf16)
+                 lambda m: print(m, flush=True), graphs, bf16, a.amp)
     write(result)
     print(markdown(result))
     return result

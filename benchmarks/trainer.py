@@ -99,7 +99,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
 
     causal = section == "causal"
     argv = [data, *recipe.fairseq_options(recipe.benchmark(section, arch, n))]  # the paper's optimizer
-    argv += {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "fp32": []}[precision]
+    argv += {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "amp": ["--amp"], "fp32": []}[precision]
     if device == "cpu":
         argv.append("--cpu")
     if compiled and bound != "identity":  # with no token mixing there is nothing of ours to compile

@@ -396,3 +396,25 @@ def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
     assert code == 0, log[-4000:]
     again = json.loads((out / "tno_versions.json").read_text())
     assert [r["commit"]["ops"] for r in again["rows"]] == [r["commit"]["ops"] for r in result["rows"]]
+
+
+def test_gpu_profile_amp_rows_are_fairseqs_amp_and_need_a_gpu(tmp_path):
+    """--amp rows train with fairseq's --amp (AMPOptimizer: fp32 weights, torch's gradient scaler) beside --fp16's
+    FP16Optimizer; on the CPU the harness builds that trainer (its scaler disabled by torch: no loss scale), and the
+    profile refuses --amp before any work, naming the option."""
+    import tempfile
+    import fairseq_tnn
+    from benchmarks import trainer as tr
+    from benchmarks.gpu_profile import _loss_scale
+    fairseq_tnn.register()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = tr._dictionary_dir(tmp, 100)
+        trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 32, "cpu", "amp", False, data, True)
+        out = trainer.train_step([tr.synthetic_sample("causal", 32, 2, 100)])
+    assert type(trainer.optimizer).__name__ == "AMPOptimizer" and _loss_scale(trainer) is None
+    assert out is not None and out["loss"] > 0
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--amp",
+           "causal/32/fd3", "--out", str(tmp_path / "p")]
+    code, log, _ = execute(cmd, command_env(), 120, merge=True)
+    assert code == 2 and "--amp: fairseq's --amp trains on a GPU" in log, log[-2000:]
+    assert not (tmp_path / "p").exists()
