@@ -10,8 +10,8 @@ has no git history, as on a GPU machine that receives a copy of the working tree
 directory made beforehand with ``mkdir -p DIR && git archive 23edccf fairseq_tnn/modules fairseq_tnn/ops |
 tar -x -C DIR``) and imported under another package name (nothing of the commit registers with fairseq). For
 each TNO of the Wikitext-103 presets (TNN with its 6-layer RPE, FD-TNN with its 3-layer RPE, SKI-TNN; each with
-the preset's settings, the same in both versions) at the paper's per-GPU shapes (d1 = 3 x 512 channels causal at 8 x 512; 3 x 768 bidirectional at
-16 x 512 and 4 x 2048), both versions get the same input in the layout the layers hand them (channel-major) and
+the preset's settings, the same in both versions) at the paper's per-GPU shapes (d1 = 3 x 512 channels causal
+at 8 x 512; 3 x 768 bidirectional at 16 x 512 and 4 x 2048), both versions get the same input in the layout the layers hand them (channel-major) and
 the same output gradient, and report: the median time of a forward and backward (rounds interleaved, the device
 synchronised), the operations each dispatches (``benchmarks/opcount.py``'s count) and the FFTs among them, and,
 on a GPU, the peak memory above the input's. ``--dtype fp16`` casts both modules as fairseq's ``--fp16`` does
@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import types
 from typing import Dict, List
 
@@ -84,12 +83,8 @@ def build(version: str, modules, kind: str, causal: bool, d1: int):
     return cls(d1, causal, **settings)
 
 
-def _sync(device):
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def measure(tnos: Dict[str, torch.nn.Module], d1: int, batch: int, n: int, device: str, dtype, rounds: int) -> Dict:
+    from benchmarks.gpu_profile import _timed
     from benchmarks.opcount import count
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(d1, batch, n, generator=g).to(device, dtype).requires_grad_()
@@ -114,12 +109,9 @@ def measure(tnos: Dict[str, torch.nn.Module], d1: int, batch: int, n: int, devic
             out[name]["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
     for r in range(WARMUP + rounds):
         for name in (list(tnos) if r % 2 else list(tnos)[::-1]):
-            _sync(device)
-            t = time.perf_counter()
-            step(tnos[name])
-            _sync(device)
+            ms = _timed(lambda: step(tnos[name]), device, 1)
             if r >= WARMUP:
-                out[name]["ms"].append((time.perf_counter() - t) * 1000.0)
+                out[name]["ms"] += ms
     for v in out.values():
         v["median_ms"] = statistics.median(v["ms"])
     return out
