@@ -102,7 +102,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
     argv += {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "amp": ["--amp"], "fp32": []}[precision]
     if device == "cpu":
         argv.append("--cpu")
-    if compiled and bound != "identity":  # with no token mixing there is nothing of ours to compile
+    if compiled:  # the bounds too: with no token mixing the layers' projections, gate and norms still compile
         argv += ["--tnn-compile", "strict"]  # a failure to compile stops the benchmark, never times eager layers
         if compiled == "graphs":
             argv.append("--tnn-cuda-graphs")
@@ -165,12 +165,17 @@ def profiled(trainer, sample, device, updates: int):
     (CPU: those not called inside another one, their CPU time), and ``host`` the (name, self CPU microseconds)
     of every host-side event (operators, CUDA runtime calls such as ``cudaLaunchKernel``; annotations left
     out): what the host spends its time on."""
+    return profiled_calls(lambda: trainer.train_step([sample]), device, updates)
+
+
+def profiled_calls(fn, device, calls: int):
+    """:func:`profiled` of ``calls`` calls of ``fn`` (anything that runs on ``device``)."""
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     _sync(device)
     with profile(activities=acts) as prof:
-        for _ in range(updates):
-            trainer.train_step([sample])
+        for _ in range(calls):
+            fn()
         _sync(device)
     events = prof.events()
     cpu = torch.autograd.DeviceType.CPU

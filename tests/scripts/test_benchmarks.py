@@ -364,6 +364,44 @@ def test_gpu_profile_measures_bf16_beside_the_runs_precision(tmp_path):
     assert code == 2 and "--bf16: the run's precision is bf16 already" in log, log[-2000:]
 
 
+def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
+    """gpu_profile.py: the no-mixing bound compiled like the models (its layers' projections, gate and norms; the
+    ceiling of every speed-up over TNN in that mode, beside the target), the mixing's floor also with the layers
+    compiled and by kernel (here: operator) time, and the Trainer's rest split by the methods it calls."""
+    out = tmp_path / "profile"
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--configs", "tnn3",
+           "fd3", "bound_identity", "--compiled", "causal/32/tnn3", "causal/32/fd3", "causal/32/bound_identity",
+           "--timed", "3", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 900, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "gpu_profile.json").read_text())
+    causal = next(g for g in result["groups"] if g["section"] == "causal")
+    rows = {(c["key"], c["compiled"]): c for c in causal["configs"]}
+    assert set(rows) == {(k, m) for k in ("tnn3", "fd3", "bound_identity") for m in (False, True)}, list(rows)
+    # compiled for real: the compiled bound runs fewer, fused operators than the eager one
+    assert rows["bound_identity", True]["kernels"] < rows["bound_identity", False]["kernels"]
+    for compiled, mode in ((False, "eager"), (True, "compiled")):
+        target = next(t for t in result["targets"] if t["target"] == f"causal 2 x 32: FD-TNN vs TNN (RPE 3), {mode}")
+        tnn, fd, bare = (rows[k, compiled] for k in ("tnn3", "fd3", "bound_identity"))
+        assert target["ratio"] == tnn["update_ms"] / fd["update_ms"] and target["bound"] == 1.15
+        assert target["ceiling"] == tnn["update_ms"] / bare["update_ms"]
+    for c in causal["configs"]:
+        rest = c["rest_ms"]
+        assert list(rest) == ["seed", "zero_grad", "prepare_sample", "clip", "logging", "other"]
+        assert sum(rest.values()) == pytest.approx(c["split_ms"]["rest"], abs=1e-6)
+        assert rest["clip"] > 0 and rest["logging"] > 0 and rest["zero_grad"] > 0
+    for compiled in (False, True):
+        f = rows["fd3", compiled]["floor"]
+        assert f["layer_kernel_ms"] > 0 and f["no_mixing_layer_kernel_ms"] > 0
+        assert f["mixing_kernel_ms"] == f["layer_kernel_ms"] - f["no_mixing_layer_kernel_ms"]
+        assert f["mixing_kernels_over_floor"] == f["mixing_kernel_ms"] / f["floor_ms"]
+    assert any(t["target"] == "causal 2 x 32: FD-TNN (RPE 3) compiled mixing over its floor, by kernel time"
+               for t in result["targets"])
+    md = (out / "gpu_profile.md").read_text()
+    assert "## The rest of the Trainer" in md and "| target | measured | bound | ceiling | met |" in md
+    assert "| causal 2 x 32 | bound: no token mixing compiled |" in md
+
+
 def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
     """benchmarks/tno_versions.py (issue 39: did the code or the harness make masked FD-TNN and SKI-TNN slower than
     at 23edccf?): the commit's TNOs, imported from git without registering anything, and the current ones, on the
