@@ -282,7 +282,8 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
 
     x: (b, n, d) (``layout="dbn"``: (d, *batch, n)); conv_weight: (d, m), m odd;
     knots: (2r, d), r >= 2, or None for the band alone; 0 < lam < 1. Returns x's
-    shape in x.dtype; computes in float32 (float64 for float64 x).
+    shape in x.dtype; computes in float32 (float64 for float64 x), but for the
+    band's GEMMs of a 16-bit x with taps of the same dtype (``band_dtype``).
 
     Everything runs channel-major ((d, batch, n), the layout the TNN layer
     produces, so ``dbn`` needs no copies): the band by batched GEMMs over
@@ -301,10 +302,21 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
     """
     check_layout(layout)
     check_ski_args(x, conv_weight, knots, lam, layout)
-    # Everything in fp32 also under autocast: the hand-written band backward multiplies its saved input
-    # (cast to fp32) with the incoming gradient, and autocast would have run the forward GEMMs in 16 bits.
+    # Autocast off: the GEMMs run in the dtypes chosen here (``band_dtype``), which the hand-written band backward
+    # assumes (its saved input cast to the taps' dtype), where autocast would have run them in 16 bits.
     with autocast_off(x.device.type):
         return _ski_tno(x, conv_weight, knots, lam, layout)
+
+
+def band_dtype(x: torch.Tensor, conv_weight: torch.Tensor) -> torch.dtype:
+    """The dtype of the band's GEMMs: x's where x and the taps are both in the same 16-bit dtype (``--fp16``'s
+    half weights), float32 (float64 for float64 x) otherwise. A 16-bit GEMM multiplies exactly and accumulates in
+    float32 (on a GPU on the tensor cores, where a float32 one runs on the CUDA cores), and rounds its output to
+    16 bits, as every other layer of a half model does; 16-bit inputs with float32 taps (bf16 autocast) keep
+    float32 GEMMs, which do not round the taps."""
+    if x.dtype in (torch.float16, torch.bfloat16) and conv_weight.dtype == x.dtype:
+        return x.dtype
+    return fft_dtype(x)
 
 
 def _ski_tno(x, conv_weight, knots, lam, layout):
@@ -312,7 +324,8 @@ def _ski_tno(x, conv_weight, knots, lam, layout):
     xd = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n), x's dtype
     d, n = xd.shape[0], xd.shape[-1]
     xd = xd.reshape(d, -1, n)  # (d, R, n), R = batch
-    y = band_conv(xd, conv_weight.to(ct))  # (d, R, n) in ct; its backward keeps x in x's dtype
+    # (d, R, n) in band_dtype; its backward keeps x in x's dtype
+    y = band_conv(xd, conv_weight.to(band_dtype(x, conv_weight)))
     if knots is not None:
         y = _add_lowrank(y, xd, knots.to(ct), lam)
     if layout == "bnd":
@@ -321,15 +334,18 @@ def _ski_tno(x, conv_weight, knots, lam, layout):
 
 
 def _add_lowrank(y, xd, knots, lam):
-    """y + W A W^T x, channel-major y and xd (d, R, n); knots in y's dtype."""
+    """y + W A W^T x, channel-major y and xd (d, R, n), computed in knots' dtype (y may be in a 16-bit one: the
+    band's, added to the float32 low rank without a copy of its own)."""
     d, rows, n = xd.shape
-    ct = y.dtype
+    ct = knots.dtype
     r = knots.shape[0] // 2
     pos, neg = ski_kernel(n, knots, lam)  # (r_eff, d), (r_eff - 1, d)
     w = _interp_matrix_cached(n, r, xd.device, ct)  # (n, r_eff)
     z = torch.mm(xd.reshape(d * rows, n).to(ct), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
     az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r)
-    return y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
+    if y.dtype == ct:
+        return y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
+    return torch.mm(az.reshape(d * rows, -1), w.t()).add_(y.reshape(d * rows, n)).view(d, rows, n)
 
 
 # ----------------------------------------------------------------------------
