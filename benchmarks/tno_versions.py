@@ -75,10 +75,17 @@ def load_commit(rev: str, tmp: str, source: str = None):
 
 
 def build(version: str, modules, kind: str, causal: bool, d1: int):
+    """The TNO of ``kind``, as this checkout builds it ("current") or as the commit's ``modules`` do: a commit with
+    the ``tno`` package (since the TNO types registered themselves) through its ``build_tno`` and today's setting
+    names, an older one (23edccf) through its classes and their own names."""
     settings = dict(SETTINGS[kind])
+    named = {CURRENT_NAMES[kind].get(k, k): v for k, v in settings.items()}
     if version == "current":
         from fairseq_tnn.modules.tno import build_tno
-        return build_tno(kind, d1, causal, **{CURRENT_NAMES[kind].get(k, k): v for k, v in settings.items()})
+        return build_tno(kind, d1, causal, **named)
+    package = getattr(modules, "tno", None)  # 23edccf's was a module, tno.py, whose build_tno took the old names
+    if package is not None and hasattr(package, "__path__") and hasattr(package, "build_tno"):
+        return package.build_tno(kind, d1, causal, **named)
     cls = {"tnn": modules.TnnTno, "fd": modules.FdTno, "ski": modules.SkiTno}[kind]
     return cls(d1, causal, **settings)
 

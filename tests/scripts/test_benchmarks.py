@@ -436,6 +436,20 @@ def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
     assert [r["commit"]["ops"] for r in again["rows"]] == [r["commit"]["ops"] for r in result["rows"]]
 
 
+def test_tno_versions_builds_a_recent_commits_tnos_with_its_own_builder(tmp_path):
+    """A commit with the ``tno`` package (here HEAD, the checkout's own code) builds its TNOs through its own
+    ``build_tno`` and today's setting names, so that a change is measured against the commit before it (in bf16,
+    the SKI band's 16-bit GEMMs): the same operations on both sides."""
+    out = tmp_path / "tv"
+    cmd = [sys.executable, str(ROOT / "benchmarks/tno_versions.py"), "--rev", "HEAD", "--only", "ski", "--dtype", "bf16",
+           "--batch-scale", "16", "--rounds", "1", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    rows = json.loads((out / "tno_versions.json").read_text())["rows"]
+    assert [r["n"] for r in rows] == [512, 2048]
+    assert all(r["commit"]["ops"] == r["current"]["ops"] > 20 for r in rows), rows
+
+
 def test_gpu_profile_amp_rows_are_fairseqs_amp_and_need_a_gpu(tmp_path):
     """--amp rows train with fairseq's --amp (AMPOptimizer: fp32 weights, torch's gradient scaler) beside --fp16's
     FP16Optimizer; on the CPU the harness builds that trainer (its scaler disabled by torch: no loss scale), and the
