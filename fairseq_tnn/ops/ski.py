@@ -283,7 +283,7 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
     x: (b, n, d) (``layout="dbn"``: (d, *batch, n)); conv_weight: (d, m), m odd;
     knots: (2r, d), r >= 2, or None for the band alone; 0 < lam < 1. Returns x's
     shape in x.dtype; computes in float32 (float64 for float64 x), but for the
-    band's GEMMs of a 16-bit x with taps of the same dtype (``band_dtype``).
+    GEMMs of a 16-bit x with taps of the same dtype (``band_dtype``).
 
     Everything runs channel-major ((d, batch, n), the layout the TNN layer
     produces, so ``dbn`` needs no copies): the band by batched GEMMs over
@@ -309,11 +309,12 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
 
 
 def band_dtype(x: torch.Tensor, conv_weight: torch.Tensor) -> torch.dtype:
-    """The dtype of the band's GEMMs: x's where x and the taps are both in the same 16-bit dtype (``--fp16``'s
-    half weights), float32 (float64 for float64 x) otherwise. A 16-bit GEMM multiplies exactly and accumulates in
-    float32 (on a GPU on the tensor cores, where a float32 one runs on the CUDA cores), and rounds its output to
-    16 bits, as every other layer of a half model does; 16-bit inputs with float32 taps (bf16 autocast) keep
-    float32 GEMMs, which do not round the taps."""
+    """The dtype of the SKI-TNO's GEMMs (the band's and the low rank's with W): x's where x and the taps are both
+    in the same 16-bit dtype (``--fp16``'s half weights), float32 (float64 for float64 x) otherwise. A 16-bit
+    GEMM multiplies exactly and accumulates in float32 (on a GPU on the tensor cores, where a float32 one runs on
+    the CUDA cores), and rounds its output to 16 bits, as every other layer of a half model does; 16-bit inputs
+    with float32 taps (bf16 autocast) keep float32 GEMMs, which do not round the taps. The low rank's Toeplitz
+    part A, an FFT of size O(r), always computes in float32 (float64)."""
     if x.dtype in (torch.float16, torch.bfloat16) and conv_weight.dtype == x.dtype:
         return x.dtype
     return fft_dtype(x)
@@ -334,18 +335,16 @@ def _ski_tno(x, conv_weight, knots, lam, layout):
 
 
 def _add_lowrank(y, xd, knots, lam):
-    """y + W A W^T x, channel-major y and xd (d, R, n), computed in knots' dtype (y may be in a 16-bit one: the
-    band's, added to the float32 low rank without a copy of its own)."""
+    """y + W A W^T x, channel-major y and xd (d, R, n): the GEMMs with W in y's dtype (the band's, see
+    ``band_dtype``), A's kernel from the knots in theirs and its FFT in float32 (float64)."""
     d, rows, n = xd.shape
-    ct = knots.dtype
+    gt = y.dtype
     r = knots.shape[0] // 2
     pos, neg = ski_kernel(n, knots, lam)  # (r_eff, d), (r_eff - 1, d)
-    w = _interp_matrix_cached(n, r, xd.device, ct)  # (n, r_eff)
-    z = torch.mm(xd.reshape(d * rows, n).to(ct), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
-    az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r)
-    if y.dtype == ct:
-        return y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
-    return torch.mm(az.reshape(d * rows, -1), w.t()).add_(y.reshape(d * rows, n)).view(d, rows, n)
+    w = _interp_matrix_cached(n, r, xd.device, gt)  # (n, r_eff)
+    z = torch.mm(xd.reshape(d * rows, n).to(gt), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
+    az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r), z's dtype
+    return y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
 
 
 # ----------------------------------------------------------------------------

@@ -86,36 +86,42 @@ def test_bf16_input(device):
     assert_close_rel(y16.float(), y32, 2.0**-8)
 
 
-class _BmmDtypes(torch.utils._python_dispatch.TorchDispatchMode):
-    """The dtype of each batched GEMM (aten.bmm) dispatched while active."""
+class _GemmDtypes(torch.utils._python_dispatch.TorchDispatchMode):
+    """(name, dtype of the first matrix) of each GEMM (aten bmm, mm, addmm) dispatched while active."""
 
     def __init__(self):
         super().__init__()
-        self.dtypes = []
+        self.gemms = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.overloadpacket.__name__ == "bmm":
-            self.dtypes.append(args[0].dtype)
+        name = func.overloadpacket.__name__
+        if name in ("bmm", "mm", "addmm"):
+            self.gemms.append((name, args[1 if name == "addmm" else 0].dtype))
         return func(*args, **(kwargs or {}))
+
+    def named(self, dtype):
+        return sorted(name for name, dt in self.gemms if dt == dtype)
 
 
 # Max abs error relative to the reference's max abs value, 16-bit inputs and taps against float64 on the same values:
-# a few roundings of the output (fp16 2^-11, bf16 2^-8) and of the band's 16-bit partial results
+# a few roundings of the output (fp16 2^-11, bf16 2^-8) and of the GEMMs' 16-bit results
 HALF_TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_taps_run_the_band_in_their_dtype(dtype, device):
-    """x and taps in one 16-bit dtype (a --fp16 model's half weights): the band's GEMMs, forward and both of its
-    backward, run in that dtype (tensor cores on a GPU) and match the float64 reference on the same values,
-    output and the three gradients; with float32 taps (bf16 autocast) they stay in float32."""
+def test_half_taps_run_the_gemms_in_their_dtype(dtype, device):
+    """x and taps in one 16-bit dtype (a --fp16 model's half weights): the band's GEMMs (forward and both of its
+    backward) and the low rank's with W (W^T x, W A W^T x and their backward) run in that dtype (tensor cores on a
+    GPU), only the knots' interpolation in float32; output and the three gradients match the float64 reference on
+    the same values. With float32 taps (bf16 autocast) every GEMM stays in float32."""
     x, conv_weight, knots = make_inputs(256, 16, 17, torch.float32, device=device)
     inputs = [t.to(dtype).detach().requires_grad_(True) for t in (x, conv_weight, knots)]
     g = torch.randn(x.shape, device=device).to(dtype)
-    with _BmmDtypes() as seen:
+    with _GemmDtypes() as seen:
         y = ski_tno(*inputs, lam=0.9)
         grads = torch.autograd.grad(y, inputs, g)
-    assert seen.dtypes == [dtype] * 3 and y.dtype == dtype
+    assert seen.named(dtype) == ["addmm", "bmm", "bmm", "bmm", "mm", "mm", "mm"], seen.gemms
+    assert set(seen.named(torch.float32)) == {"mm"} and y.dtype == dtype  # f at the warped lags: fp32
     wide = [t.detach().double().requires_grad_(True) for t in inputs]
     y_ref = ski_tno_ref(*wide, lam=0.9)
     grads_ref = torch.autograd.grad(y_ref, wide, g.double())
@@ -123,10 +129,10 @@ def test_half_taps_run_the_band_in_their_dtype(dtype, device):
     assert_close_rel(y.double(), y_ref, HALF_TOL[dtype])
     for a, b in zip(grads, grads_ref):
         assert_close_rel(a.double(), b, 2 * HALF_TOL[dtype])
-    with _BmmDtypes() as seen:
+    with _GemmDtypes() as seen:
         y32 = ski_tno(inputs[0], conv_weight, knots, lam=0.9)
         torch.autograd.grad(y32, inputs[0], g)
-    assert seen.dtypes == [torch.float32] * 2 and y32.dtype == dtype  # no taps' gradient asked: one GEMM fewer
+    assert seen.named(dtype) == [] and "bmm" in seen.named(torch.float32) and y32.dtype == dtype
 
 
 # ----------------------------------------------------------------------------
