@@ -21,6 +21,7 @@ from torch import nn
 
 from .blocks import build_layers
 from .compile import compile_per_config
+from ..modules.layers import layer_spectra
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
 from .trainer_calls import TrainerCalls
@@ -105,8 +106,9 @@ class TnnDecoder(FairseqIncrementalDecoder):
                 pad_mask = None
         x = self.dropout(self.embed_scale * self.embed_tokens(prev_output_tokens))  # (b, n, d)
         inner_states = [x] if return_all_hiddens else None
-        for layer in self.layers:
-            x = layer(x, pad_mask, kernel_length)
+        # eager layers: every layer's spectrum at once (their RPEs as one batched MLP), None where they compute it
+        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], kernel_length, x.device)):
+            x = layer(x, pad_mask, kernel_length, spectrum)
             if return_all_hiddens:
                 inner_states.append(x)
         if self.final_norm is not None:

@@ -16,6 +16,7 @@ from torch import nn
 from .blocks import build_layers
 from .compile import compile_per_config, length_bucket
 from ..modules import MaskedLMHead
+from ..modules.layers import layer_spectra
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
@@ -105,8 +106,9 @@ class TnnEncoder(TrainerCalls, FairseqEncoder):
             x = self.layernorm_embedding(x)
         x = self.dropout(x)
         inner_states = [x] if return_all_hiddens else None
-        for layer in self.layers:
-            x = layer(x, pad_mask)
+        # eager layers: every layer's spectrum at once (their RPEs as one batched MLP), None where they compute it
+        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], None, x.device)):
+            x = layer(x, pad_mask, None, spectrum)
             if return_all_hiddens:
                 inner_states.append(x)
         if self.final_norm is not None:

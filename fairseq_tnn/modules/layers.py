@@ -8,6 +8,7 @@ from torch import nn
 from ..ops.toeplitz import causal_toeplitz_tail
 from .activations import get_activation
 from .norm import build_norm
+from .tno.base import SpectralTno
 
 
 @dataclass
@@ -72,13 +73,16 @@ class Gtu(nn.Module):
         return out.view(b, n, -1)
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
-                kernel_length: Optional[int] = None) -> torch.Tensor:
+                kernel_length: Optional[int] = None, spectrum: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
         """``kernel_length``: a causal model's planned generation length, handed to a TNO whose kernel depends on
         the length (``kernel_depends_on_length``), which then applies the kernel of max(n, kernel_length)
-        positions; the other TNOs are called without it."""
+        positions; the other TNOs are called without it. ``spectrum``: the TNO's spectrum for this forward,
+        computed with the other layers' (``stacked_spectra``), handed to the TNO; None: the TNO computes it."""
         u, v = self._gate_inputs(x, pad_mask)
-        planned = {"kernel_length": kernel_length} if kernel_length and self.tno.kernel_depends_on_length else {}
-        return self._output(u * self.tno(v, layout="dbn", **planned))
+        extra = {"kernel_length": kernel_length} if kernel_length and self.tno.kernel_depends_on_length else {}
+        if spectrum is not None:
+            extra["spectrum"] = spectrum
+        return self._output(u * self.tno(v, layout="dbn", **extra))
 
     def init_cache(self, batch: int, capacity: int, device=None) -> GtuCache:
         """An empty cache for decoding up to ``capacity`` positions of ``batch`` sequences (causal TNO)."""
@@ -149,8 +153,9 @@ class TnnLayer(nn.Module):
         return self.channel_norm(x + self.dropout(self.glu(x)))
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
-                kernel_length: Optional[int] = None) -> torch.Tensor:
-        return self._residual(x, lambda h: self.gtu(h, pad_mask, kernel_length))
+                kernel_length: Optional[int] = None, spectrum: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
+        """``spectrum``: see ``Gtu.forward`` (``layer_spectra`` computes it for a stack of layers)."""
+        return self._residual(x, lambda h: self.gtu(h, pad_mask, kernel_length, spectrum))
 
     @property
     def supports_incremental(self) -> bool:
@@ -166,6 +171,21 @@ class TnnLayer(nn.Module):
     def step(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor], cache: GtuCache, start: int) -> torch.Tensor:
         """``forward`` of the new positions start .. start + c - 1 of incremental decoding (see ``Gtu.step``)."""
         return self._residual(x, lambda h: self.gtu.step(h, pad_mask, cache, start))
+
+
+def layer_spectra(layers, n: int, kernel_length: Optional[int] = None, device=None) -> list:
+    """For a forward of n positions through ``layers`` (a model's stack), what each layer's ``spectrum`` argument
+    is: the spectra of their TNOs computed together (``SpectralTno.stacked_spectra``: the RPEs as one batched MLP,
+    the operations of one layer's spectrum instead of one per layer), or None for each where the layers compute
+    their own: layers whose forward is not their class's (compiled: the spectrum is computed inside each layer's
+    compiled graph), TNOs that are not spectral, or not alike."""
+    none = [None] * len(layers)
+    if len(layers) < 2 or any("forward" in vars(layer) for layer in layers):
+        return none
+    tnos = [layer.gtu.tno for layer in layers]
+    if not isinstance(tnos[0], SpectralTno):
+        return none
+    return SpectralTno.stacked_spectra(tnos, tnos[0].spectrum_length(n, kernel_length), device) or none
 
 
 class MaskedLMHead(nn.Module):

@@ -7,10 +7,19 @@ from torch import nn
 
 from ..ops import fast
 from ..ops.rpe import ACTIVATIONS as FAST_ACTIVATIONS
-from ..ops.rpe import rpe_mlp, rpe_params
+from ..ops.rpe import rpe_mlp, rpe_mlp_stacked, rpe_params
 from ..ops.toeplitz import autocast_off
 from .activations import get_activation
 from .norm import build_norm
+
+
+def _in_dtype(params, dt: torch.dtype):
+    """``params`` in ``dt``: as they are, or (16-bit weights set directly) all cast in one operation, and their
+    gradients back in one, instead of one per weight (16 for RPE 6)."""
+    if all(p.dtype == dt for p in params):
+        return params
+    flat = torch.cat([p.reshape(-1) for p in params]).to(dt)
+    return [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in params]), params)]
 
 
 class Rpe(nn.Module):
@@ -89,12 +98,35 @@ class Rpe(nn.Module):
         if not fast.enabled() or self.activation not in FAST_ACTIVATIONS:
             return self.channel_major_ref(t, scale)
         eps, dt = self.norms[0].eps, self._dtype()
-        params = rpe_params(self)
         with autocast_off(t.device.type):
-            if any(p.dtype != dt for p in params):  # --fp16: one cast of all the weights (and of their gradients)
-                flat = torch.cat([p.reshape(-1) for p in params]).to(dt)  # instead of one per weight (16 for RPE 6)
-                params = [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in params]), params)]
+            params = _in_dtype(rpe_params(self), dt)
             return rpe_mlp(t, scale, params, self.activation, self.norm_type, eps, len(self.linears), dt)
+
+    def _shape(self) -> tuple:
+        """What two RPEs must share to be evaluated as one batched MLP: every setting and weight's shape, the
+        dtype they compute in, the device."""
+        return (self.activation, self.norm_type, self.norms[0].eps, self._dtype(), self.proj.weight.device,
+                tuple(p.shape for p in rpe_params(self)))
+
+    @staticmethod
+    def stackable(rpes) -> bool:
+        """Whether ``stacked_channel_major`` evaluates these RPEs together: one shape (``_shape``), an activation
+        of the fast path, RMS norms (a LayerNorm's fused kernel takes one weight), and not the references."""
+        first = rpes[0]
+        return (fast.enabled() and first.activation in FAST_ACTIVATIONS and first.norm_type != "layernorm"
+                and all(r._shape() == first._shape() for r in rpes))
+
+    @staticmethod
+    def stacked_channel_major(rpes, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(L, out_dim, m): ``channel_major(t, scale)`` of each of the L ``rpes`` (``stackable``), as one batched
+        MLP (``ops.rpe.rpe_mlp_stacked``): their weights stacked (one operation per weight, whose backward hands
+        each RPE its gradient as a view), then the operations of one RPE."""
+        first = rpes[0]
+        eps, dt = first.norms[0].eps, first._dtype()
+        with autocast_off(t.device.type):
+            params = [torch.stack(ws) for ws in zip(*(rpe_params(r) for r in rpes))]
+            return rpe_mlp_stacked(t, scale, _in_dtype(params, dt), first.activation, first.norm_type, eps,
+                                   len(first.linears), dt)
 
     def channel_major_ref(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``channel_major`` by the plain operations, differentiated by autograd.

@@ -73,8 +73,11 @@ def rpe_params(rpe) -> List[torch.Tensor]:
 
 
 class RpeMlp(torch.autograd.Function):
-    """(d, m) kernel of the RPE MLP at positions t (m,); see the module docstring. ``config``:
-    (activation, norm type, norm eps, hidden layers, dtype)."""
+    """(L, d, m) kernels of L RPE MLPs of one shape at the same positions t (m,), each parameter stacked with a
+    leading dimension of L (one layer's RPE: L = 1); see the module docstring. Every GEMM is one batched GEMM
+    over the L MLPs, every other operation one operation on all of them, so that evaluating a model's layers'
+    RPEs together costs the operations of one. ``config``: (activation, norm type, norm eps, hidden layers,
+    dtype); a LayerNorm's parameters are taken for L = 1 only."""
 
     @staticmethod
     def forward(ctx, t: torch.Tensor, scale: Optional[torch.Tensor], config: Tuple, *params: torch.Tensor):
@@ -83,16 +86,19 @@ class RpeMlp(torch.autograd.Function):
         layernorm = norm_type == "layernorm"
         ps = [p.to(dt) for p in params]
         proj, hidden, final, (w_out, b_out) = _unpack(ps, layers, layernorm)
-        x0 = t.to(dt).unsqueeze(1)  # (m, 1)
-        h = torch.addmm(proj[1], x0, proj[0].t())  # (m, H)
-        width = h.shape[1]
+        stacked = w_out.shape[0]
+        if layernorm and stacked != 1:
+            raise ValueError(f"RpeMlp: LayerNorm RPEs are evaluated one at a time, got {stacked} stacked")
+        x0 = t.to(dt).view(1, -1, 1).expand(stacked, -1, 1)  # (L, m, 1)
+        h = torch.baddbmm(proj[1].unsqueeze(1), x0, proj[0].transpose(1, 2))  # (L, m, H)
+        width = h.shape[-1]
         if not layernorm:
             eps_t = fast.constant(("rpe-eps", eps, dt), h.device, lambda: torch.full((1,), eps, dtype=dt, device=h.device))
         saved = []  # per norm: its state for the backward, its output (the activation's input), the activation's output
 
         for norm, linear in hidden + [(final, None)]:
             if layernorm:
-                y, mean, rstd = aten.native_layer_norm(h, [width], norm[0], norm[1], eps)
+                y, mean, rstd = aten.native_layer_norm(h, [width], norm[0][0], norm[1][0], eps)
                 state = (h, mean, rstd)
             else:  # SimpleRMSNorm: h / (||h|| width^-1/2 + eps)
                 nrm = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
@@ -102,8 +108,8 @@ class RpeMlp(torch.autograd.Function):
             a = y if act is None else act(y)
             saved.append((state, y, a))
             if linear is not None:
-                h = torch.addmm(linear[1], a, linear[0].t())
-        out = torch.addmm(b_out.unsqueeze(1), w_out, a.t())  # (d, m)
+                h = torch.baddbmm(linear[1].unsqueeze(1), a, linear[0].transpose(1, 2))
+        out = torch.baddbmm(b_out.unsqueeze(2), w_out, a.transpose(1, 2))  # (L, d, m)
         if scale is not None:
             out.mul_(scale.to(dt))
         ctx.config = config
@@ -130,32 +136,34 @@ class RpeMlp(torch.autograd.Function):
             g = g * scale.to(dt)
         grads: List[Optional[torch.Tensor]] = []  # in reverse order of the parameters
         a = norms[-1][-1]
-        grads += [g.sum(1), g.mm(a)]  # b_out, w_out
-        ga = g.t().mm(w_out)  # (m, H)
+        grads += [g.sum(2), torch.bmm(g, a)]  # b_out, w_out
+        ga = torch.bmm(g.transpose(1, 2), w_out)  # (L, m, H)
         norm_params = [n for n, _ in hidden] + [final]
         for k in range(layers, -1, -1):
             *state, y, a = norms[k]
             gy = act_backward(ga, y, a)
+            width = y.shape[-1]
             if layernorm:
                 h, mean, rstd = state
                 w, b = norm_params[k]
-                gh, gw, gb = aten.native_layer_norm_backward(gy, h, [h.shape[1]], mean, rstd, w, b, [True, True, True])
-                grads += [gb, gw]
+                gh, gw, gb = aten.native_layer_norm_backward(gy, h, [width], mean, rstd, w[0], b[0], [True, True, True])
+                grads += [gb.unsqueeze(0), gw.unsqueeze(0)]
             else:
                 h, nrm, den = state
                 # d/dh of h / (s ||h|| + eps): gy / den - h s <gy / den, y> / ||h|| (the second term 0 at h = 0,
                 # as torch's norm has it)
                 gd = gy / den
-                c = torch.bmm(gd.unsqueeze(1), y.unsqueeze(2)).view(-1, 1)  # <gd, y> per position: one operation
+                # <gd, y> per position: one operation
+                c = torch.bmm(gd.view(-1, 1, width), y.view(-1, width, 1)).view(*gd.shape[:-1], 1)
                 c.div_(nrm.clamp_min(torch.finfo(dt).tiny))
-                gh = torch.addcmul(gd, h, c, value=-(y.shape[1] ** -0.5))
+                gh = torch.addcmul(gd, h, c, value=-(width ** -0.5))
             if k > 0:
                 prev_a = norms[k - 1][-1]
                 w, b = hidden[k - 1][1]
-                grads += [gh.sum(0), gh.t().mm(prev_a)]  # b, w of the Linear that made h_k
-                ga = gh.mm(w)
+                grads += [gh.sum(1), torch.bmm(gh.transpose(1, 2), prev_a)]  # b, w of the Linear that made h_k
+                ga = torch.bmm(gh, w)
             else:
-                grads += [gh.sum(0), gh.t().mm(x0)]  # proj's b, w
+                grads += [gh.sum(1), torch.bmm(gh.transpose(1, 2), x0)]  # proj's b, w
         grads.reverse()
         return (None, None, None, *grads)
 
@@ -164,6 +172,14 @@ def rpe_mlp(t: torch.Tensor, scale: Optional[torch.Tensor], params: Sequence[tor
             norm_type: str, eps: float, layers: int, dtype: torch.dtype) -> torch.Tensor:
     """(d, m): the RPE MLP's kernel at positions t (m,), times ``scale`` (m,) per position if given, computed in
     ``dtype`` by ``RpeMlp`` (``params``: ``rpe_params``' order)."""
+    return rpe_mlp_stacked(t, scale, [p.unsqueeze(0) for p in params], activation, norm_type, eps, layers,
+                           dtype).squeeze(0)
+
+
+def rpe_mlp_stacked(t: torch.Tensor, scale: Optional[torch.Tensor], params: Sequence[torch.Tensor], activation: str,
+                    norm_type: str, eps: float, layers: int, dtype: torch.dtype) -> torch.Tensor:
+    """(L, d, m): L RPE MLPs of one shape at the same positions, each of ``params`` (``rpe_params``' order) the L
+    MLPs' parameter stacked along a new first dimension, in the operations of one MLP (``RpeMlp``)."""
     return RpeMlp.apply(t, scale, (activation, norm_type, float(eps), layers, dtype), *params)
 
 

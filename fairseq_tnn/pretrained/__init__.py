@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..modules import Glu, Gtu, MaskedLMHead, TnnLayer
+from ..modules.layers import layer_spectra
 from ..modules.tno import tno_class
 from .safetensors import load_file, save_file
 from .tokenizers import load_tokenizer
@@ -149,8 +150,9 @@ class CausalStack(nn.Module):
             if not pad_mask.any():
                 pad_mask = None
         x = self.dropout(self.embed_scale * self.embed_tokens(tokens))  # (b, n, d)
-        for layer in self.layers:
-            x = layer(x, pad_mask, kernel_length)
+        # every layer's spectrum at once (their RPEs as one batched MLP), as the fairseq models compute them
+        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], kernel_length, x.device)):
+            x = layer(x, pad_mask, kernel_length, spectrum)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return self.output_layer(x)
@@ -193,8 +195,8 @@ class BidirectionalStack(nn.Module):
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout(x)
-        for layer in self.layers:
-            x = layer(x, pad_mask)
+        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], None, x.device)):
+            x = layer(x, pad_mask, None, spectrum)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return self.lm_head(x)

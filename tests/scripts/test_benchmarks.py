@@ -450,6 +450,20 @@ def test_tno_versions_builds_a_recent_commits_tnos_with_its_own_builder(tmp_path
     assert all(r["commit"]["ops"] == r["current"]["ops"] > 20 for r in rows), rows
 
 
+def test_stacked_spectra_benchmark_counts_both_paths():
+    """benchmarks/stacked_spectra.py: a preset's forward and backward with its layers' spectra computed together
+    and with each layer computing its own, side by side: fewer operations together, both timed."""
+    cmd = [sys.executable, str(ROOT / "benchmarks/stacked_spectra.py"), "--archs", "tnn_lm_wt103", "--width", "16",
+           "--rounds", "1"]
+    code, log, _ = execute(cmd, command_env(), 300, merge=True)
+    assert code == 0, log[-4000:]
+    row = next(line for line in log.splitlines() if line.startswith("| tnn_lm_wt103 |"))
+    own_ops, together_ops, own_ms, together_ms = (float(v.replace(",", "")) for v in row.strip("| ").split(" | ")[1:])
+    assert together_ops < 0.6 * own_ops and own_ms > 0 and together_ms > 0, row
+    code, log, _ = execute([*cmd[:-2], "--rounds", "0"], command_env(), 60, merge=True)
+    assert code == 2 and "--rounds=0 is invalid" in log, log[-2000:]
+
+
 def test_gpu_profile_amp_rows_are_fairseqs_amp_and_need_a_gpu(tmp_path):
     """--amp rows train with fairseq's --amp (AMPOptimizer: fp32 weights, torch's gradient scaler) beside --fp16's
     FP16Optimizer; on the CPU the harness builds that trainer (its scaler disabled by torch: no loss scale), and the

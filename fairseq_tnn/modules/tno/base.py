@@ -25,14 +25,16 @@ model resolves once for all its layers) or plain values (``build_tno``). Nothing
 """
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple, Type
+from typing import Dict, List, Optional, Tuple, Type
 
 import torch
 from torch import nn
 
+from ...ops import fast
 from ...ops.toeplitz import fft_conv, seq_shape, swap_kernel_layout
 from ..activations import ACTIVATIONS
 from ..norm import NORM_CHOICES
+from ..rpe import Rpe
 
 
 def option(name: str) -> str:
@@ -196,11 +198,38 @@ class SpectralTno(Tno):
     def decoding_kernel(self, n: int, device=None) -> torch.Tensor:
         return self.kernel(n, device)[0]
 
-    def forward(self, x: torch.Tensor, layout: str = "bnd", kernel_length: Optional[int] = None) -> torch.Tensor:
+    def spectrum_length(self, n: int, kernel_length: Optional[int] = None) -> int:
+        """The length whose spectrum a forward of n positions applies: max(n, kernel_length) where the kernel
+        depends on the length (``kernel_depends_on_length``; a planned generation's length), n otherwise."""
+        return max(n, kernel_length) if self.kernel_depends_on_length and kernel_length else n
+
+    def forward(self, x: torch.Tensor, layout: str = "bnd", kernel_length: Optional[int] = None,
+                spectrum: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
         """``kernel_length``: where the kernel depends on the length (``kernel_depends_on_length``), apply that
-        of max(n, kernel_length) positions (a planned generation's; None: the input's n); ignored otherwise."""
-        n = seq_shape(x, layout)[0]
-        if self.kernel_depends_on_length and kernel_length:
-            n = max(n, kernel_length)
-        spec, size = self.spectrum(n, x.device)
+        of max(n, kernel_length) positions (a planned generation's; None: the input's n); ignored otherwise.
+        ``spectrum``: (spectrum, FFT size) as ``spectrum`` gives it for that length, computed beforehand
+        (``stacked_spectra``); None: computed here."""
+        if spectrum is None:
+            spectrum = self.spectrum(self.spectrum_length(seq_shape(x, layout)[0], kernel_length), x.device)
+        spec, size = spectrum
         return fft_conv(x, swap_kernel_layout(spec, layout), size, layout)
+
+    @staticmethod
+    def stacked_spectra(tnos, n: int, device=None) -> Optional[List[Tuple[torch.Tensor, int]]]:
+        """The ``spectrum(n)`` of each of ``tnos`` (a model's layers'), computed together: their RPEs as one
+        batched MLP (``Rpe.stacked_channel_major``) and the spectra as one transform, the operations of one TNO's
+        spectrum instead of one per TNO (eagerly, each operation costs a GPU 10-25 microseconds of host time).
+        None where that does not apply: fewer than two, of different types, settings or directions, without an
+        RPE, RPEs that do not stack (``Rpe.stackable``), or the references on (``fast.references``)."""
+        first = tnos[0] if tnos else None
+        if (len(tnos) < 2 or not hasattr(first, "rpe_positions") or not fast.enabled()
+                or any(type(t) is not type(first) or t.causal != first.causal or t.settings != first.settings
+                       for t in tnos)):
+            return None
+        rpes = [t.rpe for t in tnos]
+        if not Rpe.stackable(rpes):
+            return None
+        positions, scale, size = first.rpe_positions(n, device)
+        spectra = first.spectrum_of(Rpe.stacked_channel_major(rpes, positions, scale), size)  # (L, d, F)
+        # unbind: one operation in the backward gathers the L gradients (indexing would add one per TNO)
+        return [(spec, size) for spec in spectra.unbind(0)]

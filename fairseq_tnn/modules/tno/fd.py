@@ -38,12 +38,20 @@ class FdTno(SpectralTno):
         self.rpe = Rpe(dim if causal else 2 * dim, s.rpe_dim, s.rpe_layers, str(s.rpe_activation), str(s.rpe_norm_type))
 
     def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
+        omegas, _, size = self.rpe_positions(n, device)
+        return self.spectrum_of(self.rpe.channel_major(omegas), size), size
+
+    def rpe_positions(self, n: int, device=None) -> Tuple[torch.Tensor, None, int]:
+        """The RPE's input for length n: the frequencies of ``fd_grid`` (no per-position scale), and the FFT size."""
         size, omegas = fd_grid(n, device)
-        k = self.rpe.channel_major(omegas)  # (d, N'+1) causal, (2d, N'+1) bidirectional
+        return omegas, None, size
+
+    def spectrum_of(self, k: torch.Tensor, size: int) -> torch.Tensor:
+        """The spectrum from the RPE's output k (..., d, N'+1) causal, (..., 2d, N'+1) bidirectional."""
         if self.causal:
-            return hilbert_causal_spectrum(k, layout="dbn"), size
-        k_real, k_imag = k.chunk(2, dim=0)
-        return fd_bidirectional_spectrum(k_real, k_imag, layout="dbn"), size
+            return hilbert_causal_spectrum(k, layout="dbn")
+        k_real, k_imag = k.chunk(2, dim=-2)
+        return fd_bidirectional_spectrum(k_real, k_imag, layout="dbn")
 
     def kernel(self, n: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         """Causal: the inverse DFT of the causal spectrum on n's grid (``fd_causal_kernel``), which

@@ -71,16 +71,25 @@ class TnnTno(SpectralTno):
         return coef[:, n - 1:], coef[:, : n - 1].flip(-1)
 
     def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
-        size = next_fast_len(2 * n - 1)  # no wrap-around for lags up to n - 1 either way
         if not fast.enabled():  # the reference: lags and decay built at every call
+            size = next_fast_len(2 * n - 1)
             return lag_function_spectrum(self.coefficients, n, size, self.causal, device), size
-        # the fast path: the lags (of the circulant column where bidirectional, as lag_function_spectrum) and their
-        # decay are built once per length and device, and shared by every layer
+        lags, scale, size = self.rpe_positions(n, device)
+        return self.spectrum_of(self.rpe.channel_major(lags, scale), size), size
+
+    def rpe_positions(self, n: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor], int]:
+        """The fast path's RPE input for length n: the lags (of the circulant column where bidirectional, as
+        lag_function_spectrum), their decay, and the FFT size (no wrap-around for lags up to n - 1 either way);
+        built once per length and device, and shared by every layer."""
+        size = next_fast_len(2 * n - 1)
         dt = self._dtype()
         lags, scale = fast.constant(("tnn-lags", n, size, self.causal, self.decay, dt), device,
                                     lambda: self._lags_and_scale(*self._lags(n, size, device)))
-        k = self.rpe.channel_major(lags, scale)
-        return KernelRfft.apply(k.to(fft_dtype(k)), size), size
+        return lags, scale, size
+
+    def spectrum_of(self, k: torch.Tensor, size: int) -> torch.Tensor:
+        """The spectrum of the RPE's output k (..., d, size) at ``rpe_positions``: its real FFT."""
+        return KernelRfft.apply(k.to(fft_dtype(k)), size)
 
     def _lags(self, n: int, size: int, device) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         if self.causal:
