@@ -66,7 +66,8 @@ def test_stacked_spectra_decline_what_does_not_stack():
 @pytest.mark.parametrize("arch", ["tnn_lm_wt103", "fd_tnn_lm_wt103", "tnn_mlm_wt103", "fd_tnn_mlm_wt103"])
 def test_a_model_computes_its_layers_spectra_together(arch, monkeypatch):
     """Eager layers: the model's output and every parameter's gradient as when each layer computes its own
-    spectrum, in training and evaluation, and a third fewer operations forward and backward (4 layers)."""
+    spectrum (and the output of evaluation, where each does), and a third fewer operations forward and backward
+    (4 layers)."""
     import fairseq_tnn.models.tnn_lm as tnn_lm
     import fairseq_tnn.models.tnn_mlm as tnn_mlm
     causal = "_mlm_" not in arch
@@ -107,6 +108,8 @@ def test_compiled_or_unlike_layers_compute_their_own():
     layers = model.decoder.layers
     assert all(s is not None for s in layer_spectra(layers, 24))
     assert layer_spectra(layers[:1], 24) == [None]
+    with torch.no_grad():  # evaluation: one spectrum at a time, each freed after its layer
+        assert layer_spectra(layers, 24) == [None, None]
     compiled = copy.deepcopy(layers)
     compiled[1].forward = compiled[1].forward  # an instance attribute, as compile_layers sets one
     assert layer_spectra(compiled, 24) == [None, None]
