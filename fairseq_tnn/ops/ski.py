@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from .checks import check_lam, check_layout, check_length, check_rank, check_taps
-from .toeplitz import autocast_off, fft_dtype, seq_shape, toeplitz_fft
+from .toeplitz import AUTOCAST_DEVICE_TYPES, autocast_off, fft_dtype, seq_shape, toeplitz_fft
 
 
 # ----------------------------------------------------------------------------
@@ -283,7 +283,7 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
     x: (b, n, d) (``layout="dbn"``: (d, *batch, n)); conv_weight: (d, m), m odd;
     knots: (2r, d), r >= 2, or None for the band alone; 0 < lam < 1. Returns x's
     shape in x.dtype; computes in float32 (float64 for float64 x), but for the
-    GEMMs of a 16-bit x with taps of the same dtype (``band_dtype``).
+    GEMMs of a 16-bit x with taps of that dtype or under autocast to it (``band_dtype``).
 
     Everything runs channel-major ((d, batch, n), the layout the TNN layer
     produces, so ``dbn`` needs no copies): the band by batched GEMMs over
@@ -302,31 +302,37 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
     """
     check_layout(layout)
     check_ski_args(x, conv_weight, knots, lam, layout)
-    # Autocast off: the GEMMs run in the dtypes chosen here (``band_dtype``), which the hand-written band backward
-    # assumes (its saved input cast to the taps' dtype), where autocast would have run them in 16 bits.
+    gemm = band_dtype(x, conv_weight)
+    # Autocast off: the GEMMs run in the dtype chosen here (``band_dtype``), which the hand-written band backward
+    # assumes (its saved input cast to the taps' dtype).
     with autocast_off(x.device.type):
-        return _ski_tno(x, conv_weight, knots, lam, layout)
+        return _ski_tno(x, conv_weight, knots, lam, layout, gemm)
 
 
 def band_dtype(x: torch.Tensor, conv_weight: torch.Tensor) -> torch.dtype:
-    """The dtype of the SKI-TNO's GEMMs (the band's and the low rank's with W): x's where x and the taps are both
-    in the same 16-bit dtype (``--fp16``'s half weights), float32 (float64 for float64 x) otherwise. A 16-bit
-    GEMM multiplies exactly and accumulates in float32 (on a GPU on the tensor cores, where a float32 one runs on
-    the CUDA cores), and rounds its output to 16 bits, as every other layer of a half model does; 16-bit inputs
-    with float32 taps (bf16 autocast) keep float32 GEMMs, which do not round the taps. The low rank's Toeplitz
-    part A, an FFT of size O(r), always computes in float32 (float64)."""
-    if x.dtype in (torch.float16, torch.bfloat16) and conv_weight.dtype == x.dtype:
-        return x.dtype
+    """The dtype of the SKI-TNO's GEMMs (the band's and the low rank's with W): x's where x is 16-bit and the taps
+    are in the same dtype (``--fp16``'s half weights) or autocast runs GEMMs in it (``--bf16-autocast``, which
+    rounds every Linear's float32 weights so); float32 (float64 for float64 x) otherwise. A 16-bit GEMM
+    multiplies exactly and accumulates in float32 (on a GPU on the tensor cores, where a float32 one runs on the
+    CUDA cores), and rounds its output to 16 bits, as every other layer of a half or autocast model does. The low
+    rank's Toeplitz part A, an FFT of size O(r), always computes in float32 (float64). Asked before the operator
+    turns autocast off."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        if conv_weight.dtype == x.dtype:
+            return x.dtype
+        device = x.device.type
+        if device in AUTOCAST_DEVICE_TYPES and torch.is_autocast_enabled(device) \
+                and torch.get_autocast_dtype(device) == x.dtype:
+            return x.dtype
     return fft_dtype(x)
 
 
-def _ski_tno(x, conv_weight, knots, lam, layout):
+def _ski_tno(x, conv_weight, knots, lam, layout, gemm):
     ct = fft_dtype(x)
     xd = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n), x's dtype
     d, n = xd.shape[0], xd.shape[-1]
     xd = xd.reshape(d, -1, n)  # (d, R, n), R = batch
-    # (d, R, n) in band_dtype; its backward keeps x in x's dtype
-    y = band_conv(xd, conv_weight.to(band_dtype(x, conv_weight)))
+    y = band_conv(xd, conv_weight.to(gemm))  # (d, R, n) in the GEMMs' dtype; its backward keeps x in x's dtype
     if knots is not None:
         y = _add_lowrank(y, xd, knots.to(ct), lam)
     if layout == "bnd":

@@ -135,6 +135,24 @@ def test_half_taps_run_the_gemms_in_their_dtype(dtype, device):
     assert seen.named(dtype) == [] and "bmm" in seen.named(torch.float32) and y32.dtype == dtype
 
 
+def test_autocast_runs_the_gemms_in_its_dtype(device):
+    """Under bf16 autocast (--bf16-autocast: float32 taps, bf16 activations) the GEMMs run in bf16, as autocast runs
+    every Linear (its float32 weights rounded), and the taps' gradient comes back in float32; the result is the
+    same as with the taps rounded to bf16 beforehand."""
+    x, conv_weight, knots = make_inputs(256, 16, 17, torch.float32, device=device)
+    x16 = x.to(torch.bfloat16).requires_grad_(True)
+    w = conv_weight.detach().requires_grad_(True)
+    g = torch.randn(x.shape, device=device).to(torch.bfloat16)
+    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16), _GemmDtypes() as seen:
+        y = ski_tno(x16, w, knots, lam=0.9)
+        gx, gw = torch.autograd.grad(y, [x16, w], g)
+    assert seen.named(torch.bfloat16) == ["addmm", "bmm", "bmm", "bmm", "mm", "mm", "mm"], seen.gemms
+    assert y.dtype == torch.bfloat16 and gw.dtype == torch.float32 and gx.dtype == torch.bfloat16
+    rounded = w.detach().to(torch.bfloat16).requires_grad_(True)
+    y_rounded = ski_tno(x16, rounded, knots, lam=0.9)
+    assert torch.equal(y, y_rounded)
+
+
 # ----------------------------------------------------------------------------
 # Interpolation weights
 # ----------------------------------------------------------------------------
