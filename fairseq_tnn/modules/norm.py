@@ -2,6 +2,9 @@
 import torch
 from torch import nn
 
+from ..ops import fast
+from ..ops.norm import simple_rms_norm
+
 NORM_CHOICES = ("simplermsnorm", "layernorm")
 
 
@@ -14,6 +17,12 @@ class SimpleRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fast.enabled():  # one operator with a hand-written backward (ops/norm.py): 8 operations instead of 15
+            return simple_rms_norm(x, self.eps)
+        return self.reference(x)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The plain operations, differentiated by autograd."""
         return x / (x.norm(dim=-1, keepdim=True) * self.scale + self.eps)
 
 

@@ -8,6 +8,7 @@ from helpers import assert_close_rel, assert_on
 from benchmarks.opcount import count
 from fairseq_tnn.modules import build_tno
 from fairseq_tnn.modules.activations import ACTIVATIONS as MODULE_ACTIVATIONS
+from fairseq_tnn.modules.norm import SimpleRMSNorm
 from fairseq_tnn.modules.rpe import Rpe
 from fairseq_tnn.ops import fast
 from fairseq_tnn.ops.rpe import ACTIVATIONS, rpe_mlp, rpe_mlp_ref, rpe_params
@@ -86,6 +87,54 @@ def test_rpe_mlp_half_weights_compute_in_fp32(dtype, device):
     with fast.references():
         y_ref = rpe.channel_major(t)
     assert_close_rel(y, y_ref, 1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 64), (5, 24), (3, 1)])
+def test_rms_norm_matches_reference(shape, device):
+    """The layers' RMS norm (ops/norm.py) against autograd through the plain operations: output and input gradient,
+    float64, a zero row included (whose gradient stays finite), and a transposed (non-contiguous) input; and in
+    fewer operations."""
+    norm = SimpleRMSNorm(shape[-1])
+    x = torch.randn(*shape, dtype=torch.float64, device=device)
+    x.view(-1, shape[-1])[0] = 0.0
+    g = torch.randn_like(x)
+    for inp in (x, x.transpose(0, -1).contiguous().transpose(0, -1)):
+        inp = inp.detach().requires_grad_(True)
+        (y, gx), c = count(lambda: (lambda out: (out, torch.autograd.grad(out, inp, g)[0]))(norm(inp)))
+        with fast.references():
+            (y_ref, gx_ref), c_ref = count(lambda: (lambda out: (out, torch.autograd.grad(out, inp, g)[0]))(norm(inp)))
+        assert_on(device, y, gx)
+        assert torch.isfinite(gx).all()
+        assert_close_rel(y, y_ref, 1e-14)
+        assert_close_rel(gx, gx_ref, 1e-12)
+        assert c.total < c_ref.total - 5, (c.total, c_ref.total)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rms_norm_in_half_precision(dtype, device):
+    """16-bit activations: output and gradient in their dtype, as close to the float32 reference as the
+    reference's own 16-bit run."""
+    norm = SimpleRMSNorm(512)
+    x = (torch.randn(4, 32, 512, device=device) * 3).to(dtype)
+    g = torch.randn(4, 32, 512, device=device).to(dtype)
+    wide = x.float().requires_grad_(True)
+    with fast.references():
+        y32 = norm(wide)
+        g32, = torch.autograd.grad(y32, wide, g.float())
+    errors = []
+    for ctx in (fast.references, None):
+        inp = x.clone().requires_grad_(True)
+        if ctx is None:
+            y = norm(inp)
+            gx, = torch.autograd.grad(y, inp, g)
+        else:
+            with ctx():
+                y = norm(inp)
+                gx, = torch.autograd.grad(y, inp, g)
+        assert y.dtype == gx.dtype == dtype
+        errors.append(((y.float() - y32).abs().max().item(), (gx.float() - g32).abs().max().item()))
+    (ref_y, ref_g), (fast_y, fast_g) = errors
+    assert fast_y <= 2 * ref_y + 1e-6 and fast_g <= 2 * ref_g + 1e-6, errors
 
 
 TNOS = [("tnn", True, {}), ("tnn", False, {}), ("tnn", True, {"decay": 1.0}), ("tnn", True, {"rpe_norm_type": "layernorm"}),

@@ -1,0 +1,48 @@
+"""The layers' RMS norm, x / (||x|| d^-1/2 + eps) along the last dimension, as one operator with a hand-written
+backward.
+
+``SimpleRMSNorm`` (``modules/norm.py``) normalises the residual stream twice in every layer. Autograd runs its
+four operations forward (the norm, its scaling, epsilon, the division) and eleven backward; ``RmsNorm`` runs
+three forward (the scaling and epsilon in one ``add`` with ``alpha``) and five backward, the same formula as the
+RPE's norms in ``ops/rpe.py``: with y = x / den and gd = dL/dy / den,
+
+    dL/dx = gd - x d^-1/2 <gd, y> / ||x||
+
+(the second term 0 at x = 0, as torch's own norm backward has it). Computed in x's dtype, as the reference.
+``simple_rms_norm`` runs it; the module's reference path (autograd through the plain operations, taken within
+``fairseq_tnn.ops.fast.references()``) is what tests/ops/test_fast_paths.py compares it with.
+"""
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import fast
+
+
+class RmsNorm(torch.autograd.Function):
+    """y = x / (||x|| d^-1/2 + eps) along x's last dimension (d)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
+        width = x.shape[-1]
+        eps_t = fast.constant(("rms-eps", eps, x.dtype), x.device,
+                              lambda: torch.full((1,), eps, dtype=x.dtype, device=x.device))
+        nrm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        den = torch.add(eps_t, nrm, alpha=width ** -0.5)
+        y = x / den
+        ctx.save_for_backward(x, nrm, den, y)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        x, nrm, den, y = ctx.saved_tensors
+        width = x.shape[-1]
+        gd = grad / den
+        c = torch.bmm(gd.reshape(-1, 1, width), y.reshape(-1, width, 1)).view(nrm.shape)  # <gd, y> per row
+        c.div_(nrm.clamp_min(torch.finfo(nrm.dtype).tiny))
+        return torch.addcmul(gd, x, c, value=-(width ** -0.5)), None
+
+
+def simple_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / (||x|| d^-1/2 + eps) along the last dimension, by ``RmsNorm``."""
+    return RmsNorm.apply(x, eps)
