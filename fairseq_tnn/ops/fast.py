@@ -2,9 +2,11 @@
 
 Eager PyTorch pays host time for every operation it dispatches (10-25 microseconds each on a GPU, more
 than many of the TNO's small kernels take). The fast paths dispatch fewer operations for the same
-function: the RPE MLP as one operator with a hand-written backward (``ops/rpe.py``), and the tensors that
-depend on nothing but a length (positions, frequency grids, decay factors, bin multiplicities, masks)
-built once per length and device instead of once per layer and step (``constant``).
+function: the RPE MLP as one operator with a hand-written backward (``ops/rpe.py``), all the layers' RPEs of a
+stack as one batched MLP (``modules/layers.py``, ``layer_spectra``), the layers' RMS norm as one operator
+(``ops/norm.py``), and the tensors that depend on nothing but a length (positions, frequency grids, decay
+factors, bin multiplicities, masks) built once per length and device instead of once per layer and step
+(``constant``).
 
 Each fast path keeps its reference beside it, and ``references()`` turns every one of them off, so the
 tests compare the two (tests/ops/test_fast_paths.py) and the benchmark counts both in one process
