@@ -89,8 +89,8 @@ class SavedTensorLog(TorchFunctionMode):
             self.ops.pop()
 
     def _wrap_functions(self):
-        from fairseq_tnn.ops import fd, ski, toeplitz
-        for mod in (toeplitz, fd, ski):
+        from fairseq_tnn.ops import fd, norm, rpe, ski, toeplitz
+        for mod in (toeplitz, fd, ski, rpe, norm):
             for name, cls in vars(mod).items():
                 if inspect.isclass(cls) and issubclass(cls, torch.autograd.Function) and cls.__module__ == mod.__name__:
                     self._functions.append((cls, cls.__dict__["apply"] if "apply" in cls.__dict__ else None))

@@ -3,8 +3,8 @@ backward.
 
 ``SimpleRMSNorm`` (``modules/norm.py``) normalises the residual stream twice in every layer. Autograd runs its
 four operations forward (the norm, its scaling, epsilon, the division) and eleven backward; ``RmsNorm`` runs
-three forward (the scaling and epsilon in one ``add`` with ``alpha``) and five backward, the same formula as the
-RPE's norms in ``ops/rpe.py``: with y = x / den and gd = dL/dy / den,
+three forward (the scaling and epsilon in one ``add`` with ``alpha``) and six backward, the same formula as the
+RPE's norms in ``ops/rpe.py``, keeping what autograd keeps: with y = x / den and gd = dL/dy / den,
 
     dL/dx = gd - x d^-1/2 <gd, y> / ||x||
 
@@ -28,18 +28,19 @@ class RmsNorm(torch.autograd.Function):
                               lambda: torch.full((1,), eps, dtype=x.dtype, device=x.device))
         nrm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         den = torch.add(eps_t, nrm, alpha=width ** -0.5)
-        y = x / den
-        ctx.save_for_backward(x, nrm, den, y)
-        return y
+        # what autograd keeps (x and the two (..., 1) norms), not y: where nothing after the norm keeps y (a
+        # post-norm stack's last layer), keeping it would cost an activation
+        ctx.save_for_backward(x, nrm, den)
+        return x / den
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        x, nrm, den, y = ctx.saved_tensors
+        x, nrm, den = ctx.saved_tensors
         width = x.shape[-1]
         gd = grad / den
-        c = torch.bmm(gd.reshape(-1, 1, width), y.reshape(-1, width, 1)).view(nrm.shape)  # <gd, y> per row
-        c.div_(nrm.clamp_min(torch.finfo(nrm.dtype).tiny))
+        c = torch.bmm(gd.reshape(-1, 1, width), x.reshape(-1, width, 1)).view(nrm.shape)  # <gd, x> = <gd, y> den
+        c.div_(den * nrm.clamp_min(torch.finfo(nrm.dtype).tiny))
         return torch.addcmul(gd, x, c, value=-(width ** -0.5)), None
 
 

@@ -107,7 +107,7 @@ def test_rms_norm_matches_reference(shape, device):
         assert torch.isfinite(gx).all()
         assert_close_rel(y, y_ref, 1e-14)
         assert_close_rel(gx, gx_ref, 1e-12)
-        assert c.total < c_ref.total - 5, (c.total, c_ref.total)
+        assert c.total <= c_ref.total - 5, (c.total, c_ref.total)  # 3 + 6 (and the eps constant, built once) vs 4 + 11
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

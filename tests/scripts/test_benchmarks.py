@@ -298,8 +298,10 @@ def test_operation_counts_fast_paths_against_references(tmp_path):
     # one layer of the quick size: its TNO (RPE 6) is some 40-60 operations forward, 80-150 backward
     assert 30 <= tnn["fast"]["forward"] - bound["fast"]["forward"] <= 80
     assert tnn["fast"]["forward_backward"] < tnn["reference"]["forward_backward"] - 50
-    for key in ("causal/transformer_lm", "causal/bound_identity"):  # no TNO: the fast paths change nothing
-        assert rows[key]["fast"]["forward_backward"] == rows[key]["reference"]["forward_backward"]
+    transformer, bare = rows["causal/transformer_lm"], rows["causal/bound_identity"]
+    assert transformer["fast"]["forward_backward"] == transformer["reference"]["forward_backward"]  # none of ours
+    # no TNO: only the layers' RMS norm operator (4 + 11 operations per norm with autograd, 3 + 6 fast)
+    assert bare["reference"]["forward_backward"] - bare["fast"]["forward_backward"] >= 2 * 6  # a layer's two norms
     tnos = {r["id"]: r for r in result["tnos"]}
     assert list(tnos) == ["tnn-causal", "fd-causal"]
     for r in tnos.values():
