@@ -3,7 +3,7 @@ backward.
 
 ``SimpleRMSNorm`` (``modules/norm.py``) normalises the residual stream twice in every layer. Autograd runs its
 four operations forward (the norm, its scaling, epsilon, the division) and eleven backward; ``RmsNorm`` runs
-three forward (the scaling and epsilon in one ``add`` with ``alpha``) and six backward, the same formula as the
+three forward (the scaling and epsilon in one ``add`` with ``alpha``) and seven backward, the same formula as the
 RPE's norms in ``ops/rpe.py``, keeping what autograd keeps: with y = x / den and gd = dL/dy / den,
 
     dL/dx = gd - x d^-1/2 <gd, y> / ||x||
@@ -40,7 +40,9 @@ class RmsNorm(torch.autograd.Function):
         width = x.shape[-1]
         gd = grad / den
         c = torch.bmm(gd.reshape(-1, 1, width), x.reshape(-1, width, 1)).view(nrm.shape)  # <gd, x> = <gd, y> den
-        c.div_(den * nrm.clamp_min(torch.finfo(nrm.dtype).tiny))
+        # two divisions, not one by den * ||x||: at x = 0 (a padding position's zero embedding) that product is
+        # eps times the smallest normal, which underflows to 0 in float32 and would make 0 / 0
+        c.div_(den).div_(nrm.clamp_min(torch.finfo(nrm.dtype).tiny))
         return torch.addcmul(gd, x, c, value=-(width ** -0.5)), None
 
 

@@ -89,13 +89,14 @@ def test_rpe_mlp_half_weights_compute_in_fp32(dtype, device):
     assert_close_rel(y, y_ref, 1e-5)
 
 
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, (1e-14, 1e-12)), (torch.float32, (1e-6, 1e-5))])
 @pytest.mark.parametrize("shape", [(2, 16, 64), (5, 24), (3, 1)])
-def test_rms_norm_matches_reference(shape, device):
+def test_rms_norm_matches_reference(shape, dtype, tol, device):
     """The layers' RMS norm (ops/norm.py) against autograd through the plain operations: output and input gradient,
-    float64, a zero row included (whose gradient stays finite), and a transposed (non-contiguous) input; and in
-    fewer operations."""
+    a zero row included (a padding position's zero embedding: its gradient stays finite, in float32 too, where
+    eps times the smallest normal underflows), and a transposed (non-contiguous) input; and in fewer operations."""
     norm = SimpleRMSNorm(shape[-1])
-    x = torch.randn(*shape, dtype=torch.float64, device=device)
+    x = torch.randn(*shape, dtype=dtype, device=device)
     x.view(-1, shape[-1])[0] = 0.0
     g = torch.randn_like(x)
     for inp in (x, x.transpose(0, -1).contiguous().transpose(0, -1)):
@@ -105,9 +106,9 @@ def test_rms_norm_matches_reference(shape, device):
             (y_ref, gx_ref), c_ref = count(lambda: (lambda out: (out, torch.autograd.grad(out, inp, g)[0]))(norm(inp)))
         assert_on(device, y, gx)
         assert torch.isfinite(gx).all()
-        assert_close_rel(y, y_ref, 1e-14)
-        assert_close_rel(gx, gx_ref, 1e-12)
-        assert c.total <= c_ref.total - 5, (c.total, c_ref.total)  # 3 + 6 (and the eps constant, built once) vs 4 + 11
+        assert_close_rel(y, y_ref, tol[0])
+        assert_close_rel(gx, gx_ref, tol[1])
+        assert c.total <= c_ref.total - 4, (c.total, c_ref.total)  # 3 + 7 (and the eps constant, built once) vs 4 + 11
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
