@@ -17,7 +17,7 @@ class SimpleRMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if fast.enabled():  # one operator with a hand-written backward (ops/norm.py): 10 operations instead of 15
+        if fast.enabled():  # one operator with a hand-written backward (ops/norm.py): 9 operations instead of 15
             return simple_rms_norm(x, self.eps)
         return self.reference(x)
 

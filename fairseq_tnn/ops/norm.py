@@ -3,7 +3,7 @@ backward.
 
 ``SimpleRMSNorm`` (``modules/norm.py``) normalises the residual stream twice in every layer. Autograd runs its
 four operations forward (the norm, its scaling, epsilon, the division) and eleven backward; ``RmsNorm`` runs
-three forward (the scaling and epsilon in one ``add`` with ``alpha``) and seven backward, the same formula as the
+three forward (the scaling and epsilon in one ``add`` with ``alpha``) and six backward, the same formula as the
 RPE's norms in ``ops/rpe.py``, keeping what autograd keeps: with y = x / den and gd = dL/dy / den,
 
     dL/dx = gd - x d^-1/2 <gd, y> / ||x||
