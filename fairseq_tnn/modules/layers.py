@@ -77,7 +77,7 @@ class Gtu(nn.Module):
         """``kernel_length``: a causal model's planned generation length, handed to a TNO whose kernel depends on
         the length (``kernel_depends_on_length``), which then applies the kernel of max(n, kernel_length)
         positions; the other TNOs are called without it. ``spectrum``: the TNO's spectrum for this forward,
-        computed with the other layers' (``stacked_spectra``), handed to the TNO; None: the TNO computes it."""
+        computed with the other layers' (``layer_spectra``), handed to the TNO; None: the TNO computes it."""
         u, v = self._gate_inputs(x, pad_mask)
         extra = {"kernel_length": kernel_length} if kernel_length and self.tno.kernel_depends_on_length else {}
         if spectrum is not None:

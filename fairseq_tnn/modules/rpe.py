@@ -113,8 +113,10 @@ class Rpe(nn.Module):
         """Whether ``stacked_channel_major`` evaluates these RPEs together: one shape (``_shape``), an activation
         of the fast path, RMS norms (a LayerNorm's fused kernel takes one weight), and not the references."""
         first = rpes[0]
-        return (fast.enabled() and first.activation in FAST_ACTIVATIONS and first.norm_type != "layernorm"
-                and all(r._shape() == first._shape() for r in rpes))
+        if not fast.enabled() or first.activation not in FAST_ACTIVATIONS or first.norm_type == "layernorm":
+            return False
+        shape = first._shape()
+        return all(r._shape() == shape for r in rpes[1:])
 
     @staticmethod
     def stacked_channel_major(rpes, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -30,7 +30,6 @@ from typing import Dict, List, Optional, Tuple, Type
 import torch
 from torch import nn
 
-from ...ops import fast
 from ...ops.toeplitz import fft_conv, seq_shape, swap_kernel_layout
 from ..activations import ACTIVATIONS
 from ..norm import NORM_CHOICES
@@ -220,9 +219,9 @@ class SpectralTno(Tno):
         batched MLP (``Rpe.stacked_channel_major``) and the spectra as one transform, the operations of one TNO's
         spectrum instead of one per TNO (eagerly, each operation costs a GPU 10-25 microseconds of host time).
         None where that does not apply: fewer than two, of different types, settings or directions, without an
-        RPE, RPEs that do not stack (``Rpe.stackable``), or the references on (``fast.references``)."""
+        RPE, or RPEs that do not stack (``Rpe.stackable``: also the references on, ``fast.references``)."""
         first = tnos[0] if tnos else None
-        if (len(tnos) < 2 or not hasattr(first, "rpe_positions") or not fast.enabled()
+        if (len(tnos) < 2 or not hasattr(first, "rpe_positions")
                 or any(type(t) is not type(first) or t.causal != first.causal or t.settings != first.settings
                        for t in tnos)):
             return None
