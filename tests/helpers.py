@@ -192,14 +192,19 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def assert_compiled_matches_eager(eager, compiled, x, tol=1e-5):
-    """Forward and input gradient of the two layers on the same x agree (parameter gradients accumulate)."""
+def assert_compiled_matches_eager(eager, compiled, x, tol=1e-5, param_tol=1e-4):
+    """Forward, input gradient and every parameter's gradient of the two layers on the same x agree (parameter
+    gradients accumulate over calls, alike in both). Parameter gradients sum over every position and the batch, in
+    another order compiled than eagerly: ``param_tol`` (a gradient lost in the compiled graph is off by 1)."""
     xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
     ye, yc = eager(xe), compiled(xc)
     g = torch.randn_like(ye)
     ye.backward(g)
     yc.backward(g)
     assert rel(yc, ye) < tol and rel(xc.grad, xe.grad) < tol
+    for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+        assert pe.grad is not None and pc.grad is not None, name
+        assert rel(pc.grad, pe.grad) < param_tol, (name, float(rel(pc.grad, pe.grad)))
 
 
 def split_tokens(data_bin: Path, split: str) -> int:

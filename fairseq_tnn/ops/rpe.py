@@ -111,7 +111,9 @@ class RpeMlp(torch.autograd.Function):
                 h = torch.baddbmm(linear[1].unsqueeze(1), a, linear[0].transpose(1, 2))
         out = torch.baddbmm(b_out.unsqueeze(2), w_out, a.transpose(1, 2))  # (L, d, m)
         if scale is not None:
-            out.mul_(scale.to(dt))
+            # not in place: torch 2.11 compiles an in-place product on the output of an autograd.Function
+            # forward so that every parameter gets a zero gradient (2.13 does not; tests/ops/test_fast_paths.py)
+            out = out * scale.to(dt)
         ctx.config = config
         flat = [x0, scale]
         for state, y, a in saved:

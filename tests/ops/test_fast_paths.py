@@ -89,6 +89,29 @@ def test_rpe_mlp_half_weights_compute_in_fp32(dtype, device):
     assert_close_rel(y, y_ref, 1e-5)
 
 
+@pytest.mark.parametrize("scaled", [False, True])
+def test_rpe_mlp_compiled_gives_every_weight_its_gradient(scaled, device):
+    """The RPE's operator inside torch.compile, as a compiled layer runs it, against the same call eagerly: the
+    kernel and every weight's gradient. Under torch 2.11 a per-position scale taken in place on the operator's
+    output (TNN's decay) compiled to a zero gradient for every RPE weight, on the CPU and on CUDA, while the output
+    and the layer's input gradient stayed right (docs/measurements/2026-11-26-h200-rpe-grads); torch 2.13 does
+    not, so there this guards the operator as written."""
+    torch._dynamo.reset()
+    rpe = _rpe("relu", "simplermsnorm", 2, device, torch.float32)
+
+    def kernel(n):
+        t = torch.arange(n, dtype=torch.float32, device=device)
+        return rpe.channel_major(t, torch.exp(-0.05 * t) if scaled else None)
+    g = torch.randn(6, 40, device=device)
+    out = {}
+    for name, fn in (("eager", kernel), ("compiled", torch.compile(kernel, fullgraph=True))):
+        y = fn(40)
+        out[name] = (y, torch.autograd.grad((y * g).sum(), list(rpe.parameters())))
+    assert_close_rel(out["compiled"][0], out["eager"][0], 1e-5)
+    for (pname, _), a, b in zip(rpe.named_parameters(), out["compiled"][1], out["eager"][1]):
+        assert_close_rel(a, b, 1e-4, pname)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, (1e-14, 1e-12)), (torch.float32, (1e-6, 1e-5))])
 @pytest.mark.parametrize("shape", [(2, 16, 64), (5, 24), (3, 1)])
 def test_rms_norm_matches_reference(shape, dtype, tol, device):
