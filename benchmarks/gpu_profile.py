@@ -385,10 +385,13 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
             t0 = time.time()
             torch._dynamo.reset()  # each model compiles afresh, never against the recompile limit of the ones before
             # the longest kernels and host events of the first TNN configuration with CUDA graphs (what is left
-            # once the launches are gone); the floor of the mixing again with the layers compiled
-            top = how == "graphs" and key in TOP_OF and (key, how) not in topped and prec == precision
+            # once the launches are gone) and of its eager update in the other precision (bf16's kernels took 2.9
+            # times fp16's in the fourth GPU run, docs/performance.md: which ones?); the floor of the mixing again
+            # with the layers compiled
+            mark = (key, how if prec == precision else prec)
+            top = key in TOP_OF and mark not in topped and (how == "graphs" if prec == precision else how is False)
             if top:
-                topped.add((key, how))
+                topped.add(mark)
             floor = bw if how is True and key in FLOOR_KEYS[section] and prec == precision else None
             try:
                 c = measure(key, arch, bound, section, g["n"], g["batch"], device, prec, quick, data, timed, how, top,

@@ -359,8 +359,12 @@ def test_gpu_profile_measures_bf16_beside_the_runs_precision(tmp_path):
         assert (phases is not None) == c["compiled"], c["label"]
         if phases:
             assert 0 < max(phases.values()) <= c["compile_s"] + 5 and len(phases) <= 10
+    # the longest kernels of the eager update in bf16 too, beside the run's precision's (bf16's kernels took 2.9
+    # times fp16's on an H200: which ones)
+    assert [bool(c.get("top_kernels")) for c in causal["configs"]] == [True, False, True, False]
     md = (out / "gpu_profile.md").read_text()
     assert "| causal 2 x 32 | FD-TNN (RPE 3) (bf16) |" in md and "## Where the compile time went" in md
+    assert "of one FD-TNN (RPE 3) (bf16) update (causal 2 x 32, eager)" in md
     code, log, _ = execute([*cmd[:-2], "--precision", "bf16", "--out", str(tmp_path / "again")], command_env(), 60,
                            merge=True)
     assert code == 2 and "--bf16: the run's precision is bf16 already" in log, log[-2000:]
