@@ -134,14 +134,18 @@ class CompiledForward:
         whose .grad was None takes that memory as its .grad. fairseq's optimizers set .grad to None once an update
         is done, so with one forward and backward per update nothing outlives its step; with --update-freq > 1 the
         gradients of the step before still hold the sum so far, and are moved out (one copy) before this step
-        reuses their memory, after which backward adds into the copies. Then the new step is marked, so that the
+        reuses their memory, after which backward adds into the copies (one multi-tensor copy per gradient dtype: a
+        CUDA multi-tensor operation over mixed dtypes, the fp16 weights' and the RPEs' fp32 ones, falls back to one
+        per tensor). Then the new step is marked, so that the
         graphs' trees start from their root whatever the previous step left unfinished (a validation, a skipped
         backward)."""
         stack = self.stack
-        kept = [p for p in stack.fresh if p.grad is not None]
-        if kept:
-            copies = torch._foreach_mul([p.grad for p in kept], 1.0)
-            for p, g in zip(kept, copies):
+        kept = {}
+        for p in stack.fresh:
+            if p.grad is not None:
+                kept.setdefault(p.grad.dtype, []).append(p)
+        for params in kept.values():
+            for p, g in zip(params, torch._foreach_mul([p.grad for p in params], 1.0)):
                 p.grad = g
         stack.fresh = [p for p in stack.params if p.grad is None]
         torch.compiler.cudagraph_mark_step_begin()

@@ -5,9 +5,13 @@ FP16Optimizer keeps the fp32 master weights and their gradients in one flat tens
 gradient clipping see one parameter. Its two syncs with the fp16 model, the gradients before every step and the
 weights after it, copy parameter by parameter in a Python loop: 2 x 171 copies per update for tnn_lm_wt103, each a
 kernel launch on a GPU, where training is bound by the host launching work (docs/performance.md). With flat master
-weights (fairseq's default) these are one ``torch._foreach_copy_`` per direction and device over cached views of
-the flat tensors: the same copies, in the same order and dtypes, for any model. ``benchmarks/fp16_syncs.py``
-measures the host time of both, side by side; ``--fp16-no-flatten-grads`` runs fairseq's own code.
+weights (fairseq's default) these are one ``torch._foreach_copy_`` per direction, device and parameter dtype over
+cached views of the flat tensors: the same copies, in the same dtypes, for any model. One per dtype, because CUDA's
+multi-tensor copy takes its one-kernel path only where all sources share a dtype and all destinations share one;
+a list that mixes the TNN models' fp16 weights with their RPEs' fp32 ones (``modules/rpe.py``) falls back to a copy
+per tensor (a GPU profile counted 349 copies in a causal TNN update: docs/performance.md).
+``benchmarks/fp16_syncs.py`` measures the host time of both, side by side; ``--fp16-no-flatten-grads`` runs
+fairseq's own code.
 """
 import torch
 
@@ -31,6 +35,16 @@ def _flat_views(optimizer, key: str, flat: torch.Tensor, params) -> list:
     return hit[1]
 
 
+def _by_dtype(params, views) -> list:
+    """(parameters, their flat views) per parameter dtype, each in the parameters' order."""
+    groups = {}
+    for p, v in zip(params, views):
+        ps, vs = groups.setdefault(p.dtype, ([], []))
+        ps.append(p)
+        vs.append(v)
+    return list(groups.values())
+
+
 def grads_sync(original):
     def _sync_fp16_grads_to_fp32(self):
         if not (self._needs_sync and _flat(self)):
@@ -38,8 +52,8 @@ def grads_sync(original):
         with torch.no_grad():
             for device, flat in self.fp32_params.items():
                 params = [p for p in self.fp16_params if p.requires_grad and p.device.index == device]
-                grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-                torch._foreach_copy_(_flat_views(self, f"grad{device}", flat.grad, params), grads)
+                for ps, views in _by_dtype(params, _flat_views(self, f"grad{device}", flat.grad, params)):
+                    torch._foreach_copy_(views, [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps])
         self._needs_sync = False
 
     return _sync_fp16_grads_to_fp32
@@ -52,6 +66,7 @@ def params_sync(original):
         with torch.no_grad():
             for device, flat in self.fp32_params.items():
                 params = [p for p in self.fp16_params if p.device.index == device]
-                torch._foreach_copy_(params, _flat_views(self, f"param{device}", flat, params))
+                for ps, views in _by_dtype(params, _flat_views(self, f"param{device}", flat, params)):
+                    torch._foreach_copy_(ps, views)
 
     return _sync_fp32_params_to_fp16

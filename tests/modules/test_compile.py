@@ -423,13 +423,17 @@ def test_cuda_graphs_layers_evaluate_and_run_on_the_cpu_as_plain_compiled_layers
     assert forward.stack.fresh == []  # no graph step began
 
 
-def test_a_graph_step_moves_the_gradients_of_the_step_before_out_of_the_graphs_memory():
+def test_a_graph_step_moves_the_gradients_of_the_step_before_out_of_the_graphs_memory(monkeypatch):
     """begin_graph_step: parameters whose .grad was None when a step began get their gradient (which the graphs'
     backward wrote into memory the next step's replay reuses) copied out at the next step, values kept, so that
     gradient accumulation (--update-freq > 1) adds into memory of its own; gradients that existed before the step
-    began (already copies) and those an optimizer reset to None are left as they are."""
-    layers = torch.nn.ModuleList([torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)])
+    began (already copies) and those an optimizer reset to None are left as they are. One multi-tensor copy per
+    dtype (a TNN layer's RPE weights stay fp32 beside fp16 ones; CUDA's multi-tensor kernels take one dtype)."""
+    layers = torch.nn.ModuleList([torch.nn.Linear(3, 4), torch.nn.Linear(4, 3).double()])
     compile_layers(layers, "strict", "layers", cuda_graphs=True)
+    calls = []
+    foreach_mul = torch._foreach_mul
+    monkeypatch.setattr(torch, "_foreach_mul", lambda ts, x: calls.append({t.dtype for t in ts}) or foreach_mul(ts, x))
     forward = layers[0].forward
     params = list(layers.parameters())
     params[0].grad = torch.ones_like(params[0])  # existed before the step: not the graphs'
@@ -441,6 +445,7 @@ def test_a_graph_step_moves_the_gradients_of_the_step_before_out_of_the_graphs_m
         written[p] = p.grad
     params[3].grad = None  # say, an optimizer's zero_grad in between
     forward.begin_graph_step()
+    assert sorted(calls, key=str) == [{torch.float32}, {torch.float64}], calls  # params[1] and params[2]
     for p in params[1:3]:
         assert p.grad is not written[p] and p.grad.data_ptr() != written[p].data_ptr()
         assert torch.equal(p.grad, written[p])

@@ -94,7 +94,9 @@ def half_model_params(model):
 @pytest.mark.parametrize("arch", ["transformer_lm", "tnn_lm_tiny"])
 def test_every_model_takes_the_fast_path_with_fairseqs_values(monkeypatch, arch):
     """A model of the plugin's and fairseq's own transformer_lm (the benchmarks' baseline) alike sync through one
-    multi-tensor copy per direction, nothing in the model marked for it, and get fairseq's values."""
+    multi-tensor copy per direction and parameter dtype, nothing in the model marked for it, and get fairseq's
+    values. Each copy's sources share one dtype and its destinations another: what CUDA's multi-tensor copy needs
+    for its one-kernel path (otherwise it copies tensor by tensor); the TNN models' RPE weights stay fp32."""
     import fairseq.models.transformer_lm  # noqa: F401  (registers fairseq's transformer_lm)
     from fairseq_tnn.models.build import build_arch
     sizes = dict(decoder_layers=1, decoder_embed_dim=8, decoder_ffn_embed_dim=16, decoder_attention_heads=2,
@@ -105,16 +107,19 @@ def test_every_model_takes_the_fast_path_with_fairseqs_values(monkeypatch, arch)
     theirs = fp16_optimizer(monkeypatch, half_model_params(build_arch(arch, 64, **sizes)))
     copies = []
     foreach_copy = torch._foreach_copy_
-    monkeypatch.setattr(torch, "_foreach_copy_", lambda *a, **k: copies.append(1) or foreach_copy(*a, **k))
+    monkeypatch.setattr(torch, "_foreach_copy_", lambda dst, src, **k: copies.append(
+        ({t.dtype for t in dst}, {t.dtype for t in src}, len(dst))) or foreach_copy(dst, src, **k))
     ours._needs_sync = theirs._needs_sync = True
     SYNC_GRADS(ours)
     SYNC_PARAMS(ours)
-    assert len(copies) == 2
+    dtypes = {p.dtype for p in ours.fp16_params}
+    assert len(copies) == 2 * len(dtypes), copies
+    assert all(len(dst) == len(src) == 1 for dst, src, _ in copies), copies
+    assert sum(n for *_, n in copies) == 2 * len(ours.fp16_params)
     FAIRSEQ_SYNC_GRADS(theirs)
     FAIRSEQ_SYNC_PARAMS(theirs)
     assert torch.equal(ours.fp32_params[None].grad, theirs.fp32_params[None].grad)
     assert all(torch.equal(a, b) for a, b in zip(ours.fp16_params, theirs.fp16_params))
-    dtypes = {p.dtype for p in ours.fp16_params}
     assert dtypes == ({torch.float16} if arch == "transformer_lm" else {torch.float16, torch.float32}), dtypes
 
 
