@@ -41,7 +41,9 @@ def references():
         _enabled = saved
 
 
-def _compiling() -> bool:
+def compiling() -> bool:
+    """Whether torch.compile is tracing the code that asks (``torch.compiler.is_compiling``; False on a torch
+    without it)."""
     compiler = getattr(torch, "compiler", None)
     return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
 
@@ -53,7 +55,7 @@ def constant(key: Hashable, device, make: Callable[[], torch.Tensor]):
     Built outside inference mode and without autograd, so a tensor first made during generation can take
     part in training later. Under torch.compile (which folds such constants itself) and with the
     references on, it is built anew at every call."""
-    if not _enabled or _compiling():
+    if not _enabled or compiling():
         return make()
     full_key = (key, str(torch.device(device) if device is not None else torch.device("cpu")))
     hit = _CACHE.get(full_key)

@@ -111,9 +111,11 @@ class RpeMlp(torch.autograd.Function):
                 h = torch.baddbmm(linear[1].unsqueeze(1), a, linear[0].transpose(1, 2))
         out = torch.baddbmm(b_out.unsqueeze(2), w_out, a.transpose(1, 2))  # (L, d, m)
         if scale is not None:
-            # not in place: torch 2.11 compiles an in-place product on the output of an autograd.Function
-            # forward so that every parameter gets a zero gradient (2.13 does not; tests/ops/test_fast_paths.py)
-            out = out * scale.to(dt)
+            # in place eagerly (a stack's (L, d, m) kernels are up to 450 MB for a masked wt103 model at 2048
+            # tokens: no second copy), out of place under torch.compile, where torch 2.11 turns an in-place product
+            # on an autograd.Function's output into a zero gradient for every parameter (2.13 does not; the
+            # compiled graph allocates its own buffers either way; tests/ops/test_fast_paths.py)
+            out = out * scale.to(dt) if fast.compiling() else out.mul_(scale.to(dt))
         ctx.config = config
         flat = [x0, scale]
         for state, y, a in saved:
