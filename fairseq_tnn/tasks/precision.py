@@ -30,11 +30,17 @@ def _autocast_for(model, optimizer=None):
     return torch.autocast(p.device.type, dtype=torch.bfloat16)
 
 
+def _wanted(task) -> bool:
+    """Whether ``--bf16-autocast`` was given to ``task``: in its ``cfg``, or, for a legacy task such as fairseq's
+    language modeling (whose ``cfg`` is None), in its ``args`` (reading ``cfg`` alone ignored the option there)."""
+    return bool(getattr(task.cfg if task.cfg is not None else getattr(task, "args", None), "bf16_autocast", False))
+
+
 class Bf16AutocastMixin:
     """Mix into a FairseqTask (before the fairseq base class) whose config has ``bf16_autocast``."""
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        if not getattr(self.cfg, "bf16_autocast", False):
+        if not _wanted(self):
             return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
         # FairseqTask.train_step with the autocast region ours: its own
         # torch.cuda.amp.autocast(enabled=False) would switch a CUDA bf16 region off.
@@ -49,6 +55,6 @@ class Bf16AutocastMixin:
         return loss, sample_size, logging_output
 
     def valid_step(self, sample, model, criterion):
-        ctx = _autocast_for(model) if getattr(self.cfg, "bf16_autocast", False) else contextlib.nullcontext()
+        ctx = _autocast_for(model) if _wanted(self) else contextlib.nullcontext()
         with ctx:
             return super().valid_step(sample, model, criterion)

@@ -63,6 +63,41 @@ def test_rpe_positions_stay_distinct_under_autocast(dtype, device):
     assert rel(h, ref) < 3e-2
 
 
+@pytest.mark.parametrize("section,arch", [("causal", "tnn_lm_wt103"), ("masked", "tnn_mlm_wt103")])
+@pytest.mark.parametrize("bf16", [True, False])
+def test_bf16_autocast_reaches_the_gemms_of_both_tasks(tmp_path, section, arch, bf16):
+    """fairseq's Trainer of either task with --bf16-autocast runs its training and validation GEMMs (the layers'
+    projections, the output layer) in bf16, and without it in fp32. The causal task is a legacy fairseq task, whose
+    ``cfg`` is None: reading the option there alone ignored it (causal bf16 trained in fp32; on an H200 its kernels
+    took 2.9 times fp16's, docs/performance.md)."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import fairseq_tnn
+    from benchmarks import trainer as tr
+    fairseq_tnn.register()
+
+    class Gemms(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.dtypes = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+                self.dtypes[args[-1].dtype] += 1  # the (m, k) @ (k, n) operand: the weight or the activations
+            return func(*args, **(kwargs or {}))
+
+    data = tr._dictionary_dir(str(tmp_path), tr.QUICK_VOCAB)
+    trainer = tr.build_trainer(section, arch, None, 32, "cpu", "bf16" if bf16 else "fp32", False, data, True)
+    sample = tr.synthetic_sample(section, 32, 2, tr.QUICK_VOCAB)
+    want = torch.bfloat16 if bf16 else torch.float32
+    for step in (lambda: trainer.train_step([sample]), lambda: trainer.valid_step(sample)):
+        with Gemms() as gemms:
+            step()
+        assert gemms.dtypes and set(gemms.dtypes) == {want}, dict(gemms.dtypes)
+
+
 def test_bf16_autocast_refuses_low_precision_weights():
     from fairseq_tnn.tasks.precision import _autocast_for
     model = torch.nn.Linear(2, 2).half()
