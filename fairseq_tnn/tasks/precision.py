@@ -7,7 +7,9 @@ which bf16's fp32-sized exponent range does not need) and every training and val
 runs under ``torch.autocast(dtype=torch.bfloat16)`` on the model's device, CUDA or CPU. The
 operators keep their FFTs and the RPE MLP in fp32 (see ops/toeplitz.py and modules/rpe.py).
 """
+import argparse
 import contextlib
+import sys
 from dataclasses import field
 
 import torch
@@ -19,6 +21,22 @@ def bf16_autocast_field():
         "help": "train and validate under torch.autocast(bfloat16) with fp32 weights and optimizer (what "
                 "PRECISION=bf16 of scripts/train.sh uses; fairseq's own --bf16 means TPU). Not with --fp16, "
                 "--bf16 or --amp"})
+
+
+def refuse_other_precisions(parser, argv=None):
+    """Called while fairseq parses a command line (the plugin's tasks' ``add_args``): ``--bf16-autocast`` with
+    fairseq's ``--fp16``, ``--bf16`` or ``--amp`` is refused there, before anything is loaded or written, with one
+    line on stderr, ``<prog>: error: ...``, exit status 2 (the first update refused it before; ``_autocast_for``
+    still does, for a task built otherwise)."""
+    if not isinstance(parser, argparse.ArgumentParser):
+        return  # fairseq's import of the task, which builds a parser of its options for the documentation
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    if "--bf16-autocast" not in argv:
+        return
+    others = [a for a in ("--fp16", "--bf16", "--amp") if a in argv]
+    if others:
+        parser.error(f"--bf16-autocast (fp32 weights under bf16 autocast) cannot be combined with {' and '.join(others)}; "
+                     "drop one of them (scripts/train.sh: PRECISION=fp16 or PRECISION=bf16)")
 
 
 def _autocast_for(model, optimizer=None):

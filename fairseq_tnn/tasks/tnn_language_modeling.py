@@ -26,7 +26,7 @@ from ..models.tnn_mlm import NOT_FOR_EVAL_LM
 from .batches import ResumableBatchesMixin
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from ..distributed.check import check_joined, refuse_unjoinable
-from .precision import Bf16AutocastMixin, bf16_autocast_field
+from .precision import Bf16AutocastMixin, bf16_autocast_field, refuse_other_precisions
 from .step_metrics import StepMetricsMixin
 
 
@@ -84,6 +84,7 @@ class TnnLanguageModelingTask(ResumableBatchesMixin, StepMetricsMixin, Bf16Autoc
     @classmethod
     def add_args(cls, parser):
         refuse_unjoinable(parser)  # while fairseq parses the command line, before it sets up distributed training
+        refuse_other_precisions(parser)
         super().add_args(parser)
 
     def __init__(self, args, dictionary, output_dictionary=None, targets=None):

@@ -33,7 +33,7 @@ from ..models.tnn_mlm import NOT_FOR_EVAL_LM
 from .batches import ResumableBatchesMixin
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from ..distributed.check import check_joined, refuse_unjoinable
-from .precision import Bf16AutocastMixin, bf16_autocast_field
+from .precision import Bf16AutocastMixin, bf16_autocast_field, refuse_other_precisions
 from .step_metrics import StepMetricsMixin
 from .tnn_language_modeling import model_class
 
@@ -61,6 +61,7 @@ class TnnMaskedLMTask(ResumableBatchesMixin, StepMetricsMixin, Bf16AutocastMixin
     @classmethod
     def add_args(cls, parser):
         refuse_unjoinable(parser)  # while fairseq parses the command line, before it sets up distributed training
+        refuse_other_precisions(parser)
         super().add_args(parser)
 
     def __init__(self, cfg, dictionary=None):

@@ -98,6 +98,22 @@ def test_bf16_autocast_reaches_the_gemms_of_both_tasks(tmp_path, section, arch, 
         assert gemms.dtypes and set(gemms.dtypes) == {want}, dict(gemms.dtypes)
 
 
+@pytest.mark.parametrize("task", ["tnn_language_modeling", "tnn_masked_lm"])
+@pytest.mark.parametrize("other", ["--fp16", "--amp"])
+def test_fairseq_train_refuses_bf16_autocast_with_another_precision(data_bin, tmp_path, task, other):
+    """fairseq-train --bf16-autocast with --fp16 or --amp: refused while the command line is parsed, naming both
+    options, before anything is loaded or written (exit status 2)."""
+    from helpers import lm_train_cmd, mlm_train_cmd, run
+    settings = dict(bf16_autocast=True, max_update=2, save_dir=tmp_path / "ck")
+    cmd = lm_train_cmd(data_bin, other, **settings) if task == "tnn_language_modeling" else \
+        mlm_train_cmd(data_bin, other, **settings)
+    log = run(cmd, expect_ok=False)
+    assert log.strip().splitlines()[-1].startswith(
+        f"fairseq-train: error: --bf16-autocast (fp32 weights under bf16 autocast) cannot be combined with {other}"), \
+        log[-3000:]
+    assert not (tmp_path / "ck").exists()
+
+
 def test_bf16_autocast_refuses_low_precision_weights():
     from fairseq_tnn.tasks.precision import _autocast_for
     model = torch.nn.Linear(2, 2).half()
