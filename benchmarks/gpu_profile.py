@@ -559,7 +559,8 @@ def markdown(result) -> str:
     if compiled:
         out += ["", "## Where the compile time went", "",
                 f"The {COMPILE_PHASES} longest phases of each compiled configuration's first two updates "
-                "(`torch._dynamo.utils.compile_times`; phases nest, so an outer one includes its inner ones).", "",
+                "(`torch._dynamo.utils.compile_times`; phases nest, so an outer one includes its inner ones, and a phase "
+                "that runs in parallel workers, as the C++ compiler's `compile_file`, adds up their times).", "",
                 "| shape | configuration | compile s | longest phases (s) |", "|---|---|---:|---|"]
         for g, c in compiled:
             phases = ", ".join(f"{k} {v:.1f}" for k, v in c["compile_phases"].items())

@@ -358,7 +358,11 @@ def test_gpu_profile_measures_bf16_beside_the_runs_precision(tmp_path):
         phases = c.get("compile_phases")
         assert (phases is not None) == c["compiled"], c["label"]
         if phases:
-            assert 0 < max(phases.values()) <= c["compile_s"] + 5 and len(phases) <= 10
+            # the outermost phase within the compile time; an inner one can exceed it where parallel workers' times
+            # add up (inductor's C++ compile_file on the CPU: 17.4 s in an 11.2 s compile, once bf16 reached the
+            # causal task and compiled code of its own)
+            outer = phases.get("_compile.compile_inner")
+            assert outer is not None and 0 < outer <= c["compile_s"] + 5 and len(phases) <= 10, phases
     # the longest kernels of the eager update in bf16 too, beside the run's precision's (bf16's kernels took 2.9
     # times fp16's on an H200: which ones)
     assert [bool(c.get("top_kernels")) for c in causal["configs"]] == [True, False, True, False]
