@@ -4,11 +4,13 @@ built; the layers themselves know nothing of it."""
 import contextlib
 import inspect
 import logging
+from typing import Iterable, Optional
 
 import torch
 import torch._functorch.config
 from torch import nn
 
+from ..modules.layers import layer_spectra
 from ..modules.tno.base import require
 from .config import COMPILE_MODES, compile_mode, cuda_graphs
 
@@ -150,11 +152,16 @@ class CompiledForward:
         stack.fresh = [p for p in stack.params if p.grad is None]
         torch.compiler.cudagraph_mark_step_begin()
 
+    def runs_graphs(self, x) -> bool:
+        """Whether a call on ``x`` (the layer's input) runs the CUDA-graph compilation: while the layer trains on a
+        CUDA tensor with gradients on and its stack runs compiled; otherwise the plain compiled forward (evaluation,
+        generation, the CPU) or, after a failure to compile, the eager one."""
+        return (self.graphs is not None and self.stack.error is None and self.layer.training
+                and torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.is_cuda)
+
     def _function(self, args):
-        """The compiled function for this call: with CUDA graphs while the layer trains on a CUDA tensor with
-        gradients on, otherwise the plain compiled forward (evaluation, generation, the CPU)."""
-        if self.graphs is not None and self.layer.training and torch.is_grad_enabled() and args \
-                and isinstance(args[0], torch.Tensor) and args[0].is_cuda:
+        """The compiled function for this call (``runs_graphs``)."""
+        if args and self.runs_graphs(args[0]):
             if self.first:
                 self.begin_graph_step()
             return self.graphs
@@ -174,6 +181,30 @@ class CompiledForward:
                     raise
                 self.stack.failed(self.name, err)
         return type(self.layer).forward(self.layer, *args, **kwargs)
+
+
+# The device types on which compiled layers take their TNOs' spectra from the model (``stack_spectra``: computed
+# together, outside the layers' graphs) instead of computing each its own inside its graphs. A GPU waits on launches:
+# with the spectra inside, a compiled causal TNN update launched 1,129 kernels against an eager one's 932 and took 47.5
+# against 32.2 ms (H200, docs/performance.md), and FD-TNN's graph, with its Hilbert transform, took 45 s of inductor's
+# code generation; outside, a layer's graphs run half the kernels (110 against 52 kernel calls, CPU code). The CPU
+# waits on arithmetic instead, and the spectra inductor fuses inside the graphs are the faster there: a compiled
+# update took 14-23% longer with them outside (benchmarks/stacked_spectra.py --compile; docs/performance.md).
+SPECTRA_FROM_THE_MODEL = ("cuda",)
+
+
+def stack_spectra(layers: nn.ModuleList, x: torch.Tensor, kernel_length: Optional[int] = None) -> Iterable:
+    """What a model's loop hands each of its ``layers`` as its TNO's spectrum for the input ``x`` (b, n, d):
+    ``layer_spectra`` (computed outside the layers, together while training), or None for each where compiled layers
+    compute their own inside their graphs: off the devices of ``SPECTRA_FROM_THE_MODEL``, and where they run as CUDA
+    graphs in this call (``CompiledForward.runs_graphs``: a graph's kernels cost no launch of their own, while
+    spectra computed outside would be some 130 eager operations an update, and a copy of each into its graph's
+    static input). Eager layers (and a stack fallen back to them) always take ``layer_spectra``."""
+    forward = vars(layers[0]).get("forward") if len(layers) else None
+    if isinstance(forward, CompiledForward) and forward.stack.error is None and (
+            x.device.type not in SPECTRA_FROM_THE_MODEL or forward.runs_graphs(x)):
+        return [None] * len(layers)
+    return layer_spectra(layers, x.shape[1], kernel_length, x.device)
 
 
 def compile_error(layer: nn.Module):

@@ -20,8 +20,7 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers
-from .compile import compile_per_config
-from ..modules.layers import layer_spectra
+from .compile import compile_per_config, stack_spectra
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
 from .trainer_calls import TrainerCalls
@@ -106,8 +105,9 @@ class TnnDecoder(FairseqIncrementalDecoder):
                 pad_mask = None
         x = self.dropout(self.embed_scale * self.embed_tokens(prev_output_tokens))  # (b, n, d)
         inner_states = [x] if return_all_hiddens else None
-        # eager layers: every layer's spectrum at once (their RPEs as one batched MLP), None where they compute it
-        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], kernel_length, x.device)):
+        # the layers' spectra, computed together while training (their RPEs as one batched MLP); None for each where
+        # compiled layers compute their own inside their graphs (see stack_spectra)
+        for layer, spectrum in zip(self.layers, stack_spectra(self.layers, x, kernel_length)):
             x = layer(x, pad_mask, kernel_length, spectrum)
             if return_all_hiddens:
                 inner_states.append(x)

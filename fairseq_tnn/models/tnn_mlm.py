@@ -14,9 +14,8 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers
-from .compile import compile_per_config, length_bucket
+from .compile import compile_per_config, length_bucket, stack_spectra
 from ..modules import MaskedLMHead
-from ..modules.layers import layer_spectra
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
@@ -106,8 +105,9 @@ class TnnEncoder(TrainerCalls, FairseqEncoder):
             x = self.layernorm_embedding(x)
         x = self.dropout(x)
         inner_states = [x] if return_all_hiddens else None
-        # eager layers: every layer's spectrum at once (their RPEs as one batched MLP), None where they compute it
-        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], None, x.device)):
+        # the layers' spectra, computed together while training (their RPEs as one batched MLP); None for each where
+        # compiled layers compute their own inside their graphs (see stack_spectra)
+        for layer, spectrum in zip(self.layers, stack_spectra(self.layers, x, None)):
             x = layer(x, pad_mask, None, spectrum)
             if return_all_hiddens:
                 inner_states.append(x)

@@ -1,6 +1,6 @@
 """GTU, GLU and the TNN layer, and the layer's cache for incremental decoding."""
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Iterable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -173,22 +173,27 @@ class TnnLayer(nn.Module):
         return self._residual(x, lambda h: self.gtu.step(h, pad_mask, cache, start))
 
 
-def layer_spectra(layers, n: int, kernel_length: Optional[int] = None, device=None) -> list:
-    """For a forward of n positions through ``layers`` (a model's stack), what each layer's ``spectrum`` argument
-    is: the spectra of their TNOs computed together (``SpectralTno.stacked_spectra``: the RPEs as one batched MLP,
-    the operations of one layer's spectrum instead of one per layer), or None for each where the layers compute
-    their own: without autograd (evaluation, generation: computed one layer at a time, each spectrum is freed once
-    its layer is done, where all of them at once would hold L of them, 1.2 GB for a causal wt103 model at 14,336
-    tokens; with autograd every layer keeps its spectrum for the backward anyway), layers whose forward is not
-    their class's (compiled: the spectrum is computed inside each layer's compiled graph), TNOs that are not
-    spectral, or not alike."""
-    none = [None] * len(layers)
-    if len(layers) < 2 or not torch.is_grad_enabled() or any("forward" in vars(layer) for layer in layers):
-        return none
+def layer_spectra(layers, n: int, kernel_length: Optional[int] = None, device=None) -> Iterable:
+    """For a forward of n positions through ``layers`` (a model's stack), each layer's ``spectrum`` argument, in
+    order: the spectra of their TNOs computed together where they train (autograd on) and are alike
+    (``SpectralTno.stacked_spectra``: the RPEs as one batched MLP, the operations of one layer's spectrum instead of
+    one per layer); otherwise each layer's own, computed when the loop reaches its layer (without autograd, in
+    evaluation and generation, each spectrum is then freed once its layer is done, where all of them at once would
+    hold L of them, 1.2 GB for a causal wt103 model at 14,336 tokens; with autograd every layer keeps its spectrum
+    for the backward anyway); None for a TNO that is not spectral (SKI), which computes its own mixing.
+
+    The models hand these to eager layers, and to compiled ones on a GPU, whose graphs then hold the FFT convolution
+    and not the RPE, the FFT of its output or FD's Hilbert transform, launched once per layer (and compiled into each
+    of its graphs) instead of once per stack (``stack_spectra`` in ``fairseq_tnn/models/compile.py``)."""
     tnos = [layer.gtu.tno for layer in layers]
-    if not isinstance(tnos[0], SpectralTno):
-        return none
-    return SpectralTno.stacked_spectra(tnos, tnos[0].spectrum_length(n, kernel_length), device) or none
+    if not tnos or not isinstance(tnos[0], SpectralTno):
+        return [None] * len(layers)
+    if torch.is_grad_enabled():
+        stacked = SpectralTno.stacked_spectra(tnos, tnos[0].spectrum_length(n, kernel_length), device)
+        if stacked is not None:
+            return stacked
+    return (tno.spectrum(tno.spectrum_length(n, kernel_length), device) if isinstance(tno, SpectralTno) else None
+            for tno in tnos)
 
 
 class MaskedLMHead(nn.Module):

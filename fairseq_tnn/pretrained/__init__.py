@@ -150,7 +150,7 @@ class CausalStack(nn.Module):
             if not pad_mask.any():
                 pad_mask = None
         x = self.dropout(self.embed_scale * self.embed_tokens(tokens))  # (b, n, d)
-        # every layer's spectrum at once (their RPEs as one batched MLP), as the fairseq models compute them
+        # the layers' spectra, computed together while training (their RPEs as one batched MLP), as in the fairseq models
         for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], kernel_length, x.device)):
             x = layer(x, pad_mask, kernel_length, spectrum)
         if self.final_norm is not None:

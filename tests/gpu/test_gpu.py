@@ -1,5 +1,6 @@
 """On a CUDA GPU (skipped without one, as in CI): every wt103 architecture trains through fairseq-train
-in fp16 and bf16, compiled layers equal eager ones on the GPU, and so do compiled layers run as CUDA graphs
+in fp16 and bf16, compiled layers equal eager ones on the GPU (alone, and in a model that hands them their spectra),
+and so do compiled layers run as CUDA graphs
 (--tnn-cuda-graphs), gradient accumulation included, in a stack and through fairseq-train; evaluation at
 14,336 tokens is finite in fp16, and the causal models are causal in fp32.
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from helpers import USER_DIR, assert_compiled_matches_eager, cli, rel, run, wt103_presets
-from fairseq_tnn.models.compile import compile_layers, is_compiled
+from fairseq_tnn.models.compile import compile_layers, is_compiled, stack_spectra
 from fairseq_tnn.models.build import build_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -57,6 +58,31 @@ def test_compiled_equals_eager_on_gpu(arch):
     width = stack.embed_tokens.embedding_dim  # 512 causal, 768 masked
     for n in (512, 1000):
         assert_compiled_matches_eager(eager, compiled, torch.randn(2, n, width, device="cuda"))
+
+
+@pytest.mark.parametrize("arch", CAUSAL + MASKED)
+def test_compiled_model_equals_eager_on_gpu(arch):
+    """A 2-layer model with compiled layers against the same eager model, training mode, through the model's own
+    loop: on a GPU the compiled layers take their spectra from the model (``stack_spectra``: the RPEs of the stack as
+    one batched MLP, outside the graphs), which the per-layer test above does not exercise. Output and every
+    parameter's gradient."""
+    torch.manual_seed(0)
+    eager = build_arch(arch, 1000, dropout=0.0, **small(arch)).cuda()
+    model = copy.deepcopy(eager)
+    stack = model.decoder if arch in CAUSAL else model.encoder
+    compile_layers(stack.layers, "strict", "layers")
+    tokens = torch.randint(4, 1000, (2, 512), device="cuda")
+    spectra = list(stack_spectra(stack.layers, torch.zeros(2, 512, 8, device="cuda")))
+    assert all(s is not None for s in spectra) == ("ski" not in arch), arch
+    ye, yc = eager(tokens)[0], model(tokens)[0]
+    g = torch.randn_like(ye)
+    ye.backward(g)
+    yc.backward(g)
+    assert rel(yc, ye) < 1e-5
+    for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
+        assert pe.grad is not None and pc.grad is not None, name
+        assert rel(pc.grad, pe.grad) < 1e-4, (name, float(rel(pc.grad, pe.grad)))
+    assert all(is_compiled(layer) for layer in stack.layers)
 
 
 def _stack(layers, x, *args):

@@ -451,3 +451,45 @@ def test_a_graph_step_moves_the_gradients_of_the_step_before_out_of_the_graphs_m
         assert torch.equal(p.grad, written[p])
     assert torch.equal(params[0].grad, torch.ones_like(params[0])) and params[3].grad is None
     assert forward.stack.fresh == [params[3]]
+
+
+@pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_mlm_tiny"])
+def test_compiled_layers_apply_the_spectra_the_model_computes_on_a_gpu(arch, monkeypatch):
+    """On a GPU (``SPECTRA_FROM_THE_MODEL``; here the CPU added to it) a compiled stack's layers are handed their TNO's
+    spectrum by the model (``stack_spectra``), so that their graphs hold the FFT convolution and not the RPE, its FFT
+    or FD's Hilbert transform (launched once per layer, they made a compiled TNN update launch more kernels than an
+    eager one on an H200): while training, views of one stacked tensor (the RPEs as one batched MLP); in evaluation,
+    each layer's own. The model computes what the eager model does, output and every gradient. On the CPU by default,
+    and where the layers run as CUDA graphs, None: the graphs compute their spectra inside."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = build_arch(arch, 50, dropout=0.0)
+    model = copy.deepcopy(eager)
+    layers = layers_of(model)
+    compile_layers(layers, "strict", "layers")
+    handed = []
+    call = compiling.CompiledForward.__call__
+    monkeypatch.setattr(compiling.CompiledForward, "__call__",
+                        lambda self, *args, **kwargs: handed.append(args[3]) or call(self, *args, **kwargs))
+    tokens = torch.randint(4, 50, (2, 16))
+    x = torch.randn(2, 16, 64)
+    assert compiling.stack_spectra(layers, x) == [None] * len(layers)  # the CPU: inside the graphs
+    monkeypatch.setattr(compiling, "SPECTRA_FROM_THE_MODEL", ("cpu", "cuda"))
+    y = model(tokens)[0]
+    y.pow(2).mean().backward()
+    assert len(handed) == len(layers) >= 2 and all(s is not None for s in handed)
+    bases = {s[0]._base.data_ptr() for s in handed}
+    assert len(bases) == 1 and all(s[0].requires_grad for s in handed), bases
+    ye = eager(tokens)[0]
+    ye.pow(2).mean().backward()
+    assert rel(y, ye) < 1e-5
+    for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
+        assert pe.grad is not None and rel(pc.grad, pe.grad) < 1e-5, name
+    handed.clear()
+    model.eval()
+    with torch.no_grad():
+        model(tokens)
+    assert len(handed) == len(layers) and all(s is not None and not s[0].requires_grad for s in handed)
+    assert all(is_compiled(layer) for layer in layers)
+    monkeypatch.setattr(compiling.CompiledForward, "runs_graphs", lambda self, x: True)
+    assert compiling.stack_spectra(layers, x) == [None] * len(layers)

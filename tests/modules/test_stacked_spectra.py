@@ -69,8 +69,7 @@ def test_a_model_computes_its_layers_spectra_together(arch, monkeypatch):
     """Eager layers: the model's output and every parameter's gradient as when each layer computes its own
     spectrum (and the output of evaluation, where each does) and as the references compute them, and a third fewer
     operations forward and backward (4 layers)."""
-    import fairseq_tnn.models.tnn_lm as tnn_lm
-    import fairseq_tnn.models.tnn_mlm as tnn_mlm
+    import fairseq_tnn.models.compile as compiling
     causal = "_mlm_" not in arch
     torch.manual_seed(0)
     sizes = {"decoder_layers" if causal else "encoder_layers": 4,
@@ -92,8 +91,7 @@ def test_a_model_computes_its_layers_spectra_together(arch, monkeypatch):
     with torch.no_grad():
         evaluated = model(tokens)[0]
     model.train()
-    for module in (tnn_lm, tnn_mlm):
-        monkeypatch.setattr(module, "layer_spectra", lambda layers, *args: [None] * len(layers))
+    monkeypatch.setattr(compiling, "layer_spectra", lambda layers, *args: [None] * len(layers))
     alone = run()
     assert_close_rel(together[0], alone[0], 1e-12)
     assert_close_rel(evaluated, alone[0], 1e-12)
@@ -105,19 +103,36 @@ def test_a_model_computes_its_layers_spectra_together(arch, monkeypatch):
     assert together[2] < 0.75 * alone[2], (together[2], alone[2])
 
 
-def test_compiled_or_unlike_layers_compute_their_own():
-    """``layer_spectra`` of a stack gives each layer None (it computes its own spectrum) where a layer's forward is
-    its own (compiled layers compute their spectrum inside their graph), where the TNOs are not spectral (SKI),
-    and for one layer; a causal FD stack's spectra are those of the planned kernel length."""
+def test_layer_spectra_gives_each_layer_its_spectrum():
+    """``layer_spectra`` gives every spectral layer of a stack its spectrum, so that no layer computes its own (a
+    compiled layer's graph then holds no RPE): stacked while training (compiled layers too: a layer's own
+    ``forward`` attribute changes nothing); one layer's own; without autograd each layer's own, computed only when
+    the loop reaches its layer (one spectrum alive at a time); None for TNOs that are not spectral (SKI); a causal FD
+    stack's spectra are those of the planned kernel length."""
     model = build_arch("tnn_lm_wt103", 50, decoder_layers=2, decoder_embed_dim=16, glu_dim=16)
     layers = model.decoder.layers
-    assert all(s is not None for s in layer_spectra(layers, 24))
-    assert layer_spectra(layers[:1], 24) == [None]
-    with torch.no_grad():  # evaluation: one spectrum at a time, each freed after its layer
-        assert layer_spectra(layers, 24) == [None, None]
+    own = [layer.gtu.tno.spectrum(24) for layer in layers]
+    together = layer_spectra(layers, 24)
+    assert isinstance(together, list) and [size for _, size in together] == [size for _, size in own]
+    for (spec, _), (mine, _) in zip(together, own):
+        assert_close_rel(spec, mine, 1e-5)
     compiled = copy.deepcopy(layers)
     compiled[1].forward = compiled[1].forward  # an instance attribute, as compile_layers sets one
-    assert layer_spectra(compiled, 24) == [None, None]
+    assert all(s is not None for s in layer_spectra(compiled, 24))
+    alone = list(layer_spectra(layers[:1], 24))
+    assert len(alone) == 1 and alone[0][1] == own[0][1]
+    assert_close_rel(alone[0][0], own[0][0], 1e-6)
+    made = []
+    for layer in layers:  # spy on each TNO's spectrum: when is it computed?
+        layer.gtu.tno.spectrum = (lambda f: lambda *a: made.append(1) or f(*a))(layer.gtu.tno.spectrum)
+    with torch.no_grad():  # evaluation: one spectrum at a time, each freed after its layer
+        lazy = iter(layer_spectra(layers, 24))
+        assert made == []
+        first = next(lazy)
+        assert len(made) == 1 and not first[0].requires_grad
+        assert_close_rel(first[0], own[0][0], 1e-6)
+        next(lazy)
+        assert len(made) == 2
     ski = build_arch("ski_tnn_mlm_wt103", 50, encoder_layers=2, encoder_embed_dim=16, glu_dim=16)
     assert layer_spectra(ski.encoder.layers, 24) == [None, None]
     fd = build_arch("fd_tnn_lm_wt103", 50, decoder_layers=2, decoder_embed_dim=16, glu_dim=16).decoder.layers

@@ -474,6 +474,25 @@ def test_stacked_spectra_benchmark_counts_both_paths():
     assert code == 2 and "--rounds=0 is invalid" in log, log[-2000:]
 
 
+@pytest.mark.slow
+def test_stacked_spectra_benchmark_compiled_times_both_paths_and_their_cold_compiles():
+    """benchmarks/stacked_spectra.py --compile: compiled layers with each layer's spectrum inside its graph and handed
+    in by the model, side by side; each path's compile time (update + validation) from a process of its own, and the
+    kernel calls of the layer's generated graphs, fewer where the model hands the spectra in."""
+    cmd = [sys.executable, str(ROOT / "benchmarks/stacked_spectra.py"), "--archs", "fd_tnn_lm_wt103", "--width", "16",
+           "--rounds", "1", "--compile"]
+    code, log, _ = execute(cmd, command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    row = next(line for line in log.splitlines() if line.startswith("| fd_tnn_lm_wt103 |"))
+    cells = row.strip("| ").split(" | ")[1:]
+    assert cells[:2] == ["-", "-"] and all(float(v) > 0 for v in cells[2:4]), row
+    for cell in cells[4:6]:
+        update, valid = (float(v) for v in cell.split(" + "))
+        assert update > 0 and valid > 0, row
+    own, together = (int(v) for v in cells[6:8])
+    assert 0 < together < own, row  # the spectra's kernels left the layer's graphs
+
+
 def test_gpu_profile_amp_rows_are_fairseqs_amp_and_need_a_gpu(tmp_path):
     """--amp rows train with fairseq's --amp (AMPOptimizer: fp32 weights, torch's gradient scaler) beside --fp16's
     FP16Optimizer; on the CPU the harness builds that trainer (its scaler disabled by torch: no loss scale), and the
