@@ -198,7 +198,7 @@ def stack_spectra(layers: nn.ModuleList, x: torch.Tensor, kernel_length: Optiona
     ``layer_spectra`` (computed outside the layers, together while training), or None for each where compiled layers
     compute their own inside their graphs: off the devices of ``SPECTRA_FROM_THE_MODEL``, and where they run as CUDA
     graphs in this call (``CompiledForward.runs_graphs``: a graph's kernels cost no launch of their own, while
-    spectra computed outside would be some 130 eager operations an update, and a copy of each into its graph's
+    spectra computed outside would be some 120 eager operations an update, and a copy of each into its graph's
     static input). Eager layers (and a stack fallen back to them) always take ``layer_spectra``."""
     forward = vars(layers[0]).get("forward") if len(layers) else None
     if isinstance(forward, CompiledForward) and forward.stack.error is None and (

@@ -50,6 +50,18 @@ def test_stacked_spectra_equal_each_tnos_own(tno_type, causal, settings, device)
         assert_close_rel(a, b, 1e-10, name)
 
 
+@pytest.mark.parametrize("tno_type,causal,settings", SPECTRAL)
+def test_stacked_spectra_cost_one_operation_more_than_one_spectrum(tno_type, causal, settings):
+    """The spectra of a stack of TNOs dispatch the operations of one TNO's spectrum and one more: the copy that stacks
+    all their RPE weights (one ``torch.stack`` per weight took one operation each, 8 for these 2-layer RPEs)."""
+    tnos = _tnos(tno_type, causal, settings, "cpu")
+    n = 16
+    SpectralTno.stacked_spectra(tnos, n), tnos[0].spectrum(n)  # the constants the fast paths keep, built
+    _, stacked = count(lambda: SpectralTno.stacked_spectra(tnos, n))
+    _, one = count(lambda: tnos[0].spectrum(n))
+    assert stacked.total == one.total + 1, (dict(stacked.counts), dict(one.counts))
+
+
 def test_stacked_spectra_decline_what_does_not_stack():
     n = 20
     assert SpectralTno.stacked_spectra(_tnos("tnn", True, {}, "cpu", 1), n) is None  # one TNO: nothing to batch
