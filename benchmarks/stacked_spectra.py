@@ -11,8 +11,8 @@ process CPU time of the rounds is printed, in ms.
 
 ``--compile``: the layers compiled (``--tnn-compile strict``), where "each its own" computes each layer's spectrum
 inside its compiled graph (what compiled layers do on the CPU) and "together" hands them the spectra computed
-together (what they do on a GPU, ``SPECTRA_FROM_THE_MODEL`` in ``fairseq_tnn/models/compile.py``). No operations are counted then (dynamo runs a compiled function eagerly while a dispatch
-mode counts); instead each path's compile time is measured in a process of its own with inductor's cache in a new
+together (what they do on a GPU, ``SPECTRA_FROM_THE_MODEL`` in ``fairseq_tnn/models/compile.py``). No operations
+are counted then (dynamo runs a compiled function eagerly while a dispatch mode counts); instead each path's compile time is measured in a process of its own with inductor's cache in a new
 folder (cold; in one process the second path would reuse the first's kernels): a training update (forward and
 backward) and then a validation forward (no gradients), the first call of each, which compiles its graphs; and the
 kernel calls in the code inductor generated for them (the graphs of one layer, which every layer of the stack runs:
@@ -91,7 +91,7 @@ def generated_kernel_calls(cache: str) -> int:
 
 
 def compile_seconds(arch: str, width: int, path: str) -> Tuple[float, float]:
-    """In this process (a new one, see ``cold_compile_seconds``): the seconds of the first compiled training update
+    """In this process (a new one, see ``cold_compile``): the seconds of the first compiled training update
     and of the first validation forward of ``arch`` along ``path``."""
     torch.compile(lambda t: t * 2)(torch.ones(2))  # inductor's first compilation loads its own code: no path's
     model = _build(arch, width, True)

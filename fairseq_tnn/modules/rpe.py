@@ -13,23 +13,28 @@ from .activations import get_activation
 from .norm import build_norm
 
 
+def _one_copy(tensors, shapes, dt: torch.dtype) -> list:
+    """``tensors`` flattened into one concatenated copy in ``dt`` (one operation, and one for the gradients back),
+    viewed as ``shapes`` in turn (each the total size of one or more of them)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors]).to(dt)
+    return [v.view(shape) for v, shape in zip(flat.split([torch.Size(shape).numel() for shape in shapes]), shapes)]
+
+
 def _in_dtype(params, dt: torch.dtype):
     """``params`` in ``dt``: as they are, or (16-bit weights set directly) all cast in one operation, and their
     gradients back in one, instead of one per weight (16 for RPE 6)."""
     if all(p.dtype == dt for p in params):
         return params
-    flat = torch.cat([p.reshape(-1) for p in params]).to(dt)
-    return [v.view_as(p) for v, p in zip(flat.split([p.numel() for p in params]), params)]
+    return _one_copy(params, [p.shape for p in params], dt)
 
 
-def _stacked_params(rpes) -> list:
-    """Each parameter of ``rpes`` (``rpe_params`` order) with a leading dimension of len(rpes), all made by one copy:
-    the flattened weights concatenated kind by kind, each kind's block viewed (L, *shape) (a ``torch.stack`` per kind
-    took one operation each, 16 for RPE 6). The backward hands each RPE's parameter its gradient as a view."""
+def _stacked_params(rpes, dt: torch.dtype) -> list:
+    """Each parameter of ``rpes`` (``rpe_params`` order) in ``dt`` with a leading dimension of len(rpes), all made by
+    one copy (``_one_copy``): the flattened weights concatenated kind by kind, each kind's block viewed (L, *shape) (a
+    ``torch.stack`` per kind took one operation each, 16 for RPE 6). The backward hands each RPE's parameter its
+    gradient as a view."""
     kinds = list(zip(*(rpe_params(r) for r in rpes)))
-    flat = torch.cat([w.reshape(-1) for ws in kinds for w in ws])
-    blocks = flat.split([len(ws) * ws[0].numel() for ws in kinds])
-    return [block.view(len(ws), *ws[0].shape) for block, ws in zip(blocks, kinds)]
+    return _one_copy([w for ws in kinds for w in ws], [(len(ws), *ws[0].shape) for ws in kinds], dt)
 
 
 class Rpe(nn.Module):
@@ -136,7 +141,7 @@ class Rpe(nn.Module):
         first = rpes[0]
         eps, dt = first.norms[0].eps, first._dtype()
         with autocast_off(t.device.type):
-            return rpe_mlp_stacked(t, scale, _in_dtype(_stacked_params(rpes), dt), first.activation, first.norm_type,
+            return rpe_mlp_stacked(t, scale, _stacked_params(rpes, dt), first.activation, first.norm_type,
                                    eps, len(first.linears), dt)
 
     def channel_major_ref(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
