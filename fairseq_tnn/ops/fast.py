@@ -4,7 +4,7 @@ Eager PyTorch pays host time for every operation it dispatches (10-25 microsecon
 than many of the TNO's small kernels take). The fast paths dispatch fewer operations for the same
 function: the RPE MLP as one operator with a hand-written backward (``ops/rpe.py``), all the layers' RPEs of a
 stack as one batched MLP (``modules/layers.py``, ``layer_spectra``), the layers' RMS norm as one operator
-(``ops/norm.py``), and the tensors that depend on nothing but a length (positions, frequency grids, decay
+(``ops/norm.py``), SKI's band blocks and low-rank spectrum each as one GEMM of its parameters (``ops/ski.py``), and the tensors that depend on nothing but a length (positions, frequency grids, decay
 factors, bin multiplicities, masks) built once per length and device instead of once per layer and step
 (``constant``).
 

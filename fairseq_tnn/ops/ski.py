@@ -34,6 +34,7 @@ Computation is in float32 (float64 for float64 input); the output is cast to
 ``x.dtype``.
 """
 import functools
+import math
 from typing import Callable, Optional, Tuple, Union
 
 import torch
@@ -41,8 +42,10 @@ import torch.nn.functional as F
 
 from torch.autograd.function import once_differentiable
 
+from . import fast
 from .checks import check_lam, check_layout, check_length, check_rank, check_taps
-from .toeplitz import AUTOCAST_DEVICE_TYPES, autocast_off, fft_dtype, seq_shape, toeplitz_fft
+from .toeplitz import (AUTOCAST_DEVICE_TYPES, autocast_off, fft_conv, fft_dtype, next_fast_len, seq_shape,
+                       toeplitz_fft)
 
 
 # ----------------------------------------------------------------------------
@@ -59,9 +62,11 @@ def _rank_of(knots: torch.Tensor) -> int:
 
 
 def check_ski_args(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor],
-                   lam: Union[float, torch.Tensor], layout: str = "bnd") -> None:
+                   lam: Union[float, torch.Tensor], layout: str = "bnd", scale: float = 1.0) -> None:
     """The arguments of ``ski_tno`` / ``ski_tno_ref``: x (b, n, d) (``dbn``: (d, *batch, n)), conv_weight (d, m)
-    with m odd, knots (2r, d) with r >= 2 or None, 0 < lam < 1."""
+    with m odd, knots (2r, d) with r >= 2 or None, 0 < lam < 1, a finite real scale."""
+    if isinstance(scale, (bool, torch.Tensor)) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"scale={scale!r} is invalid: must be a finite real number (f = scale * knots)")
     if layout == "bnd" and x.dim() != 3:
         raise ValueError(f"x must have shape (b, n, d), got {tuple(x.shape)}")
     if layout == "dbn" and x.dim() < 2:
@@ -199,14 +204,30 @@ def band_matrix(conv_weight: torch.Tensor, block: int) -> torch.Tensor:
     """(d, block + m - 1, block) per-channel band blocks: K[c, q, p] = w[c, q - p] for 0 <= q - p < m.
 
     Row q of a block's window is position (block start - h + q), column p is
-    output position (block start + p), h = (m - 1) / 2. Built as a Hankel view
-    of the zero-padded taps, flipped (a Toeplitz matrix), so autograd carries
-    dL/dK back to the m taps by summing its diagonals.
+    output position (block start + p), h = (m - 1) / 2. K is linear in the
+    taps: the fast path (``fast.enabled``) takes it as one GEMM of the taps with a
+    0/1 matrix that places tap k on the k-th diagonal (``_band_placement``, built
+    once per (m, block)), whose backward is one GEMM as well; the reference builds
+    it as a Hankel view of the zero-padded taps, flipped (a Toeplitz matrix), so
+    autograd carries dL/dK back to the m taps by summing its diagonals (4
+    operations forward and 4 backward instead of 1 and 1).
     """
     d, m = conv_weight.shape
     rows = block + m - 1
+    if fast.enabled():
+        placement = fast.constant(("ski-band-placement", m, block, conv_weight.dtype), conv_weight.device,
+                                  lambda: _band_placement(m, block, conv_weight.device, conv_weight.dtype))
+        return torch.mm(conv_weight, placement).view(d, rows, block)
     v = torch.cat([conv_weight.new_zeros(d, block - 1), conv_weight, conv_weight.new_zeros(d, rows - m)], dim=1)
     return v.unfold(1, block, 1).flip(-1)  # (d, rows, block): v[q + block - 1 - p] = w[q - p]
+
+
+def _band_placement(m: int, block: int, device, dtype) -> torch.Tensor:
+    """(m, (block + m - 1) * block): entry (k, (q, p)) is 1 where q - p = k, so that taps (d, m) times it are the
+    band blocks of ``band_matrix``, flattened (each entry one tap times 1: exact in any dtype)."""
+    q = torch.arange(block + m - 1, device=device)
+    lag = q[:, None] - torch.arange(block, device=device)[None, :]  # (rows, block)
+    return (torch.arange(m, device=device)[:, None, None] == lag[None]).to(dtype).view(m, -1)
 
 
 def _windows(x: torch.Tensor, block: int, h: int) -> torch.Tensor:
@@ -277,11 +298,12 @@ def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOC
 
 
 def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor], lam: float,
-            layout: str = "bnd") -> torch.Tensor:
+            layout: str = "bnd", scale: float = 1.0) -> torch.Tensor:
     """SKI-TNO: y = Band x + W A W^T x per channel (see the module docstring).
 
     x: (b, n, d) (``layout="dbn"``: (d, *batch, n)); conv_weight: (d, m), m odd;
-    knots: (2r, d), r >= 2, or None for the band alone; 0 < lam < 1. Returns x's
+    knots: (2r, d), r >= 2, or None for the band alone; 0 < lam < 1; ``scale``: f is
+    ``scale`` times the knots (the module's ``--ski-lowrank mean``). Returns x's
     shape in x.dtype; computes in float32 (float64 for float64 x), but for the
     GEMMs of a 16-bit x with taps of that dtype or under autocast to it (``band_dtype``).
 
@@ -301,12 +323,12 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
     not; the blocked GEMM costs a few times the bare data movement.
     """
     check_layout(layout)
-    check_ski_args(x, conv_weight, knots, lam, layout)
+    check_ski_args(x, conv_weight, knots, lam, layout, scale)
     gemm = band_dtype(x, conv_weight)
     # Autocast off: the GEMMs run in the dtype chosen here (``band_dtype``), which the hand-written band backward
     # assumes (its saved input cast to the taps' dtype).
     with autocast_off(x.device.type):
-        return _ski_tno(x, conv_weight, knots, lam, layout, gemm)
+        return _ski_tno(x, conv_weight, knots, lam, layout, gemm, float(scale))
 
 
 def band_dtype(x: torch.Tensor, conv_weight: torch.Tensor) -> torch.dtype:
@@ -327,30 +349,61 @@ def band_dtype(x: torch.Tensor, conv_weight: torch.Tensor) -> torch.dtype:
     return fft_dtype(x)
 
 
-def _ski_tno(x, conv_weight, knots, lam, layout, gemm):
+def _ski_tno(x, conv_weight, knots, lam, layout, gemm, scale):
     ct = fft_dtype(x)
     xd = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n), x's dtype
     d, n = xd.shape[0], xd.shape[-1]
     xd = xd.reshape(d, -1, n)  # (d, R, n), R = batch
     y = band_conv(xd, conv_weight.to(gemm))  # (d, R, n) in the GEMMs' dtype; its backward keeps x in x's dtype
     if knots is not None:
-        y = _add_lowrank(y, xd, knots.to(ct), lam)
+        y = _add_lowrank(y, xd, knots.to(ct), lam, scale)
     if layout == "bnd":
         return y.view(d, x.shape[0], n).permute(1, 2, 0).to(x.dtype)
     return y.view(x.shape).to(x.dtype)
 
 
-def _add_lowrank(y, xd, knots, lam):
+def _add_lowrank(y, xd, knots, lam, scale=1.0):
     """y + W A W^T x, channel-major y and xd (d, R, n): the GEMMs with W in y's dtype (the band's, see
-    ``band_dtype``), A's kernel from the knots in theirs and its FFT in float32 (float64)."""
+    ``band_dtype``), A's kernel from ``scale`` times the knots in theirs and its FFT in float32 (float64).
+
+    A's kernel, its circulant embedding and that column's rfft are all linear in the knots, so the fast path
+    (``fast.enabled``) takes A's spectrum as one GEMM of the knots with their composition
+    (``_lowrank_spectrum_matrix``, built once per length, rank, lambda and scale): 1 operation forward and 1
+    backward where the reference (``ski_kernel``, the scale's product and ``toeplitz_fft``'s kernel spectrum)
+    dispatches 7 and about as many."""
     d, rows, n = xd.shape
     gt = y.dtype
     r = knots.shape[0] // 2
-    pos, neg = ski_kernel(n, knots, lam)  # (r_eff, d), (r_eff - 1, d)
     w = _interp_matrix_cached(n, r, xd.device, gt)  # (n, r_eff)
     z = torch.mm(xd.reshape(d * rows, n).to(gt), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
-    az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r), z's dtype
+    if fast.enabled():
+        check_lam(lam)
+        ct = knots.dtype
+        matrix, size = fast.constant(("ski-lowrank-spectrum", n, r, float(lam), float(scale), ct), knots.device,
+                                     lambda: _lowrank_spectrum_matrix(n, r, float(lam), float(scale), knots.device, ct))
+        spectrum = torch.view_as_complex(torch.mm(knots.t(), matrix).view(d, -1, 2))  # (d, size // 2 + 1)
+        az = fft_conv(z, spectrum, size, layout="dbn")  # (d, R, r_eff) = A W^T x, z's dtype
+    else:
+        pos, neg = ski_kernel(n, knots * scale if scale != 1.0 else knots, lam)  # (r_eff, d), (r_eff - 1, d)
+        az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r), z's dtype
     return y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
+
+
+def _lowrank_spectrum_matrix(n: int, r: int, lam: float, scale: float, device, dtype) -> Tuple[torch.Tensor, int]:
+    """(2r, 2 (size // 2 + 1)) real matrix M and the FFT size of A's circulant embedding at length n: knots^T M,
+    viewed as complex (d, size // 2 + 1), is the rfft of the circulant column of A's kernel for ``scale`` times
+    the knots (pos: lags 0 .. r_eff - 1, then zeros, then the negative lags; ``toeplitz_fft``'s embedding),
+    interleaved real and imaginary parts. Computed in float64, returned in ``dtype``."""
+    r_eff = min(r, n)
+    size = next_fast_len(2 * r_eff - 1)
+    m_pos, m_neg = _kernel_matrices(n, r, lam, device, torch.float64)  # (r_eff, 2r), (r_eff - 1, 2r)
+    columns = torch.zeros(2 * r, size, dtype=torch.float64, device=device)  # knot j's circulant column in row j
+    columns[:, :r_eff] = m_pos.t()
+    if r_eff > 1:
+        columns[:, size - r_eff + 1:] = m_neg.flip(0).t()
+    # along the last dim (torch 2.11's compiled rfft along dim 0 expects another stride than it returns)
+    spectra = torch.fft.rfft(columns * scale)  # (2r, size // 2 + 1)
+    return torch.view_as_real(spectra).reshape(2 * r, -1).to(dtype), size
 
 
 # ----------------------------------------------------------------------------
@@ -416,15 +469,15 @@ def band_dense(n: int, conv_weight: torch.Tensor) -> torch.Tensor:
 
 
 def ski_tno_ref(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor], lam: float,
-                layout: str = "bnd") -> torch.Tensor:
-    """Dense reference for ``ski_tno``: y = (Band + W A W^T) x per channel, O(n^2 d)."""
+                layout: str = "bnd", scale: float = 1.0) -> torch.Tensor:
+    """Dense reference for ``ski_tno``: y = (Band + W A W^T) x per channel, O(n^2 d), f = ``scale`` times the knots."""
     check_layout(layout)
-    check_ski_args(x, conv_weight, knots, lam, layout)
+    check_ski_args(x, conv_weight, knots, lam, layout, scale)
     ct = fft_dtype(x)
     n, _ = seq_shape(x, layout)
     t = band_dense(n, conv_weight.to(ct))  # (d, n, n)
     if knots is not None:
-        t = t + ski_lowrank_dense(n, knots.to(ct), lam)
+        t = t + ski_lowrank_dense(n, knots.to(ct) * scale, lam)
     if layout == "dbn":
         return torch.einsum("cij,c...j->c...i", t, x.to(ct)).to(x.dtype)
     return torch.einsum("cij,bjc->bic", t, x.to(ct)).to(x.dtype)

@@ -1,5 +1,6 @@
 """The fast paths (fairseq_tnn/ops/fast.py) against their references, forward and gradients, on every device:
-the RPE MLP as one operator with a hand-written backward (ops/rpe.py), and the constants built once per length.
+the RPE MLP as one operator with a hand-written backward (ops/rpe.py), SKI's band and low-rank spectrum as one GEMM
+each (ops/ski.py), and the constants built once per length.
 And the point of them: fewer operations dispatched (benchmarks/opcount.py's counter)."""
 import pytest
 import torch
@@ -185,6 +186,37 @@ def test_tno_fast_paths_match_references(tno_type, causal, settings, device):
             assert_close_rel(a, b, 1e-10)
 
 
+@pytest.mark.parametrize("lowrank", ["mean", "sum"])
+@pytest.mark.parametrize("n", [3, 37, 64])
+def test_ski_fast_paths_match_references(lowrank, n, device):
+    """SKI-TNO with knots away from zero (a new model's 'mean' knots start at zero, which hides A's part of the
+    output), at lengths below, around and above the rank (8): the band's taps placed by one GEMM and A's spectrum
+    taken by one GEMM of the (scaled) knots, against the references (the band by a flipped Hankel view, A's kernel
+    and its FFT; float64) and against the dense operator; forward and every gradient, twice (cached constants)."""
+    from fairseq_tnn.ops.ski import ski_tno_ref
+    torch.manual_seed(0)
+    tno = build_tno("ski", 8, False, ski_rank=8, ski_taps=5, ski_lowrank=lowrank, training_length=48)
+    tno = tno.to(device, torch.float64)
+    torch.nn.init.normal_(tno.knots)
+    x = torch.randn(8, 2, n, dtype=torch.float64, device=device, requires_grad=True)
+    g = torch.randn_like(x)
+    leaves = [x, tno.conv_weight, tno.knots]
+    with fast.references():
+        y_ref = tno(x, layout="dbn")
+        gs_ref = torch.autograd.grad(y_ref, leaves, g)
+    y_dense = ski_tno_ref(x, tno.conv_weight, tno.knots, tno.warp_decay, layout="dbn", scale=tno.lowrank_scale(n))
+    gs_dense = torch.autograd.grad(y_dense, leaves, g)
+    assert (tno.lowrank_scale(n) == 1.0) == (lowrank == "sum")
+    for _ in range(2):
+        y = tno(x, layout="dbn")
+        gs = torch.autograd.grad(y, leaves, g)
+        assert_on(device, y, *gs)
+        for want, want_grads in ((y_ref, gs_ref), (y_dense, gs_dense)):
+            assert_close_rel(y, want, 1e-11)
+            for name, a, b in zip(["x", "conv_weight", "knots"], gs, want_grads):
+                assert_close_rel(a, b, 1e-10, name)
+
+
 def test_constants_built_in_inference_mode_serve_training():
     """A length first seen while generating (inference mode) is cached as an ordinary tensor, which training can
     then save for its backward."""
@@ -199,10 +231,11 @@ def test_constants_built_in_inference_mode_serve_training():
 
 
 @pytest.mark.parametrize("tno_type,causal,settings,fewer_forward,fewer_backward", [
-    ("tnn", True, {}, 10, 50), ("tnn", False, {}, 20, 50), ("fd", True, {}, 5, 30)])
+    ("tnn", True, {}, 10, 50), ("tnn", False, {}, 20, 50), ("fd", True, {}, 5, 30), ("ski", False, {}, 8, 15)])
 def test_fast_paths_dispatch_fewer_operations(tno_type, causal, settings, fewer_forward, fewer_backward):
     """One TNO (RPE 6 for TNN, 3 for FD), a steady step: the fast paths dispatch at least this many operations
-    fewer than the references (measured: TNN causal 58 -> 44 forward, 141 -> 80 backward)."""
+    fewer than the references (measured: TNN causal 58 -> 44 forward, 141 -> 80 backward; SKI 21 -> 12 and
+    40 -> 22, of which 31 -> 22 by the band's taps and A's spectrum each placed by one GEMM)."""
     torch.manual_seed(0)
     tno = build_tno(tno_type, 16, causal, **settings)
     x = torch.randn(16, 1, 64, requires_grad=True)

@@ -111,8 +111,8 @@ HALF_TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_taps_run_the_gemms_in_their_dtype(dtype, device):
     """x and taps in one 16-bit dtype (a --fp16 model's half weights): the band's GEMMs (forward and both of its
-    backward) and the low rank's with W (W^T x, W A W^T x and their backward) run in that dtype (tensor cores on a
-    GPU), only the knots' interpolation in float32; output and the three gradients match the float64 reference on
+    backward, and the placement of its taps) and the low rank's with W (W^T x, W A W^T x and their backward) run in that dtype (tensor cores on a
+    GPU), only A's spectrum from the knots in float32; output and the three gradients match the float64 reference on
     the same values. With float32 taps (bf16 autocast) every GEMM stays in float32."""
     x, conv_weight, knots = make_inputs(256, 16, 17, torch.float32, device=device)
     inputs = [t.to(dtype).detach().requires_grad_(True) for t in (x, conv_weight, knots)]
@@ -120,8 +120,10 @@ def test_half_taps_run_the_gemms_in_their_dtype(dtype, device):
     with _GemmDtypes() as seen:
         y = ski_tno(*inputs, lam=0.9)
         grads = torch.autograd.grad(y, inputs, g)
-    assert seen.named(dtype) == ["addmm", "bmm", "bmm", "bmm", "mm", "mm", "mm"], seen.gemms
-    assert set(seen.named(torch.float32)) == {"mm"} and y.dtype == dtype  # f at the warped lags: fp32
+    # 3 bmm: the band forward and its two backward; 5 mm: W^T x, its backward, the taps placed on the band's
+    # diagonals (fast.enabled: forward and backward), W's part of the addmm backward
+    assert seen.named(dtype) == ["addmm", "bmm", "bmm", "bmm", "mm", "mm", "mm", "mm", "mm"], seen.gemms
+    assert set(seen.named(torch.float32)) == {"mm"} and y.dtype == dtype  # A's spectrum from the knots: fp32
     wide = [t.detach().double().requires_grad_(True) for t in inputs]
     y_ref = ski_tno_ref(*wide, lam=0.9)
     grads_ref = torch.autograd.grad(y_ref, wide, g.double())
@@ -146,7 +148,7 @@ def test_autocast_runs_the_gemms_in_its_dtype(device):
     with torch.autocast(torch.device(device).type, dtype=torch.bfloat16), _GemmDtypes() as seen:
         y = ski_tno(x16, w, knots, lam=0.9)
         gx, gw = torch.autograd.grad(y, [x16, w], g)
-    assert seen.named(torch.bfloat16) == ["addmm", "bmm", "bmm", "bmm", "mm", "mm", "mm"], seen.gemms
+    assert seen.named(torch.bfloat16) == ["addmm", "bmm", "bmm", "bmm", "mm", "mm", "mm", "mm", "mm"], seen.gemms
     assert y.dtype == torch.bfloat16 and gw.dtype == torch.float32 and gx.dtype == torch.bfloat16
     rounded = w.detach().to(torch.bfloat16).requires_grad_(True)
     y_rounded = ski_tno(x16, rounded, knots, lam=0.9)
@@ -318,6 +320,14 @@ def test_bad_lam(lam):
         ski_tno(x, conv_weight, knots, lam=lam)
     with pytest.raises(ValueError, match=r"lam"):
         ski_tno_ref(x, conv_weight, knots, lam=lam)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), torch.tensor(0.5), "0.5", True])
+def test_bad_scale(scale):
+    x, conv_weight, knots = make_inputs(16, 4, 3, torch.float32)
+    for op in (ski_tno, ski_tno_ref):
+        with pytest.raises(ValueError, match=r"scale=.*finite real number"):
+            op(x, conv_weight, knots, lam=0.9, scale=scale)
 
 
 # ----------------------------------------------------------------------------

@@ -116,7 +116,8 @@ class SkiTno(Tno):
 
     def forward(self, x: torch.Tensor, layout: str = "bnd") -> torch.Tensor:
         n = seq_shape(x, layout)[0]
-        return ski_tno(x, self.conv_weight, self.lowrank_knots(n), self.warp_decay, layout=layout)
+        # the scale goes to the operator, which folds it into a constant (one product fewer each way)
+        return ski_tno(x, self.conv_weight, self.knots, self.warp_decay, layout=layout, scale=self.lowrank_scale(n))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         key = prefix + "version"
