@@ -16,7 +16,9 @@ operations of the training forward (model and criterion, as fairseq's task runs 
 backward, and of a whole ``Trainer.train_step`` (clipping, the optimizer and fairseq's bookkeeping
 included), each beside the CPU time of one update at that size; and one TNO of the paper's width (d1 =
 1536) alone, forward and backward. With the fast paths (``fairseq_tnn/ops/fast.py``) and with their
-references, side by side in one run: ``--paths fast reference``. Writes ``opcount.json`` and ``opcount.md``.
+references, side by side in one run: ``--paths fast reference``. ``--precision bf16`` counts the models'
+updates under ``--bf16-autocast`` (fp32 weights, every Linear's weights and inputs cast to bf16 as it runs; fp16's
+half weights need a GPU for fairseq's FP16Optimizer). Writes ``opcount.json`` and ``opcount.md``.
 """
 import argparse
 import collections
@@ -45,6 +47,7 @@ TNOS = [("TNN TNO (RPE 6), causal", "tnn", True, {}), ("TNN TNO (RPE 3), causal"
         ("FD-TNO (RPE 3), causal", "fd", True, {}), ("TNN TNO (RPE 6), bidirectional", "tnn", False, {}),
         ("FD-TNO (RPE 3), bidirectional", "fd", False, {}), ("SKI-TNO, bidirectional", "ski", False, {})]
 PATHS = ("fast", "reference")
+PRECISIONS = {"fp32": "fp32", "bf16": "bf16 autocast (--bf16-autocast)"}
 
 
 def _is_metadata(func, out) -> bool:
@@ -148,14 +151,15 @@ def trainer_counts(trainer, sample) -> Dict:
             "update": counter.total, "forward_ops": dict(fwd), "backward_ops": dict(bwd)}
 
 
-def model_counts(section: str, key: str, n: int, data: str, quick: bool, timed: int, vocab: int, width=None) -> Dict:
-    """``trainer_counts`` of one model at batch 1 x n on the CPU (``width``: instead of the preset's), and the median
-    time of ``timed`` updates."""
+def model_counts(section: str, key: str, n: int, data: str, quick: bool, timed: int, vocab: int, width=None,
+                 precision: str = "fp32") -> Dict:
+    """``trainer_counts`` of one model at batch 1 x n on the CPU (``width``: instead of the preset's; ``precision``:
+    fp32 or bf16, ``--bf16-autocast``), and the median time of ``timed`` updates."""
     from benchmarks import trainer as tr
     arch = {"bound_identity": "tnn_lm_wt103" if section == "causal" else "tnn_mlm_wt103"}.get(key, key)
     bound = "identity" if key == "bound_identity" else None
     torch.manual_seed(1)
-    trainer = tr.build_trainer(section, arch, bound, n, "cpu", "fp32", False, data, quick, width)
+    trainer = tr.build_trainer(section, arch, bound, n, "cpu", precision, False, data, quick, width)
     sample = tr.synthetic_sample(section, n, 1, vocab)
     trainer.train_step([sample])  # allocates the optimizer state: the counts below are a steady update's
     result = trainer_counts(trainer, sample)
@@ -176,7 +180,7 @@ TNO_IDS = [f"{t}-{'causal' if c else 'bidirectional'}{'-rpe' + str(s['rpe_layers
 
 
 def run(quick: bool, path_names, n: int, d1: int, timed: int, log, models=None, tno_ids=None, vocab=None,
-        width=None) -> Dict:
+        width=None, precision: str = "fp32") -> Dict:
     """``vocab``: the dictionary's size (default: Wikitext-103's, or the quick one); the counts do not depend on it."""
     import fairseq_tnn
     fairseq_tnn.register()
@@ -191,7 +195,7 @@ def run(quick: bool, path_names, n: int, d1: int, timed: int, log, models=None, 
             row = {"section": section, "model": key, "id": f"{section}/{key}", "label": LABELS.get(key, key)}
             for p in path_names:
                 with paths(p):
-                    row[p] = model_counts(section, key, n, data, quick, timed, vocab, width)
+                    row[p] = model_counts(section, key, n, data, quick, timed, vocab, width, precision)
                 log(f"[{section}] {row['label']:<40} {p:<9} forward {row[p]['forward']:5d}, forward + backward "
                     f"{row[p]['forward_backward']:5d}, update {row[p]['update']:5d}, {row[p]['update_ms'] or 0:8.1f} ms")
             rows.append(row)
@@ -212,7 +216,7 @@ def markdown(result: Dict) -> str:
     meta = result["meta"]
     ps = meta["paths"]
     out = [f"# Operations dispatched per update, eager ({meta['machine']}; torch {meta['torch']})", "",
-           f"Batch 1 x {meta['n']}, CPU, fp32, {'quick sizes' if meta['quick'] else 'the presets at their published sizes'}, "
+           f"Batch 1 x {meta['n']}, CPU, {PRECISIONS[meta.get('precision', 'fp32')]}, {'quick sizes' if meta['quick'] else 'the presets at their published sizes'}, "
            f"vocabulary {meta['vocab']:,}" + (f", width {meta['width']} (depth as published)" if meta.get("width") else "")
            + "; "
            "views and metadata left out. forward: the model and fairseq's criterion; update: a whole "
@@ -227,10 +231,11 @@ def markdown(result: Dict) -> str:
             cells += [str(c["forward"]), f"{c['forward_backward']:,}", f"{c['update']:,}",
                       "" if c["update_ms"] is None else f"{c['update_ms']:.1f}"]
         out.append(f"| {r['label']} | " + " | ".join(cells) + " |")
-    out += ["", f"One TNO alone, d1 = {meta['d1']}, batch 1 x {meta['n']} (ms: median CPU time of a forward and "
-                "backward):", "",
-            "| TNO | " + " | ".join(f"{p}: forward | {p}: backward | {p}: ms" for p in ps) + " |",
-            "|---|" + "---:|" * (3 * len(ps))]
+    if result["tnos"]:
+        out += ["", f"One TNO alone, d1 = {meta['d1']}, batch 1 x {meta['n']}, fp32 (ms: median CPU time of a forward "
+                    "and backward):", "",
+                "| TNO | " + " | ".join(f"{p}: forward | {p}: backward | {p}: ms" for p in ps) + " |",
+                "|---|" + "---:|" * (3 * len(ps))]
     for r in result["tnos"]:
         out.append(f"| {r['label']} | " + " | ".join(
             f"{r[p]['forward']} | {r[p]['backward']} | " + ("" if r[p]["ms"] is None else f"{r[p]['ms']:.2f}") for p in ps) + " |")
@@ -249,6 +254,8 @@ def main(argv=None):
                    help=f"only these TNOs alone (of {', '.join(TNO_IDS)}; default: all; none: --tnos with no value)")
     p.add_argument("--timed", type=int, default=3, help="updates timed per model and path (default 3; 0: none)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                   help="the models' updates in fp32 (default) or under --bf16-autocast (bf16); the TNOs alone: fp32")
     p.add_argument("--width", type=int, help="every model this wide (embedding and GLU) instead of its preset's, depth "
                                              "unchanged: the counts do not depend on it, the time does (a short CPU run)")
     p.add_argument("--vocab", type=int, help="dictionary size (default: Wikitext-103's 50,264, quick 1,000); the counts do "
@@ -268,8 +275,10 @@ def main(argv=None):
     from benchmarks.measure import _machine
     n, d1 = (32, 48) if a.quick else (512, 1536)
     t0 = time.time()
-    result = run(a.quick, a.paths, n, d1, a.timed, lambda m: print(m, flush=True), a.models, a.tnos, a.vocab, a.width)
+    result = run(a.quick, a.paths, n, d1, a.timed, lambda m: print(m, flush=True), a.models, a.tnos, a.vocab, a.width,
+                 a.precision)
     result["meta"] = {"machine": _machine(), "torch": torch.__version__, "threads": a.threads, "n": n, "d1": d1,
+                      "precision": a.precision,
                       "vocab": a.vocab or (1000 if a.quick else 50264), "width": a.width,
                       "quick": a.quick, "paths": a.paths, "seconds": round(time.time() - t0, 1),
                       "command": "python benchmarks/opcount.py " + " ".join(sys.argv[1:] if argv is None else argv)}

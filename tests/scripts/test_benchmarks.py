@@ -330,6 +330,24 @@ def test_operation_counts_do_not_depend_on_width_length_or_vocabulary():
     assert counts[0] == counts[1] and counts[0][0] > 50
 
 
+def test_operation_counts_under_bf16_autocast_add_the_casts():
+    """opcount.py --precision bf16: the update under --bf16-autocast, whose extra operations are the casts autocast
+    makes (fp32 weights, biases and inputs of the GEMMs to bf16; their gradients back), no other kind."""
+    import collections
+    import tempfile
+    import fairseq_tnn
+    from benchmarks import trainer as tr
+    from benchmarks.opcount import model_counts
+    fairseq_tnn.register()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = tr._dictionary_dir(tmp, 1000)
+        fp32, bf16 = (model_counts("causal", "tnn_lm_wt103", 32, data, True, 0, 1000, 32, p) for p in ("fp32", "bf16"))
+    extra = collections.Counter(bf16["forward_ops"])
+    extra.subtract(fp32["forward_ops"])
+    assert bf16["forward"] > fp32["forward"] and bf16["forward_backward"] > fp32["forward_backward"]
+    assert {op for op, k in extra.items() if k > 0} == {"_to_copy"}, extra  # (a copy may become a cast: one clone fewer)
+
+
 def test_gpu_profile_measures_bf16_beside_the_runs_precision(tmp_path):
     """benchmarks/gpu_profile.py --bf16: the configurations named are measured again in bf16 (--bf16-autocast) in
     the modes the run measured them, each compared with the same mode in the run's precision (issue 39's target:
