@@ -7,7 +7,11 @@ nn.Module's and fairseq's, side by side in one run, for the Wikitext-103 models 
 The same model, built twice: one with the plugin's calls, one whose instance (and encoder) calls nn.Module's
 ``train`` and fairseq's ``set_num_updates`` instead. Each round times one update's three calls on each, in
 alternating order; the medians after 20 warm-up rounds are printed, in milliseconds of host time per update (on a
-GPU, time in which a GPU that has finished the previous update's kernels waits for the next).
+GPU, time in which a GPU that has finished the previous update's kernels waits for the next). Then the Trainer's seed
+of every update (``Trainer._set_seed``), fairseq's against the plugin's ``direct-seed`` patch
+(fairseq_tnn/patches/seed.py), called ``SEED_DEPTH`` frames below the benchmark's own, about where fairseq-train's
+update calls it (torch's seed formats the Python stack for each backend not initialised, so its cost grows with the
+depth): a row ``| the Trainer's seed | - | fairseq's | plugin's |``.
 """
 import argparse
 import os
@@ -25,6 +29,7 @@ from torch import nn  # noqa: E402
 
 ARCHS = ["tnn_lm_wt103", "fd_tnn_lm_wt103", "tnn_mlm_wt103", "ski_tnn_mlm_wt103"]
 WARMUP = 20
+SEED_DEPTH = 12
 
 
 def fairseqs_calls(model):
@@ -46,6 +51,28 @@ def update_calls(model, num_updates: int) -> None:
     model.train()
     model.train()
     model.set_num_updates(num_updates)
+
+
+def _nested(depth: int, fn):
+    return fn() if depth == 0 else _nested(depth - 1, fn)
+
+
+def seed_times(rounds: int):
+    """Median ms of fairseq's ``Trainer._set_seed`` and of the plugin's, interleaved, ``SEED_DEPTH`` frames down."""
+    from fairseq.trainer import Trainer
+
+    from fairseq_tnn.patches import base
+    trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(common=types.SimpleNamespace(seed=1)),
+                                    get_num_updates=lambda: 0)
+    calls = {"fairseq": base.resolve("fairseq.trainer:Trainer._set_seed"), "plugin": Trainer._set_seed}
+    times = {name: [] for name in calls}
+    for r in range(WARMUP + rounds):
+        for name in (list(calls) if r % 2 else list(calls)[::-1]):
+            t = time.perf_counter()
+            _nested(SEED_DEPTH, lambda: calls[name](trainer))
+            if r >= WARMUP:
+                times[name].append((time.perf_counter() - t) * 1e3)
+    return tuple(statistics.median(times[name]) for name in calls)
 
 
 def main(argv=None):
@@ -73,6 +100,8 @@ def main(argv=None):
         n = len(list(models["plugin"].modules()))
         fairseq_ms, plugin_ms = (statistics.median(times[name]) for name in ("fairseq", "plugin"))
         print(f"| {arch} | {n} | {fairseq_ms:.3f} | {plugin_ms:.3f} |")
+    fairseq_ms, plugin_ms = seed_times(a.rounds)
+    print(f"| the Trainer's seed | - | {fairseq_ms:.3f} | {plugin_ms:.3f} |")
 
 
 if __name__ == "__main__":
