@@ -53,26 +53,33 @@ def update_calls(model, num_updates: int) -> None:
     model.set_num_updates(num_updates)
 
 
+def interleaved_medians(calls: dict, rounds: int) -> dict:
+    """{name: median ms of ``calls[name](r)``} over ``rounds`` rounds after ``WARMUP``, the calls of a round in
+    alternating order."""
+    times = {name: [] for name in calls}
+    for r in range(WARMUP + rounds):
+        for name in (list(calls) if r % 2 else list(calls)[::-1]):
+            t = time.perf_counter()
+            calls[name](r)
+            if r >= WARMUP:
+                times[name].append((time.perf_counter() - t) * 1e3)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def _nested(depth: int, fn):
     return fn() if depth == 0 else _nested(depth - 1, fn)
 
 
-def seed_times(rounds: int):
+def seed_times(rounds: int) -> dict:
     """Median ms of fairseq's ``Trainer._set_seed`` and of the plugin's, interleaved, ``SEED_DEPTH`` frames down."""
     from fairseq.trainer import Trainer
 
     from fairseq_tnn.patches import base
     trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(common=types.SimpleNamespace(seed=1)),
                                     get_num_updates=lambda: 0)
-    calls = {"fairseq": base.resolve("fairseq.trainer:Trainer._set_seed"), "plugin": Trainer._set_seed}
-    times = {name: [] for name in calls}
-    for r in range(WARMUP + rounds):
-        for name in (list(calls) if r % 2 else list(calls)[::-1]):
-            t = time.perf_counter()
-            _nested(SEED_DEPTH, lambda: calls[name](trainer))
-            if r >= WARMUP:
-                times[name].append((time.perf_counter() - t) * 1e3)
-    return tuple(statistics.median(times[name]) for name in calls)
+    seeds = {"fairseq": base.resolve("fairseq.trainer:Trainer._set_seed"), "plugin": Trainer._set_seed}
+    return interleaved_medians({name: (lambda r, f=f: _nested(SEED_DEPTH, lambda: f(trainer)))
+                                for name, f in seeds.items()}, rounds)
 
 
 def main(argv=None):
@@ -90,18 +97,11 @@ def main(argv=None):
     print("| model | modules | fairseq's | plugin's |\n|---|---:|---:|---:|")
     for arch in a.archs:
         models = {"fairseq": fairseqs_calls(build_arch(arch, 1000)), "plugin": build_arch(arch, 1000)}
-        times = {name: [] for name in models}
-        for r in range(WARMUP + a.rounds):
-            for name in (list(models) if r % 2 else list(models)[::-1]):
-                t = time.perf_counter()
-                update_calls(models[name], r)
-                if r >= WARMUP:
-                    times[name].append((time.perf_counter() - t) * 1e3)
+        ms = interleaved_medians({name: (lambda r, m=m: update_calls(m, r)) for name, m in models.items()}, a.rounds)
         n = len(list(models["plugin"].modules()))
-        fairseq_ms, plugin_ms = (statistics.median(times[name]) for name in ("fairseq", "plugin"))
-        print(f"| {arch} | {n} | {fairseq_ms:.3f} | {plugin_ms:.3f} |")
-    fairseq_ms, plugin_ms = seed_times(a.rounds)
-    print(f"| the Trainer's seed | - | {fairseq_ms:.3f} | {plugin_ms:.3f} |")
+        print(f"| {arch} | {n} | {ms['fairseq']:.3f} | {ms['plugin']:.3f} |")
+    ms = seed_times(a.rounds)
+    print(f"| the Trainer's seed | - | {ms['fairseq']:.3f} | {ms['plugin']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -362,7 +362,7 @@ def _ski_tno(x, conv_weight, knots, lam, layout, gemm, scale):
     return y.view(x.shape).to(x.dtype)
 
 
-def _add_lowrank(y, xd, knots, lam, scale=1.0):
+def _add_lowrank(y, xd, knots, lam, scale):
     """y + W A W^T x, channel-major y and xd (d, R, n): the GEMMs with W in y's dtype (the band's, see
     ``band_dtype``), A's kernel from ``scale`` times the knots in theirs and its FFT in float32 (float64).
 
@@ -377,7 +377,6 @@ def _add_lowrank(y, xd, knots, lam, scale=1.0):
     w = _interp_matrix_cached(n, r, xd.device, gt)  # (n, r_eff)
     z = torch.mm(xd.reshape(d * rows, n).to(gt), w).view(d, rows, -1)  # (d, R, r_eff) = W^T x
     if fast.enabled():
-        check_lam(lam)
         ct = knots.dtype
         matrix, size = fast.constant(("ski-lowrank-spectrum", n, r, float(lam), float(scale), ct), knots.device,
                                      lambda: _lowrank_spectrum_matrix(n, r, float(lam), float(scale), knots.device, ct))
