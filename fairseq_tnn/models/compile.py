@@ -44,6 +44,16 @@ def _older_torch_limit():
     return torch._dynamo.config.patch(**{name: COMPILE_RECOMPILE_LIMIT})
 
 
+@contextlib.contextmanager
+def _compiling():
+    """Around a call of a compiled function of the layers: their backward compiled with their forward (not lazily at
+    the first backward), so that a failure to compile the backward also arises in the call, where it is handled (a
+    private functorch setting, with no public equivalent: patched for the call only, so the user's other compiled
+    models keep torch's default); and on an older torch the recompile limit (``_older_torch_limit``)."""
+    with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), _older_torch_limit():
+        yield
+
+
 def length_bucket(n: int) -> int:
     """The length a compiled bidirectional stack pads a batch of length ``n`` to: 8 buckets per octave
     (n rounded up to a multiple of 2^(floor(log2(n - 1)) - 3)), so at most 12.5% padding and about 8
@@ -84,13 +94,43 @@ class CompiledStack:
     compiling one of them fails each would fail the same way, and trying costs a compilation per layer (up to
     minutes on a GPU): under ``fallback`` the first failure sends the whole stack to its eager forward."""
 
-    def __init__(self, mode: str, name: str, size: int, params=()):
+    def __init__(self, mode: str, name: str, size: int, params=(), graphs=None):
         self.mode, self.name, self.size = mode, name, size
         self.error = None
         # --tnn-cuda-graphs: the stack's parameters, and those whose gradient the graphs' backward of the step in
-        # progress creates (their .grad was None when it began), see CompiledForward.begin_graph_step
+        # progress creates (their .grad was None when it began), see begin_graph_step
         self.params = list(params)
         self.fresh = []
+        # --tnn-cuda-graphs with a stack scope (CUDA_GRAPH_SCOPE): the whole stack's forward compiled as one CUDA
+        # graph (run_layers calls it); None under the "layers" scope, where each layer's CompiledForward holds its own
+        self.graphs = graphs
+
+    def begin_graph_step(self) -> None:
+        """Before the stack's graphs run for a new training forward. The graphs' outputs live in memory that the
+        next step's graphs reuse, and the gradients their backward hands to autograd are such outputs: a parameter
+        whose .grad was None takes that memory as its .grad. fairseq's optimizers set .grad to None once an update
+        is done, so with one forward and backward per update nothing outlives its step; with --update-freq > 1 the
+        gradients of the step before still hold the sum so far, and are moved out (one copy) before this step
+        reuses their memory, after which backward adds into the copies (one multi-tensor copy per gradient dtype: a
+        CUDA multi-tensor operation over mixed dtypes, the fp16 weights' and the RPEs' fp32 ones, falls back to one
+        per tensor). Then the new step is marked, so that the
+        graphs' trees start from their root whatever the previous step left unfinished (a validation, a skipped
+        backward)."""
+        kept = {}
+        for p in self.fresh:
+            if p.grad is not None:
+                kept.setdefault(p.grad.dtype, []).append(p)
+        for params in kept.values():
+            for p, g in zip(params, torch._foreach_mul([p.grad for p in params], 1.0)):
+                p.grad = g
+        self.fresh = [p for p in self.params if p.grad is None]
+        torch.compiler.cudagraph_mark_step_begin()
+
+    def trains_on_cuda(self, layer: nn.Module, x) -> bool:
+        """Whether a call of ``layer`` on ``x`` (its input) is one the CUDA graphs run: the stack runs compiled and
+        ``layer`` trains on a CUDA tensor with gradients on (not evaluation, generation or the CPU)."""
+        return (self.error is None and layer.training and torch.is_grad_enabled() and isinstance(x, torch.Tensor)
+                and x.is_cuda)
 
     def failed(self, layer_name: str, err: BaseException) -> None:
         """Compiling ``layer_name`` raised ``err``: under ``strict`` a TnnCompileError naming the layer; under
@@ -131,33 +171,14 @@ class CompiledForward:
         self.layer, self.name, self.stack = layer, name, stack
 
     def begin_graph_step(self) -> None:
-        """Before the stack's graphs run for a new training forward. The graphs' outputs live in memory that the
-        next step's graphs reuse, and the gradients their backward hands to autograd are such outputs: a parameter
-        whose .grad was None takes that memory as its .grad. fairseq's optimizers set .grad to None once an update
-        is done, so with one forward and backward per update nothing outlives its step; with --update-freq > 1 the
-        gradients of the step before still hold the sum so far, and are moved out (one copy) before this step
-        reuses their memory, after which backward adds into the copies (one multi-tensor copy per gradient dtype: a
-        CUDA multi-tensor operation over mixed dtypes, the fp16 weights' and the RPEs' fp32 ones, falls back to one
-        per tensor). Then the new step is marked, so that the
-        graphs' trees start from their root whatever the previous step left unfinished (a validation, a skipped
-        backward)."""
-        stack = self.stack
-        kept = {}
-        for p in stack.fresh:
-            if p.grad is not None:
-                kept.setdefault(p.grad.dtype, []).append(p)
-        for params in kept.values():
-            for p, g in zip(params, torch._foreach_mul([p.grad for p in params], 1.0)):
-                p.grad = g
-        stack.fresh = [p for p in stack.params if p.grad is None]
-        torch.compiler.cudagraph_mark_step_begin()
+        """The stack's ``begin_graph_step``, begun by its first layer under the "layers" scope."""
+        self.stack.begin_graph_step()
 
     def runs_graphs(self, x) -> bool:
         """Whether a call on ``x`` (the layer's input) runs the CUDA-graph compilation: while the layer trains on a
         CUDA tensor with gradients on and its stack runs compiled; otherwise the plain compiled forward (evaluation,
         generation, the CPU) or, after a failure to compile, the eager one."""
-        return (self.graphs is not None and self.stack.error is None and self.layer.training
-                and torch.is_grad_enabled() and isinstance(x, torch.Tensor) and x.is_cuda)
+        return self.graphs is not None and self.stack.trains_on_cuda(self.layer, x)
 
     def _function(self, args):
         """The compiled function for this call (``runs_graphs``)."""
@@ -170,11 +191,7 @@ class CompiledForward:
     def __call__(self, *args, **kwargs):
         if self.stack.error is None:
             try:
-                # Compile each graph's backward with its forward (not lazily at the first backward), so that a
-                # failure to compile the backward also arises here, where it is handled. A private functorch
-                # setting, with no public equivalent: patched for this call only, so the user's other compiled
-                # models keep torch's default.
-                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), _older_torch_limit():
+                with _compiling():
                     return self._function(args)(self.layer, *args, **kwargs)
             except Exception as err:
                 if not is_compile_error(err):
@@ -205,6 +222,55 @@ def stack_spectra(layers: nn.ModuleList, x: torch.Tensor, kernel_length: Optiona
             x.device.type not in SPECTRA_FROM_THE_MODEL or forward.runs_graphs(x)):
         return [None] * len(layers)
     return layer_spectra(layers, x.shape[1], kernel_length, x.device)
+
+
+# What --tnn-cuda-graphs records as one CUDA graph, for the model to replay at every training step. "layers": each
+# layer's forward and backward, compiled by inductor, a graph of its own (the scope measured on GPUs so far). Its
+# host time per layer, forward and backward, was about 1 ms in the fourth GPU run (causal TNN, H200: dynamo's guards,
+# AOT autograd's and the graph tree's bookkeeping, two graph launches): 7.5 of the 17.3 ms of host time of an update
+# that waits on the host (10.3 ms of kernels in 18.6). The stack scopes record the whole stack's forward, its layers'
+# spectra computed together included, as one graph and its backward as another (``run_layers``): that host time once
+# per stack instead of once per layer. "stack": inductor compiles the stack as one graph (its layers' identical
+# kernels are compiled once, but each layer is lowered: about twice the per-layer compile time on the CPU); "stack-aten":
+# the graphs of aten's own kernels, unfused (torch.compile's "cudagraphs" backend: no inductor, seconds to compile,
+# eager's kernel time: 12.4 against 10.3 ms there). Which one trains fastest is for a GPU run to measure
+# (benchmarks/gpu_profile.py --graph-scopes), the loser then removed; the torch.compile arguments of each stack scope:
+CUDA_GRAPH_SCOPES = {"layers": None, "stack": {"mode": "reduce-overhead"}, "stack-aten": {"backend": "cudagraphs"}}
+CUDA_GRAPH_SCOPE = "layers"
+
+
+def _stack_forward(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
+                   kernel_length: Optional[int]) -> torch.Tensor:
+    """A stack's training forward as one function, for a stack scope's torch.compile: the layers' spectra, computed
+    together (``layer_spectra``), and each layer's class forward (not its CompiledForward: the stack compiles as
+    one)."""
+    for layer, spectrum in zip(layers, layer_spectra(layers, x.shape[1], kernel_length, x.device)):
+        x = type(layer).forward(layer, x, pad_mask, kernel_length, spectrum)
+    return x
+
+
+def run_layers(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
+               kernel_length: Optional[int] = None, inner_states: Optional[list] = None) -> torch.Tensor:
+    """A model's loop over its stack ``layers`` on ``x`` (b, n, d): each layer in turn, handed its spectrum
+    (``stack_spectra``), each output appended to ``inner_states`` where it is a list; or, where the stack was compiled
+    with CUDA graphs of a stack scope (``CUDA_GRAPH_SCOPE``) and trains on a CUDA device, the stack's one graph (no
+    ``inner_states`` then: a call that asks for them loops)."""
+    forward = vars(layers[0]).get("forward") if len(layers) else None
+    stack = forward.stack if isinstance(forward, CompiledForward) else None
+    if stack is not None and stack.graphs is not None and inner_states is None and stack.trains_on_cuda(layers[0], x):
+        try:
+            with _compiling():
+                stack.begin_graph_step()
+                return stack.graphs(layers, x, pad_mask, kernel_length)
+        except Exception as err:
+            if not is_compile_error(err):
+                raise
+            stack.failed(f"{stack.name} (as one CUDA graph)", err)  # under fallback: the loop, eagerly
+    for layer, spectrum in zip(layers, stack_spectra(layers, x, kernel_length)):
+        x = layer(x, pad_mask, kernel_length, spectrum)
+        if inner_states is not None:
+            inner_states.append(x)
+    return x
 
 
 def compile_error(layer: nn.Module):
@@ -245,16 +311,24 @@ def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "lay
     the model (``decoder.layers``), which names its layers in those messages. ``cuda_graphs`` (--tnn-cuda-graphs):
     while the layers train on a CUDA device they run a second compilation of the same forward in torch.compile's
     reduce-overhead mode, which records the kernels of each graph once and replays them as one CUDA graph launch
-    (``CompiledForward``: what each call runs; ``begin_graph_step``: the gradients it leaves)."""
+    (``CompiledForward``: what each call runs; ``begin_graph_step``: the gradients it leaves), each layer on its own
+    or the whole stack as one graph, as ``CUDA_GRAPH_SCOPE`` says when the layers are compiled (``run_layers``)."""
     require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
-    stack = CompiledStack(mode, name, len(layers), layers.parameters() if cuda_graphs else ())
+    scope = CUDA_GRAPH_SCOPE if cuda_graphs else None
+    if scope not in (None, *CUDA_GRAPH_SCOPES):
+        raise ValueError(f"fairseq_tnn.models.compile.CUDA_GRAPH_SCOPE={scope!r} is invalid: must be one of "
+                         f"{list(CUDA_GRAPH_SCOPES)}")
+    stack_graphs = None
+    if scope not in (None, "layers"):
+        stack_graphs = torch.compile(_stack_forward, **CUDA_GRAPH_SCOPES[scope], **_compile_options())
+    stack = CompiledStack(mode, name, len(layers), layers.parameters() if cuda_graphs else (), stack_graphs)
     compiled = {}  # one torch.compile per layer class (and mode), shared by the stack's layers of that class
     for i, layer in enumerate(layers):
         cls = type(layer)
         if cls not in compiled:
             compiled[cls] = (torch.compile(cls.forward, **_compile_options()),
-                             torch.compile(cls.forward, mode="reduce-overhead", **_compile_options()) if cuda_graphs
-                             else None)
+                             torch.compile(cls.forward, mode="reduce-overhead", **_compile_options())
+                             if scope == "layers" else None)
         layer.forward = CompiledForward(layer, f"{name}.{i}", stack, *compiled[cls], first=i == 0)
 
 

@@ -20,7 +20,7 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers
-from .compile import compile_per_config, stack_spectra
+from .compile import compile_per_config, run_layers
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
 from .trainer_calls import TrainerCalls
@@ -105,12 +105,9 @@ class TnnDecoder(FairseqIncrementalDecoder):
                 pad_mask = None
         x = self.dropout(self.embed_scale * self.embed_tokens(prev_output_tokens))  # (b, n, d)
         inner_states = [x] if return_all_hiddens else None
-        # the layers' spectra, computed together while training (their RPEs as one batched MLP); None for each where
-        # compiled layers compute their own inside their graphs (see stack_spectra)
-        for layer, spectrum in zip(self.layers, stack_spectra(self.layers, x, kernel_length)):
-            x = layer(x, pad_mask, kernel_length, spectrum)
-            if return_all_hiddens:
-                inner_states.append(x)
+        # the layers, each handed its spectrum (computed together while training: their RPEs as one batched MLP), or
+        # the stack as one CUDA graph (see run_layers)
+        x = run_layers(self.layers, x, pad_mask, kernel_length, inner_states)
         if self.final_norm is not None:
             x = self.final_norm(x)
         return x, {"attn": [None], "inner_states": inner_states}

@@ -14,7 +14,7 @@ from fairseq.models.transformer import Embedding
 from torch import nn
 
 from .blocks import build_layers
-from .compile import compile_per_config, length_bucket, stack_spectra
+from .compile import compile_per_config, length_bucket, run_layers
 from ..modules import MaskedLMHead
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
@@ -105,12 +105,9 @@ class TnnEncoder(TrainerCalls, FairseqEncoder):
             x = self.layernorm_embedding(x)
         x = self.dropout(x)
         inner_states = [x] if return_all_hiddens else None
-        # the layers' spectra, computed together while training (their RPEs as one batched MLP); None for each where
-        # compiled layers compute their own inside their graphs (see stack_spectra)
-        for layer, spectrum in zip(self.layers, stack_spectra(self.layers, x, None)):
-            x = layer(x, pad_mask, None, spectrum)
-            if return_all_hiddens:
-                inner_states.append(x)
+        # the layers, each handed its spectrum (computed together while training: their RPEs as one batched MLP), or
+        # the stack as one CUDA graph (see run_layers)
+        x = run_layers(self.layers, x, pad_mask, None, inner_states)
         if self.final_norm is not None:
             x = self.final_norm(x)
         if x.shape[1] > n:  # drop the bucket padding

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from helpers import USER_DIR, assert_compiled_matches_eager, cli, rel, run, wt103_presets
-from fairseq_tnn.models.compile import compile_layers, is_compiled, stack_spectra
+from fairseq_tnn.models import compile as compiling
+from fairseq_tnn.models.compile import compile_layers, is_compiled, run_layers, stack_spectra
 from fairseq_tnn.models.build import build_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -85,23 +86,25 @@ def test_compiled_model_equals_eager_on_gpu(arch):
     assert all(is_compiled(layer) for layer in stack.layers)
 
 
-def _stack(layers, x, *args):
-    for layer in layers:
-        x = layer(x, *args)
-    return x
+# the stack scopes (the whole stack as one CUDA graph) on two presets: their code is the same for every TNO
+SCOPES = [("layers", arch) for arch in CAUSAL + MASKED] + [
+    (scope, arch) for scope in ("stack", "stack-aten") for arch in ("tnn_lm_wt103", "ski_tnn_mlm_wt103")]
 
 
-@pytest.mark.parametrize("arch", CAUSAL + MASKED)
-def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
-    """A 2-layer stack compiled with --tnn-cuda-graphs against the same eager stack, training mode: outputs, input
-    gradients and parameter gradients, over updates of one micro-batch and of two (gradients accumulated, as
-    --update-freq 2 does, where the first micro-batch's gradients must survive the second's graph replays)."""
+@pytest.mark.parametrize("scope, arch", SCOPES)
+def test_cuda_graphs_equal_eager_with_gradient_accumulation(scope, arch, monkeypatch):
+    """A 2-layer stack compiled with --tnn-cuda-graphs against the same eager stack, training mode, through the
+    models' loop (``run_layers``): outputs, input gradients and parameter gradients, over updates of one micro-batch
+    and of two (gradients accumulated, as --update-freq 2 does, where the first micro-batch's gradients must survive
+    the second's graph replays); the graphs of each layer, or of the whole stack (``CUDA_GRAPH_SCOPE``)."""
     torch.manual_seed(0)
+    monkeypatch.setattr(compiling, "CUDA_GRAPH_SCOPE", scope)
     model = build_arch(arch, 1000, dropout=0.0, **small(arch)).cuda()
     stack = model.decoder if arch in CAUSAL else model.encoder
     eager = stack.layers
     graphs = copy.deepcopy(eager)
     compile_layers(graphs, "strict", "layers", cuda_graphs=True)
+    assert (graphs[0].forward.stack.graphs is None) == (scope == "layers")
     width = stack.embed_tokens.embedding_dim
     for update, micro_batches in enumerate([1, 2, 2, 1]):
         for p in list(eager.parameters()) + list(graphs.parameters()):
@@ -109,7 +112,7 @@ def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
         for _ in range(micro_batches):
             x = torch.randn(2, 512, width, device="cuda")
             xe, xg = x.clone().requires_grad_(), x.clone().requires_grad_()
-            ye, yg = _stack(eager, xe), _stack(graphs, xg)
+            ye, yg = run_layers(eager, xe), run_layers(graphs, xg)
             assert rel(yg, ye) < 1e-5, ("output", update, float(rel(yg, ye)))
             g = torch.randn_like(ye)
             ye.backward(g)

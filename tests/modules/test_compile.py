@@ -453,6 +453,98 @@ def test_a_graph_step_moves_the_gradients_of_the_step_before_out_of_the_graphs_m
     assert forward.stack.fresh == [params[3]]
 
 
+@pytest.mark.parametrize("scope, arch", [("stack-aten", "tnn_lm_tiny"), ("stack-aten", "fd_tnn_mlm_tiny"),
+                                         ("stack", "tnn_lm_tiny"), ("stack", "ski_tnn_mlm_tiny")])
+def test_a_stack_scope_trains_the_whole_stack_as_one_compiled_function(scope, arch, monkeypatch):
+    """--tnn-cuda-graphs with a stack scope (``CUDA_GRAPH_SCOPE``): while the model trains on a CUDA device (here the
+    CPU stands in for one, where torch.compile records no graph), its loop (``run_layers``) calls one compiled function
+    for the whole stack, spectra included, once per forward, each call beginning a graph step, and no layer's own
+    compiled forward; output and every parameter's gradient are the eager model's, over updates of one micro-batch and
+    of two (gradients accumulated), the masked model with padding. Evaluation, and a loop that asks for every layer's
+    output, call the layers one by one."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    monkeypatch.setattr(compiling, "CUDA_GRAPH_SCOPE", scope)
+    eager = build_arch(arch, 50, dropout=0.0)
+    model = copy.deepcopy(eager)
+    layers = layers_of(model)
+    compile_layers(layers, "strict", "layers", cuda_graphs=True)
+    stack = layers[0].forward.stack
+    assert stack.graphs is not None and all(layer.forward.graphs is None for layer in layers)
+    monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",  # the CPU stands in for a CUDA device
+                        lambda self, layer, x: self.error is None and layer.training and torch.is_grad_enabled())
+    stack_calls, layer_calls, steps = [], [], []
+    graphs = stack.graphs
+    stack.graphs = lambda *args: stack_calls.append(args[1].shape) or graphs(*args)
+    call = compiling.CompiledForward.__call__
+    monkeypatch.setattr(compiling.CompiledForward, "__call__",
+                        lambda self, *args, **kwargs: layer_calls.append(self.name) or call(self, *args, **kwargs))
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps.append(1))
+    masked = not hasattr(model, "decoder")
+    for update, micro_batches in enumerate([1, 2]):
+        for p in list(eager.parameters()) + list(model.parameters()):
+            p.grad = None
+        for _ in range(micro_batches):
+            tokens = torch.randint(4, 50, (2, 16))
+            if masked:
+                tokens[1, -5:] = model.encoder.padding_idx
+            y, ye = model(tokens)[0], eager(tokens)[0]
+            assert rel(y, ye) < 1e-5, ("output", update, float(rel(y, ye)))
+            g = torch.randn_like(y)
+            g[tokens.eq(1)] = 0  # as fairseq's criteria: no loss at padding (an all-zero input of RMS norms there)
+            y.backward(g)
+            ye.backward(g)
+        for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
+            assert pe.grad is not None and rel(pc.grad, pe.grad) < 1e-5, (name, update, float(rel(pc.grad, pe.grad)))
+    assert len(stack_calls) == 3 and len(steps) == 3 and layer_calls == [], (stack_calls, layer_calls)
+    x = torch.randn(2, 16, 64)
+    compiling.run_layers(layers, x, inner_states=[])  # every layer's output asked for
+    model.eval()
+    with torch.no_grad():
+        model(tokens)
+    assert len(stack_calls) == 3 and layer_calls == [f"layers.{i}" for i in range(len(layers))] * 2, layer_calls
+    assert all(is_compiled(layer) for layer in layers)
+
+
+@pytest.mark.slow
+def test_a_stack_scope_whose_compile_fails_trains_the_stack_eagerly(failing_backward_codegen, monkeypatch, caplog):
+    """The whole stack compiled as one graph fails to compile (inductor's backward code generation, injected): under
+    fallback one warning names the stack, and the stack trains eagerly from then on, giving the eager model's output
+    and gradients; under strict the error stops the run, naming the stack."""
+    monkeypatch.setattr(compiling, "CUDA_GRAPH_SCOPE", "stack")
+    monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",  # the CPU stands in for a CUDA device
+                        lambda self, layer, x: self.error is None and layer.training and torch.is_grad_enabled())
+    torch.manual_seed(0)
+    eager = build_arch("tnn_lm_tiny", 50, dropout=0.0)
+    model = copy.deepcopy(eager)
+    layers = layers_of(model)
+    compile_layers(layers, "fallback", "decoder.layers", cuda_graphs=True)
+    tokens = torch.randint(4, 50, (2, 24))
+    with caplog.at_level(logging.WARNING, logger=compile_logger.name):
+        for _ in range(2):
+            ye, yc = eager(tokens)[0], model(tokens)[0]
+            ye.sum().backward()
+            yc.sum().backward()
+    assert rel(yc, ye) < 1e-6
+    for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
+        assert rel(pc.grad, pe.grad) < 1e-6, name
+    warnings = [r.getMessage() for r in caplog.records if r.name == compile_logger.name]
+    assert len(warnings) == 1 and re.search(r"compiling decoder\.layers \(as one CUDA graph\) failed: .*injected: "
+                                            r"backward code generation failed", warnings[0]), warnings
+    assert not any(is_compiled(layer) for layer in layers)
+    strict = copy.deepcopy(eager)
+    compile_layers(layers_of(strict), "strict", "decoder.layers", cuda_graphs=True)
+    with pytest.raises(TnnCompileError, match=r"compiling decoder\.layers \(as one CUDA graph\) failed"):
+        strict(tokens)
+
+
+def test_an_unknown_cuda_graph_scope_is_refused(monkeypatch):
+    monkeypatch.setattr(compiling, "CUDA_GRAPH_SCOPE", "model")
+    with pytest.raises(ValueError, match=r"CUDA_GRAPH_SCOPE='model' is invalid: must be one of \['layers', 'stack', "
+                                         r"'stack-aten'\]"):
+        compile_layers(torch.nn.ModuleList([torch.nn.Linear(2, 2)]), "strict", "layers", cuda_graphs=True)
+
+
 @pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_mlm_tiny"])
 def test_compiled_layers_apply_the_spectra_the_model_computes_on_a_gpu(arch, monkeypatch):
     """On a GPU (``SPECTRA_FROM_THE_MODEL``; here the CPU added to it) a compiled stack's layers are handed their TNO's
