@@ -11,7 +11,10 @@ GPU, time in which a GPU that has finished the previous update's kernels waits f
 of every update (``Trainer._set_seed``), fairseq's against the plugin's ``direct-seed`` patch
 (fairseq_tnn/patches/seed.py), called ``SEED_DEPTH`` frames below the benchmark's own, about where fairseq-train's
 update calls it (torch's seed formats the Python stack for each backend not initialised, so its cost grows with the
-depth): a row ``| the Trainer's seed | - | fairseq's | plugin's |``.
+depth): a row ``| the Trainer's seed | - | fairseq's | plugin's |``. Then a small model's whole update (``tnn_lm_wt103`` at
+width 16, where host time is nearly all of it) through fairseq's ``Trainer.train_step``, which reads its OmegaConf config
+some 40 times, and through the plugin's ``config-snapshot`` patch (fairseq_tnn/patches/config_snapshot.py): a row
+``| a small model's update, its config read | - | fairseq's | plugin's |``.
 """
 import argparse
 import os
@@ -82,6 +85,26 @@ def seed_times(rounds: int) -> dict:
                                 for name, f in seeds.items()}, rounds)
 
 
+def config_times(rounds: int) -> dict:
+    """Median ms of a small model's whole update (``Trainer.train_step``, fp32 on the CPU: ``tnn_lm_wt103`` at width 16,
+    2 x 16 tokens, where host time is nearly all of it) with fairseq's ``train_step``, which reads the Trainer's OmegaConf
+    config, and with the plugin's ``config-snapshot`` patch, which reads a snapshot of it; interleaved, on one
+    Trainer."""
+    import tempfile
+
+    from fairseq.trainer import Trainer
+
+    from benchmarks import trainer as tr
+    from fairseq_tnn.patches import base
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 16, "cpu", "fp32", False, tr._dictionary_dir(tmp, 64),
+                                   True, width=16)
+    sample = tr.synthetic_sample("causal", 16, 2, 64)
+    steps = {"fairseq": base.resolve("fairseq.trainer:Trainer.train_step"), "plugin": Trainer.train_step}
+    steps["plugin"](trainer, [sample])  # builds the optimizer, after which the snapshot is taken
+    return interleaved_medians({name: (lambda r, f=f: f(trainer, [sample])) for name, f in steps.items()}, rounds)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=200, help="timed rounds (default 200)")
@@ -102,6 +125,8 @@ def main(argv=None):
         print(f"| {arch} | {n} | {ms['fairseq']:.3f} | {ms['plugin']:.3f} |")
     ms = seed_times(a.rounds)
     print(f"| the Trainer's seed | - | {ms['fairseq']:.3f} | {ms['plugin']:.3f} |")
+    ms = config_times(a.rounds)
+    print(f"| a small model's update, its config read | - | {ms['fairseq']:.3f} | {ms['plugin']:.3f} |")
 
 
 if __name__ == "__main__":
