@@ -170,10 +170,6 @@ class CompiledForward:
         self.compiled, self.graphs, self.first = compiled, graphs, first
         self.layer, self.name, self.stack = layer, name, stack
 
-    def begin_graph_step(self) -> None:
-        """The stack's ``begin_graph_step``, begun by its first layer under the "layers" scope."""
-        self.stack.begin_graph_step()
-
     def runs_graphs(self, x) -> bool:
         """Whether a call on ``x`` (the layer's input) runs the CUDA-graph compilation: while the layer trains on a
         CUDA tensor with gradients on and its stack runs compiled; otherwise the plain compiled forward (evaluation,
@@ -183,8 +179,8 @@ class CompiledForward:
     def _function(self, args):
         """The compiled function for this call (``runs_graphs``)."""
         if args and self.runs_graphs(args[0]):
-            if self.first:
-                self.begin_graph_step()
+            if self.first:  # under the "layers" scope the stack's first layer begins its graph step
+                self.stack.begin_graph_step()
             return self.graphs
         return self.compiled
 
@@ -311,7 +307,7 @@ def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "lay
     the model (``decoder.layers``), which names its layers in those messages. ``cuda_graphs`` (--tnn-cuda-graphs):
     while the layers train on a CUDA device they run a second compilation of the same forward in torch.compile's
     reduce-overhead mode, which records the kernels of each graph once and replays them as one CUDA graph launch
-    (``CompiledForward``: what each call runs; ``begin_graph_step``: the gradients it leaves), each layer on its own
+    (``CompiledForward``: what each call runs; ``CompiledStack.begin_graph_step``: the gradients it leaves), each layer on its own
     or the whole stack as one graph, as ``CUDA_GRAPH_SCOPE`` says when the layers are compiled (``run_layers``)."""
     require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
     scope = CUDA_GRAPH_SCOPE if cuda_graphs else None

@@ -437,14 +437,14 @@ def test_a_graph_step_moves_the_gradients_of_the_step_before_out_of_the_graphs_m
     forward = layers[0].forward
     params = list(layers.parameters())
     params[0].grad = torch.ones_like(params[0])  # existed before the step: not the graphs'
-    forward.begin_graph_step()
+    forward.stack.begin_graph_step()
     assert forward.stack.fresh == params[1:]
     written = {}
     for p in params[1:]:  # the step's backward writes them
         p.grad = torch.randn_like(p)
         written[p] = p.grad
     params[3].grad = None  # say, an optimizer's zero_grad in between
-    forward.begin_graph_step()
+    forward.stack.begin_graph_step()
     assert sorted(calls, key=str) == [{torch.float32}, {torch.float64}], calls  # params[1] and params[2]
     for p in params[1:3]:
         assert p.grad is not written[p] and p.grad.data_ptr() != written[p].data_ptr()
