@@ -3,13 +3,14 @@ import torch
 from torch import nn
 
 from ..ops import fast
-from ..ops.norm import simple_rms_norm
+from ..ops.norm import dtype_eps, simple_rms_norm
 
 NORM_CHOICES = ("simplermsnorm", "layernorm")
 
 
 class SimpleRMSNorm(nn.Module):
-    """x / (||x||_2 * d^-1/2 + eps): RMS normalisation without parameters."""
+    """x / (||x||_2 * d^-1/2 + eps): RMS normalisation without parameters (eps as x's dtype holds it, at least its
+    least positive number: ``dtype_eps`` in ops/norm.py)."""
 
     def __init__(self, dim: int, eps: float = 1e-8):
         super().__init__()
@@ -23,7 +24,7 @@ class SimpleRMSNorm(nn.Module):
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The plain operations, differentiated by autograd."""
-        return x / (x.norm(dim=-1, keepdim=True) * self.scale + self.eps)
+        return x / (x.norm(dim=-1, keepdim=True) * self.scale + dtype_eps(self.eps, x.dtype))
 
 
 def build_norm(norm_type: str, dim: int) -> nn.Module:

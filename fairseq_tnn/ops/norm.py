@@ -8,7 +8,8 @@ RPE's norms in ``ops/rpe.py``, keeping what autograd keeps: with y = x / den and
 
     dL/dx = gd - x d^-1/2 <gd, y> / ||x||
 
-(the second term 0 at x = 0, as torch's own norm backward has it). Computed in x's dtype, as the reference.
+(the second term 0 at x = 0, as torch's own norm backward has it). Computed in x's dtype, as the reference, with
+eps as that dtype holds it (``dtype_eps``).
 ``simple_rms_norm`` runs it; the module's reference path (autograd through the plain operations, taken within
 ``fairseq_tnn.ops.fast.references()``) is what tests/ops/test_fast_paths.py compares it with.
 """
@@ -18,6 +19,22 @@ from torch.autograd.function import once_differentiable
 from . import fast
 
 
+def dtype_eps(eps: float, dtype: torch.dtype) -> float:
+    """The eps a norm computed in ``dtype`` adds: ``eps``, or the least positive number ``dtype`` holds where ``eps``
+    is smaller. fp16 holds nothing below 2^-24 (about 6e-8), so the layers' eps of 1e-8 rounded to zero there, and a
+    zero vector normalised to 0 / 0. Padding positions carry one: their embedding is zero, and in a new model (zero
+    biases, silu(0) = 0, the TNO input masked) the residual stream stays zero there through every layer. The NaN at
+    those positions met the criterion's zero gradient in the backward (0 x NaN) and the token mixing spread it to
+    every gradient, so that every update of an eager ``--fp16`` model on a batch with padding overflowed and was
+    skipped (the masked recipe's ``--sample-break-mode complete`` pads nearly every batch). With the least positive
+    number a zero vector normalises to zero; any vector whose norm x d^-1/2 is above 1e-3 to the same bits as before
+    (eps is then below half a unit in the last place). fp32 and bf16 hold 1e-8: eps unchanged."""
+    if not dtype.is_floating_point or eps <= 0:
+        return eps
+    info = torch.finfo(dtype)
+    return max(eps, info.tiny * info.eps)  # the smallest subnormal: 2^-24 in fp16
+
+
 class RmsNorm(torch.autograd.Function):
     """y = x / (||x|| d^-1/2 + eps) along x's last dimension (d)."""
 
@@ -25,7 +42,7 @@ class RmsNorm(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, eps: float) -> torch.Tensor:
         width = x.shape[-1]
         eps_t = fast.constant(("rms-eps", eps, x.dtype), x.device,
-                              lambda: torch.full((1,), eps, dtype=x.dtype, device=x.device))
+                              lambda: torch.full((1,), dtype_eps(eps, x.dtype), dtype=x.dtype, device=x.device))
         nrm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         den = torch.add(eps_t, nrm, alpha=width ** -0.5)
         # what autograd keeps (x and the two (..., 1) norms), not y: where nothing after the norm keeps y (a

@@ -97,6 +97,54 @@ def test_masked_model_is_bidirectional_and_padding_invariant(arch):
     assert (out_changed[0, 3] - out[0, 3]).abs().max() > 1e-6
 
 
+@pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_lm_tiny", "tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"])
+def test_a_new_fp16_model_trains_and_scores_a_padded_batch(arch):
+    """A new model cast to fp16 as fairseq's --fp16 casts it (model.half()), on a batch with padding: the residual
+    stream is zero at the padding positions through every layer of a new model, and the layers' RMS norm of a zero
+    vector was 0 / 0 in fp16 (its eps of 1e-8 rounded to zero there; ops/norm.py, ``dtype_eps``). The loss is
+    finite, as is every parameter's gradient (the NaN at the padding met the criterion's zero gradient there and
+    the token mixing spread it: every such update overflowed and was skipped), the gradients are the fp32 model's
+    to fp16's precision, and a causal model's real positions score what the same sentence scores unpadded."""
+    torch.manual_seed(0)
+    causal = "mlm" not in arch
+    wide = build(arch, vocab=60).train()
+    half = build(arch, vocab=60).train()
+    half.load_state_dict(wide.state_dict())
+    half.half()
+    pad = 1
+    tokens = torch.randint(4, 60, (3, 40))
+    tokens[0, 28:] = pad
+    tokens[2, 35:] = pad
+    masked = torch.zeros_like(tokens, dtype=torch.bool)
+    masked[:, 5:15] = True
+    grads, outs = {}, {}
+    for name, model in (("fp32", wide), ("fp16", half)):
+        if causal:
+            logits = model(tokens)[0]
+            lprobs = F.log_softmax(logits.float(), dim=-1)[:, :-1]
+            loss = F.nll_loss(lprobs.reshape(-1, 60), tokens[:, 1:].reshape(-1), ignore_index=pad, reduction="sum")
+        else:
+            logits = model(tokens, masked_tokens=masked)[0]
+            loss = F.cross_entropy(logits.float(), tokens[masked], reduction="sum")
+        assert torch.isfinite(loss), (name, loss)
+        (loss * (128.0 if name == "fp16" else 1.0)).backward()  # FP16Optimizer's initial loss scale
+        grads[name] = {n: p.grad.float() / (128.0 if name == "fp16" else 1.0) for n, p in model.named_parameters()
+                       if p.grad is not None}
+        outs[name] = logits.detach().float()
+    assert grads["fp16"].keys() == grads["fp32"].keys()
+    for n, g in grads["fp16"].items():
+        assert torch.isfinite(g).all(), n
+        ref = grads["fp32"][n]
+        assert (g - ref).abs().max() <= 0.05 * ref.abs().max() + 1e-4, (n, (g - ref).abs().max(), ref.abs().max())
+    if causal:
+        half.eval()
+        with torch.no_grad():
+            alone = half(tokens[:1, :28])[0].float()
+            padded = half(tokens[:1])[0].float()
+        assert torch.isfinite(padded[:, :28]).all()
+        torch.testing.assert_close(padded[:, :28], alone, rtol=2e-2, atol=2e-2)
+
+
 def test_masked_lm_scores_only_masked_positions_and_classifies():
     torch.manual_seed(0)
     model = build("tnn_mlm_tiny", vocab=60).double().eval()

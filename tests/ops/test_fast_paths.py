@@ -12,6 +12,7 @@ from fairseq_tnn.modules.activations import ACTIVATIONS as MODULE_ACTIVATIONS
 from fairseq_tnn.modules.norm import SimpleRMSNorm
 from fairseq_tnn.modules.rpe import Rpe
 from fairseq_tnn.ops import fast
+from fairseq_tnn.ops.norm import dtype_eps
 from fairseq_tnn.ops.rpe import ACTIVATIONS, rpe_mlp, rpe_mlp_ref, rpe_params
 
 
@@ -160,6 +161,33 @@ def test_rms_norm_in_half_precision(dtype, device):
         errors.append(((y.float() - y32).abs().max().item(), (gx.float() - g32).abs().max().item()))
     (ref_y, ref_g), (fast_y, fast_g) = errors
     assert fast_y <= 2 * ref_y + 1e-6 and fast_g <= 2 * ref_g + 1e-6, errors
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_rms_norm_of_a_zero_vector_is_zero_in_every_dtype(dtype, device):
+    """A padding position's zero vector normalises to zero, with a zero gradient where the loss puts none, on both
+    paths: in fp16 the layers' eps of 1e-8 rounded to zero and made it 0 / 0 (NaN), which the token mixing then
+    spread to every gradient of a padded batch. The eps used is fp16's least positive number there, eps elsewhere;
+    vectors whose norm is not tiny normalise to the same bits as with eps itself."""
+    assert dtype_eps(1e-8, torch.float16) == 2.0 ** -24
+    assert dtype_eps(1e-8, torch.bfloat16) == dtype_eps(1e-8, torch.float32) == 1e-8
+    norm = SimpleRMSNorm(64)
+    x = torch.randn(3, 5, 64, device=device).to(dtype)
+    x[0, 2] = 0.0
+    g = torch.randn_like(x)
+    g[0, 2] = 0.0  # the criteria put no loss at padding
+    others = torch.ones(3, 5, dtype=torch.bool, device=device)
+    others[0, 2] = False
+    with_eps = x / (x.norm(dim=-1, keepdim=True) * 64 ** -0.5 + 1e-8)  # the formula with eps itself
+    for ctx in (fast.references, None):
+        inp = x.clone().requires_grad_(True)
+        with ctx() if ctx else torch.enable_grad():
+            y = norm(inp)
+            gx, = torch.autograd.grad(y, inp, g)
+        assert torch.isfinite(y).all() and torch.isfinite(gx).all(), (ctx, dtype)
+        assert (y[0, 2] == 0).all() and (gx[0, 2] == 0).all(), (ctx, dtype)
+        if ctx:  # the reference is that formula bit for bit, but at the zero vector
+            assert torch.equal(y.detach()[others], with_eps[others]), dtype
 
 
 TNOS = [("tnn", True, {}), ("tnn", False, {}), ("tnn", True, {"decay": 1.0}), ("tnn", True, {"rpe_norm_type": "layernorm"}),
