@@ -23,7 +23,13 @@ its TNOs replaced by the identity). For each, eager:
   device, clipping with fp16's gradient copy and overflow check, the metrics) and the other;
 * peak memory of an update (``torch.cuda.max_memory_allocated``; not on CPU);
 * the 15 longest kernels of one TNN, one FD-TNN and one SKI-TNN update, with their share of the kernel time,
-  and the 15 host-side events (operators, CUDA runtime calls) with the most self time in the same update.
+  and the 15 host-side events (operators, CUDA runtime calls) with the most self time in the same update;
+* the host's waits on the GPU in one update (CUDA only): each operation that synchronises the host with the
+  device (an ``.item()``, a tensor's truth value, a copy from pageable memory without ``non_blocking``), counted by
+  the Python line that called it, under ``torch.cuda.set_sync_debug_mode("warn")``. After such a wait the GPU
+  idles until the host launches more work, so the host time that follows the update's last wait (the optimizer
+  step, the metrics, the next batch, the next forward's launches) adds to the update's time instead of hiding
+  behind the GPU's.
 
 Compiled (``--tnn-compile strict``), and compiled with CUDA graphs (``--tnn-cuda-graphs`` as well; the no-mixing
 bound too, whose layers' projections, gate and norms compile: TNN's time over the bound's in the same mode is the
@@ -54,12 +60,14 @@ Results are written after every configuration (``gpu_profile.json`` and ``gpu_pr
 a run stopped at a time limit still reports what it measured.
 """
 import argparse
+import collections
 import copy
 import os
 import statistics
 import sys
 import tempfile
 import time
+import warnings
 from typing import Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,6 +244,29 @@ def mixing_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
             "mixing_kernels_over_floor": mixing_kernels / floor_ms if floor_ms > 0 else None}
 
 
+SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's message under set_sync_debug_mode("warn")
+
+
+def host_syncs(update, set_mode) -> Dict:
+    """The host's waits on the device during ``update()``: {"count": n, "sites": [{"where": "path:line", "calls":
+    k}, ...]}, most calls first, path relative to site-packages or the repository. ``set_mode``:
+    ``torch.cuda.set_sync_debug_mode``, under whose "warn" torch warns at each synchronising operation, the warning
+    attributed to the Python line that called it."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        set_mode("warn")
+        try:
+            update()
+        finally:
+            set_mode("default")
+    sites = collections.Counter()
+    for w in caught:
+        if SYNC_WARNING in str(w.message):
+            path = w.filename.split("site-packages" + os.sep)[-1]
+            sites[f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{w.lineno}"] += 1
+    return {"count": sum(sites.values()), "sites": [{"where": k, "calls": v} for k, v in sites.most_common()]}
+
+
 def _loss_scale(trainer) -> Optional[float]:
     """The dynamic fp16 loss scale: fairseq's (--fp16) or torch's gradient scaler's (--amp); None without one (bf16,
     fp32, or a scaler torch disabled)."""
@@ -322,6 +353,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     split = split_update(trainer, sample, device, 3)
     c["rest_ms"] = split.pop("rest_parts")
     c["split_ms"] = split
+    if device == "cuda":
+        c["syncs"] = host_syncs(lambda: trainer.train_step([sample]), torch.cuda.set_sync_debug_mode)
     if not compiled:
         c["ops"] = {k: v for k, v in trainer_counts(trainer, sample).items() if not k.endswith("_ops")}
     if floor_bw is not None and compiled not in tr.GRAPH_MODES:  # eager and compiled layers (a lone graphed layer: no)
@@ -490,6 +523,22 @@ def _top_table(what: str, rows: List[Dict]) -> List[str]:
     return out
 
 
+def _syncs_table(groups) -> List[str]:
+    """The markdown section of the configurations' ``host_syncs`` (none where no configuration has them)."""
+    synced = [(g, c) for g in groups for c in g["configs"] if c.get("syncs")]
+    if not synced:
+        return []
+    out = ["", "## The host's waits on the GPU", "",
+           "Operations of one update that synchronise the host with the device "
+           "(`torch.cuda.set_sync_debug_mode(\"warn\")`), by the line that called them: after the update's last "
+           "one, the GPU idles while the host runs what follows until it launches the next kernels.", "",
+           "| shape | configuration | waits | where (calls) |", "|---|---|---:|---|"]
+    for g, c in synced:
+        where = ", ".join(f"`{s['where']}` ({s['calls']})" for s in c["syncs"]["sites"])
+        out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['syncs']['count']} | {where} |")
+    return out
+
+
 def markdown(result) -> str:
     meta = result["meta"]
     unit = "kernels" if meta["device"] == "cuda" else "operators"
@@ -554,6 +603,7 @@ def markdown(result) -> str:
         for g, c in rests:
             out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['split_ms']['rest']:.2f} | "
                        + " | ".join(f"{c['rest_ms'][k]:.2f}" for k in names) + " |")
+    out += _syncs_table(result["groups"])
     for g in result["groups"]:
         for c in g["configs"]:
             if c.get("top_kernels"):

@@ -392,6 +392,38 @@ def test_gpu_profile_measures_bf16_beside_the_runs_precision(tmp_path):
     assert code == 2 and "--bf16: the run's precision is bf16 already" in log, log[-2000:]
 
 
+def test_host_syncs_counts_each_wait_on_the_gpu_by_the_line_that_called_it():
+    """gpu_profile.py's count of an update's synchronising operations: torch's warnings under
+    set_sync_debug_mode("warn") (here raised by a stand-in update, the CPU having no CUDA), by calling line, other
+    warnings left out, the mode set back to "default" even when the update fails; and its markdown section."""
+    import warnings
+    from benchmarks.gpu_profile import SYNC_WARNING, _syncs_table, host_syncs
+    modes = []
+
+    def update():
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation")  # line A
+        warnings.warn("something else")
+        warnings.warn(SYNC_WARNING)  # line B
+
+    result = host_syncs(update, modes.append)
+    line_a = update.__code__.co_firstlineno + 2
+    here = "tests/scripts/test_benchmarks.py"
+    assert modes == ["warn", "default"]
+    assert result == {"count": 3, "sites": [{"where": f"{here}:{line_a}", "calls": 2},
+                                            {"where": f"{here}:{line_a + 2}", "calls": 1}]}
+
+    def failing():
+        raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"):
+        host_syncs(failing, modes.append)
+    assert modes[-2:] == ["warn", "default"]
+    groups = [{"section": "causal", "batch": 8, "n": 512, "configs": [{"label": "TNN", "syncs": result}, {"label": "x"}]}]
+    table = "\n".join(_syncs_table(groups))
+    assert f"| causal 8 x 512 | TNN | 3 | `{here}:{line_a}` (2), `{here}:{line_a + 2}` (1) |" in table
+    assert _syncs_table([{**groups[0], "configs": [{"label": "x"}]}]) == []
+
+
 def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
     """gpu_profile.py: the no-mixing bound compiled like the models (its layers' projections, gate and norms; the
     ceiling of every speed-up over TNN in that mode, beside the target), the mixing's floor also with the layers
