@@ -7,6 +7,8 @@ that device's autocast (torch.autocast(device)) in both bf16 and fp16: CPU autoc
 since torch 2.4. Their tolerances are set by the 8- and 11-bit significands, the same on either device.
 The refusal of fp16 weights and the fairseq-train run are CPU only (tests/gpu trains on CUDA)."""
 
+import math
+
 import pytest
 import torch
 
@@ -96,6 +98,42 @@ def test_bf16_autocast_reaches_the_gemms_of_both_tasks(tmp_path, section, arch, 
         with Gemms() as gemms:
             step()
         assert gemms.dtypes and set(gemms.dtypes) == {want}, dict(gemms.dtypes)
+
+
+@pytest.mark.parametrize("section,arch", [("causal", "tnn_lm_wt103"), ("masked", "tnn_mlm_wt103"),
+                                          ("masked", "fd_tnn_mlm_wt103"), ("masked", "ski_tnn_mlm_wt103")])
+def test_fp16_updates_of_a_new_model_on_padded_batches_do_not_overflow(tmp_path, monkeypatch, section, arch):
+    """fairseq's Trainer under --fp16 (fp16 model, FP16Optimizer with its fp32 master copy and loss scale 128; on the
+    CPU, which fairseq's fp16 allows once its flat master copy has a device) trains a new model on batches with
+    padding without a single overflow: a new model's zero vectors at the padding positions made NaN in the layers'
+    RMS norm in fp16 (its eps rounded to zero there; ops/norm.py, ``dtype_eps``), and every such update overflowed
+    and was skipped (the masked recipe's --sample-break-mode complete pads nearly every batch)."""
+    from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
+
+    import fairseq_tnn
+    from benchmarks import trainer as tr
+    fairseq_tnn.register()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # FP16Optimizer's master copy: on the CPU
+    norms = []
+    check = DynamicLossScaler.check_overflow
+    monkeypatch.setattr(DynamicLossScaler, "check_overflow",
+                        lambda self, grad_norm: (norms.append(float(grad_norm)), check(self, grad_norm))[1])
+    torch.manual_seed(0)
+    trainer = tr.build_trainer(section, arch, None, 32, "cpu", "fp16", False, tr._dictionary_dir(str(tmp_path), 64),
+                               True, width=16)
+    losses = []
+    for i in range(4):
+        sample = tr.synthetic_sample(section, 32, 3, 64, seed=i)
+        for row, start in ((0, 20), (2, 27)):  # two rows padded at the end
+            sample["net_input"]["src_tokens"][row, start:] = 1
+            sample["target"][row, start:] = 1
+        sample["ntokens"] = int((sample["target"] != 1).sum())
+        try:
+            losses.append(trainer.train_step([sample])["loss"])
+        except AssertionError as e:  # fairseq's overflow handler moves a tensor to CUDA, which this CPU has not
+            raise AssertionError(f"update {i} overflowed: gradient norms {norms}") from e
+    assert len(norms) == 4 and all(math.isfinite(n) for n in norms), norms
+    assert trainer.optimizer.scaler.loss_scale == 128 and all(math.isfinite(x) for x in losses), losses
 
 
 @pytest.mark.parametrize("task", ["tnn_language_modeling", "tnn_masked_lm"])
