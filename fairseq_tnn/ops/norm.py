@@ -22,10 +22,10 @@ from . import fast
 def dtype_eps(eps: float, dtype: torch.dtype) -> float:
     """The eps a norm computed in ``dtype`` adds: ``eps``, or the least positive number ``dtype`` holds where ``eps``
     is smaller. fp16 holds nothing below 2^-24 (about 6e-8), so the layers' eps of 1e-8 rounded to zero there, and a
-    zero vector normalised to 0 / 0. Padding positions carry one: their embedding is zero, and in a new model (zero
+    zero vector normalised to 0 / 0. Padding positions carry one: their embedding starts at zero, and in a new model (zero
     biases, silu(0) = 0, the TNO input masked) the residual stream stays zero there through every layer. The NaN at
     those positions met the criterion's zero gradient in the backward (0 x NaN) and the token mixing spread it to
-    every gradient, so that every update of an eager ``--fp16`` model on a batch with padding overflowed and was
+    every gradient, so that every update of a new eager ``--fp16`` model on a batch with padding overflowed and was
     skipped (the masked recipe's ``--sample-break-mode complete`` pads nearly every batch). With the least positive
     number a zero vector normalises to zero; any vector whose norm x d^-1/2 is above 1e-3 to the same bits as before
     (eps is then below half a unit in the last place). fp32 and bf16 hold 1e-8: eps unchanged."""
