@@ -12,7 +12,7 @@ import resource
 import statistics
 import tempfile
 import time
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,32 @@ def add_out_options(parser: argparse.ArgumentParser, default: str) -> None:
     """--out DIR and --force, shared by the benchmark scripts."""
     parser.add_argument("--out", default=default, help="output directory")
     parser.add_argument("--force", action="store_true", help="overwrite the results of an earlier run in --out")
+
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def add_device_options(parser: argparse.ArgumentParser, rounds: int) -> None:
+    """--device, --dtype, --rounds and --batch-scale, shared by the benchmarks that time one operator side by side on a
+    GPU or the CPU (``checked_dtype`` checks them)."""
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="the modules' and activations' dtype (default: fp16 on "
+                                                                "cuda, fp32 on cpu)")
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"timed rounds (default {rounds})")
+    parser.add_argument("--batch-scale", type=int, default=1, help="divide every batch by this (default 1)")
+
+
+def checked_dtype(parser: argparse.ArgumentParser, args) -> Tuple[str, torch.dtype]:
+    """The name and dtype ``add_device_options``' arguments ask for, after stopping with an error, before any work, at
+    a CUDA device torch cannot see, rounds or batch scale below 1, or fp16 on the CPU (which has no fp16 FFT)."""
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to torch")
+    if args.rounds < 1 or args.batch_scale < 1:
+        parser.error(f"--rounds={args.rounds} and --batch-scale={args.batch_scale} must be integers >= 1")
+    name = args.dtype or ("fp16" if args.device == "cuda" else "fp32")
+    if args.device == "cpu" and name == "fp16":
+        parser.error("--dtype fp16 needs --device cuda (the CPU has no fp16 FFT)")
+    return name, DTYPES[name]
 
 
 def refuse_overwrite(parser: argparse.ArgumentParser, args, result_file: str) -> None:

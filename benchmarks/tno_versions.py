@@ -36,7 +36,8 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
+from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
+                                write_results)
 
 # (label, TNO type, causal, d1, batch, n): the presets' TNOs at the paper's per-GPU shapes
 SHAPES = [("TNN (RPE 6)", "tnn", True, 1536, 8, 512), ("FD-TNN (RPE 3)", "fd", True, 1536, 8, 512),
@@ -146,22 +147,11 @@ def main(argv=None):
     p.add_argument("--rev", default="23edccf", help="the earlier commit (default 23edccf)")
     p.add_argument("--from", dest="source", metavar="DIR",
                    help="read the commit's fairseq_tnn/modules and fairseq_tnn/ops from DIR instead of git (see above)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"],
-                   help="the modules' and activations' dtype (default: fp16 on cuda, fp32 on cpu)")
-    p.add_argument("--rounds", type=int, default=10, help="timed rounds (default 10)")
-    p.add_argument("--batch-scale", type=int, default=1, help="divide every batch by this (default 1)")
+    add_device_options(p, rounds=10)
     p.add_argument("--only", nargs="+", choices=sorted(SETTINGS), help="these TNO types only (default: all)")
     add_out_options(p, "results/tno-versions")
     a = p.parse_args(argv)
-    if a.device == "cuda" and not torch.cuda.is_available():
-        p.error("--device cuda: no CUDA device is visible to torch")
-    if a.rounds < 1 or a.batch_scale < 1:
-        p.error(f"--rounds={a.rounds} and --batch-scale={a.batch_scale} must be integers >= 1")
-    dtype_name = a.dtype or ("fp16" if a.device == "cuda" else "fp32")
-    if a.device == "cpu" and dtype_name == "fp16":
-        p.error("--dtype fp16 needs --device cuda (the CPU has no fp16 FFT)")
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype_name]
+    dtype_name, dtype = checked_dtype(p, a)
     if a.source is not None and not os.path.isfile(os.path.join(a.source, "fairseq_tnn", "modules", "__init__.py")):
         p.error(f"--from {a.source}: no fairseq_tnn/modules/__init__.py there (make it with git archive, see --help)")
     refuse_overwrite(p, a, "tno_versions.json")

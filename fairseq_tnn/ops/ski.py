@@ -27,7 +27,8 @@ r..2r-1 at x = 1/r .. 1. The number of knots per side is the rank r.
 
 The fast path runs channel-major (``layout="dbn"``: x (d, *batch, n); the
 default ``"bnd"`` (b, n, d) is transposed to it): the band by batched GEMMs
-over blocks of the sequence (``BlockedBand``), W^T and W as dense matmuls and
+over blocks of the sequence (``BlockedBand``; or torch's depthwise convolution
+where ``BAND_METHOD`` says so for the device type), W^T and W as dense matmuls and
 A_c by an FFT of size O(r) (``toeplitz_fft``). ``ski_tno_ref`` builds every
 matrix densely from independent formulas (hat functions for W and f).
 Computation is in float32 (float64 for float64 input); the output is cast to
@@ -279,22 +280,54 @@ class BlockedBand(torch.autograd.Function):
         return gx, gk, None
 
 
-def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOCK) -> torch.Tensor:
+# How the band is applied, by device type: "gemm", the banded GEMM over blocks of ``BAND_BLOCK`` positions
+# (``BlockedBand``), or "conv1d", torch's depthwise convolution (``depthwise_band``). Device types not listed take
+# "gemm". On the CPU the GEMM is the faster by far: at ski_tnn_mlm_wt103's width (d1 = 2304), fp32, 2 cores, forward
+# and backward, 15.6 against 45.6 ms at 1 x 512 and 39.3 against 175.4 ms at 1 x 2048, the whole SKI-TNO 23.7 against
+# 62.8 and 72.8 against 148.5 ms (``python benchmarks/ski_band.py --device cpu --batch-scale 16 --rounds 2``; torch's
+# weight gradient of a depthwise convolution is slow there). The convolution dispatches 3 operations forward and 3
+# backward where the GEMM takes 4 and 9, and copies no overlapping windows of the input (about twice the input for
+# blocks of 16), which on a GPU may make it the faster: for a GPU run to measure (``benchmarks/ski_band.py --device
+# cuda``, docs/performance.md).
+BAND_METHODS = ("gemm", "conv1d")
+BAND_METHOD = {"cpu": "gemm"}
+
+
+def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOCK,
+              method: Optional[str] = None) -> torch.Tensor:
     """Centred depthwise convolution, channel-major: x (d, R, n), conv_weight (d, m) -> (d, R, n),
     computed and returned in conv_weight's dtype (x may be in a lower precision).
 
     Same result as ``F.conv1d(x.transpose(0, 1), conv_weight[:, None], padding=(m-1)//2, groups=d)``
-    (tap k multiplies x[i + k - (m-1)/2], zeros beyond the ends).
+    (tap k multiplies x[i + k - (m-1)/2], zeros beyond the ends). ``method``: "gemm" (the banded GEMM over
+    blocks of ``block`` positions) or "conv1d" (``depthwise_band``); None: the device type's (``BAND_METHOD``).
     """
+    method = method or BAND_METHOD.get(x.device.type, "gemm")
+    if method not in BAND_METHODS:
+        raise ValueError(f"method={method!r} is invalid: must be one of {list(BAND_METHODS)}")
     d, m = conv_weight.shape
     h = (m - 1) // 2
     n = x.shape[-1]
+    if method == "conv1d":
+        with autocast_off(x.device.type):  # the taps' dtype, as the GEMM's path computes
+            return depthwise_band(x, conv_weight)
     block = max(block, h)
     pad = -n % block
     xp = F.pad(x, (0, pad)) if pad else x.contiguous()
     with autocast_off(x.device.type):  # the taps' dtype, as the backward assumes
         y = BlockedBand.apply(xp, band_matrix(conv_weight, block), h)
     return y[..., :n] if pad else y
+
+
+def depthwise_band(x: torch.Tensor, conv_weight: torch.Tensor) -> torch.Tensor:
+    """``band_conv`` by torch's depthwise convolution, without moving the channel-major x (d, R, n): its d * R rows
+    are the channels of one convolution (``groups`` = d * R), row (c, b) taking channel c's taps (the taps expanded
+    over the R rows, so that autograd sums their gradient over them). In conv_weight's dtype."""
+    d, m = conv_weight.shape
+    rows, n = x.shape[1], x.shape[-1]
+    taps = conv_weight[:, None, :].expand(d, rows, m).reshape(d * rows, 1, m)
+    y = F.conv1d(x.to(conv_weight.dtype).reshape(1, d * rows, n), taps, padding=(m - 1) // 2, groups=d * rows)
+    return y.view(d, rows, n)
 
 
 def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor], lam: float,
@@ -309,7 +342,7 @@ def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Te
 
     Everything runs channel-major ((d, batch, n), the layout the TNN layer
     produces, so ``dbn`` needs no copies): the band by batched GEMMs over
-    blocks (``BlockedBand``), W^T x and W z as single dense GEMMs of the
+    blocks (``BlockedBand``; ``band_conv``'s method of the device type), W^T x and W z as single dense GEMMs of the
     (d * batch, n) activations with the (n, r) interpolation matrix, A z by an
     FFT of size O(r) (torch's CPU bmm of d tiny r x r matrices loops over the
     channels and was 20x slower).

@@ -68,6 +68,28 @@ def test_compiled_layer_equals_eager(kind):
 
 
 @pytest.mark.slow
+def test_compiled_ski_layer_with_the_convolution_band_equals_eager(monkeypatch):
+    """SKI-TNO's band by torch's depthwise convolution (``BAND_METHOD`` "conv1d", a GPU's candidate,
+    benchmarks/ski_band.py) compiles into the layer's one graph, and the compiled layer computes what the eager one
+    does: output, input gradient and every parameter's gradient."""
+    from fairseq_tnn.ops import ski
+    monkeypatch.setitem(ski.BAND_METHOD, "cpu", "conv1d")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = layers_of(build_arch("ski_tnn_mlm_tiny", 50))[0]
+    compiled = copy.deepcopy(eager)
+    compile_layers(torch.nn.ModuleList([compiled]))
+    explain = torch._dynamo.explain(copy.deepcopy(eager))(torch.randn(2, 40, 64))
+    assert explain.graph_break_count == 0, explain.break_reasons
+    assert "conv1d" in explain.graphs[0].code  # the convolution's band, not the GEMM's
+    for n in (40, 23):
+        assert_compiled_matches_eager(eager, compiled, torch.randn(2, n, 64))
+    for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):
+        assert rel(pc.grad, pe.grad) < 1e-5, name
+    assert compile_error(compiled) is None and is_compiled(compiled)
+
+
+@pytest.mark.slow
 def test_compiled_layer_takes_a_planned_kernel_length():
     """A planned generation's ``kernel_length`` goes through a compiled causal FD layer as an argument: the
     compiled layer equals the eager one with and without it, at two input lengths, with no graph break."""

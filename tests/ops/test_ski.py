@@ -370,3 +370,70 @@ def test_band_conv_is_torchs_depthwise_conv(n, m, block, device):
     cot = torch.randn(y.shape, generator=g, dtype=torch.float64).to(device)
     for a, b in zip(torch.autograd.grad(y, (x, w), cot), torch.autograd.grad(y_ref, (x, w), cot)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("n,m", [(1, 17), (7, 5), (32, 17), (33, 17), (100, 3), (96, 31), (64, 1)])
+def test_depthwise_band_is_the_banded_gemm(n, m, device):
+    """The band by torch's depthwise convolution (``method="conv1d"``, the channel-major rows as its channels, the taps
+    expanded over them) equals the blocked GEMM and F.conv1d of each channel, forward and gradients (float64)."""
+    import torch.nn.functional as F
+
+    from fairseq_tnn.ops.ski import band_conv
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(4, 3, n, generator=g, dtype=torch.float64, requires_grad=True)  # (d, R, n)
+    w = torch.randn(4, m, generator=g, dtype=torch.float64, requires_grad=True)
+    x, w = on(device, x, w)
+    y = band_conv(x, w, method="conv1d")
+    assert_on(device, y)
+    y_gemm = band_conv(x, w, method="gemm")
+    y_ref = F.conv1d(x.transpose(0, 1), w[:, None, :], padding=(m - 1) // 2, groups=4).transpose(0, 1)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(y, y_gemm, rtol=1e-12, atol=1e-12)
+    cot = torch.randn(y.shape, generator=g, dtype=torch.float64).to(device)
+    for a, b in zip(torch.autograd.grad(y, (x, w), cot), torch.autograd.grad(y_gemm, (x, w), cot)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_depthwise_band_computes_in_the_taps_dtype(dtype, device):
+    """As the GEMM's path: 16-bit taps on a 16-bit x give a 16-bit band, float32 taps a float32 one; both within
+    16-bit rounding of the float64 band."""
+    from fairseq_tnn.ops.ski import band_conv
+    g = torch.Generator().manual_seed(5)
+    x64 = torch.randn(8, 2, 40, generator=g, dtype=torch.float64)
+    w64 = torch.randn(8, 17, generator=g, dtype=torch.float64) / 17 ** 0.5
+    x64, w64 = on(device, x64, w64)
+    want = band_conv(x64, w64, method="gemm")
+    for taps, out in ((dtype, dtype), (torch.float32, torch.float32)):
+        y = band_conv(x64.to(dtype), w64.to(taps), method="conv1d")
+        assert y.dtype == out
+        err = (y.double() - want).abs().max() / want.abs().max()
+        assert err < (2e-2 if dtype == torch.bfloat16 else 3e-3)
+
+
+def test_the_device_types_band_method_runs_the_ski_tno(monkeypatch):
+    """``BAND_METHOD`` decides the band of a device type's SKI-TNO (here the CPU's set to "conv1d": a convolution is
+    dispatched and no batched GEMM), and the TNO still equals its dense reference, forward and every gradient."""
+    from benchmarks.opcount import OpCounter
+    from fairseq_tnn.ops import ski
+    x, conv_weight, knots = make_inputs(37, 8, 17, torch.float64)
+    inputs = [t.requires_grad_(True) for t in (x, conv_weight, knots)]
+    g = torch.randn(x.shape, dtype=torch.float64)
+    y_ref = ski_tno_ref(*inputs, lam=0.9)
+    grads_ref = torch.autograd.grad(y_ref, inputs, g)
+    for method, band_op in (("conv1d", "convolution"), ("gemm", "bmm")):
+        monkeypatch.setitem(ski.BAND_METHOD, "cpu", method)
+        counter = OpCounter()
+        with counter:
+            y = ski_tno(*inputs, lam=0.9)
+        assert counter.counts[band_op] == 1, (method, dict(counter.counts))
+        assert counter.counts["convolution" if method == "gemm" else "bmm"] == 0
+        assert_close_rel(y, y_ref, TOL[torch.float64])
+        for a, b in zip(torch.autograd.grad(y, inputs, g), grads_ref):
+            assert_close_rel(a, b, TOL[torch.float64])
+
+
+def test_band_method_must_be_known():
+    from fairseq_tnn.ops.ski import band_conv
+    with pytest.raises(ValueError, match=r"method='fft' is invalid: must be one of \['gemm', 'conv1d'\]"):
+        band_conv(torch.zeros(2, 1, 8), torch.zeros(2, 3), method="fft")

@@ -624,3 +624,33 @@ def test_graph_scopes_compiles_each_scope_cold_and_compares_it_with_eager(tmp_pa
     assert "| tnn_lm_wt103 | stack-aten |" in (out / "graph_scopes.md").read_text()
     code, log, _ = execute(cmd[:2] + ["--width", "4"], command_env(), 120, merge=True)
     assert code == 2 and "--width=4 must be >= 8" in log, log[-2000:]
+
+
+def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
+    """benchmarks/ski_band.py (issue 39: which way a GPU should apply SKI-TNO's band, ``BAND_METHOD``): the banded GEMM
+    at four block sizes and torch's depthwise convolution, alone and inside the whole SKI-TNO, on one input; each
+    computes the first's result, and the convolution dispatches fewer operations."""
+    out = tmp_path / "band"
+    cmd = [sys.executable, str(ROOT / "benchmarks/ski_band.py"), "--device", "cpu", "--quick", "--rounds", "1",
+           "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 300, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "ski_band.json").read_text())
+    assert result["meta"]["band_method"] == {"cpu": "gemm"}
+    assert [(r["batch"], r["n"]) for r in result["rows"]] == [(4, 64), (2, 200)]
+    for r in result["rows"]:
+        assert list(r["bands"]) == ["GEMM, blocks of 16", "GEMM, blocks of 32", "GEMM, blocks of 64",
+                                    "GEMM, blocks of 128", "depthwise conv1d"]
+        assert list(r["tnos"]) == ["SKI-TNO, band by gemm", "SKI-TNO, band by conv1d"]
+        for v in [*r["bands"].values(), *r["tnos"].values()]:
+            assert v["median_sync_ms"] > 0 and v["median_queued_ms"] > 0 and v["ops"] > 0
+            assert v["rel_diff"] < 1e-5
+        assert r["bands"]["depthwise conv1d"]["ops"] < r["bands"]["GEMM, blocks of 16"]["ops"]
+        assert r["tnos"]["SKI-TNO, band by conv1d"]["ops"] < r["tnos"]["SKI-TNO, band by gemm"]["ops"]
+    md = (out / "ski_band.md").read_text()
+    assert "| quick 2 x 200 (2 x 200) | depthwise conv1d |" in md
+    code, log, _ = execute(cmd, command_env(), 120, merge=True)  # the results of the run above are kept
+    assert code == 2 and "refusing to overwrite" in log, log[-2000:]
+    code, log, _ = execute([*cmd, "--force", "--dtype", "fp16"], command_env(), 120, merge=True)
+    assert code == 2 and "--dtype fp16 needs --device cuda (the CPU has no fp16 FFT)" in log, log[-2000:]
+    assert json.loads((out / "ski_band.json").read_text()) == result  # refused before any work

@@ -1,0 +1,196 @@
+"""SKI-TNO's band (its m-tap depthwise convolution) applied each way the operator can, side by side in one process:
+the banded GEMM over blocks of 16, 32, 64 and 128 positions (``method="gemm"``, which copies each block's window of
+the input, about (B + m - 1) / B times the input for blocks of B) and torch's depthwise convolution
+(``method="conv1d"``); then the whole SKI-TNO with each method. Which one a device type runs is
+``fairseq_tnn.ops.ski.BAND_METHOD`` (the GEMM with blocks of 16 unless it says otherwise), decided by this measurement.
+
+    python benchmarks/ski_band.py --device cuda --out $OUT/ski-band        # on a GPU, fp16 (under a minute)
+    python benchmarks/ski_band.py --device cpu --batch-scale 4 --out results/ski-band   # the CPU, fp32
+
+At ski_tnn_mlm_wt103's width (d1 = 3 x 768 channels, m = 17 taps, r = 32) and the paper's masked per-GPU shapes
+(16 x 512 and 4 x 2048), channel-major as the layers hand it the input, for each variant: the time of a forward and
+backward (input and taps' gradients) with the device synchronised around it, and per step of 20 queued back to back
+(on a GPU, the kernels' throughput with the launches hidden), median of interleaved rounds; the operations it
+dispatches (``benchmarks/opcount.py``'s count); on a GPU its peak memory above the input's; and the largest
+difference of its output and gradients from the 16-block GEMM's, relative to their largest value. ``--batch-scale``
+divides the batches (a short CPU run; the counts do not depend on it, but for a batch of one, where the convolution's
+taps need no copy); ``--quick``: d1 = 48 and short sequences (a smoke test, seconds). Writes ``ski_band.json`` and
+``ski_band.md``.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
+                                write_results)
+
+# (label, batch, n) at d1 channels: the masked presets' per-GPU shapes
+SHAPES = [("masked 16 x 512", 16, 512), ("masked 4 x 2048", 4, 2048)]
+QUICK_SHAPES = [("quick 4 x 64", 4, 64), ("quick 2 x 200", 2, 200)]
+D1, QUICK_D1, TAPS, RANK, LAMBDA = 3 * 768, 48, 17, 32, 0.99
+# (label, band_conv's method, block)
+BANDS = [("GEMM, blocks of 16", "gemm", 16), ("GEMM, blocks of 32", "gemm", 32), ("GEMM, blocks of 64", "gemm", 64),
+         ("GEMM, blocks of 128", "gemm", 128), ("depthwise conv1d", "conv1d", None)]
+QUEUED = 20
+WARMUP = 2
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _ms(fn: Callable[[], object], device: str, calls: int) -> float:
+    """Milliseconds per call of ``calls`` calls of ``fn`` back to back, the device synchronised before and after."""
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t) * 1000.0 / calls
+
+
+def _rel_diff(a: List[torch.Tensor], b: List[torch.Tensor]) -> float:
+    return max(float((p.double() - q.double()).abs().max() / q.double().abs().max().clamp_min(1e-30))
+               for p, q in zip(a, b))
+
+
+def measure(steps: Dict[str, Callable[[], List[torch.Tensor]]], device: str, rounds: int, reference: str) -> Dict:
+    """For each named step (forward and backward, returning output and gradients): operations, times, peak memory
+    and the largest relative difference from ``reference``'s results."""
+    from benchmarks.opcount import count
+    out = {}
+    results = {name: step() for name, step in steps.items()}  # builds what each caches (constants)
+    for name, step in steps.items():
+        counted = count(step)[1]
+        out[name] = {"ops": counted.total, "sync_ms": [], "queued_ms": [],
+                     "rel_diff": _rel_diff(results[name], results[reference])}
+        if device == "cuda":
+            _sync(device)
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            step()
+            _sync(device)
+            out[name]["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    del results
+    names = list(steps)
+    for r in range(WARMUP + rounds):
+        for name in (names if r % 2 else names[::-1]):
+            sync_ms, queued_ms = _ms(steps[name], device, 1), _ms(steps[name], device, QUEUED)
+            if r >= WARMUP:
+                out[name]["sync_ms"].append(sync_ms)
+                out[name]["queued_ms"].append(queued_ms)
+    for v in out.values():
+        v["median_sync_ms"] = statistics.median(v["sync_ms"])
+        v["median_queued_ms"] = statistics.median(v["queued_ms"])
+    return out
+
+
+def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int) -> Dict:
+    from fairseq_tnn.modules import build_tno
+    from fairseq_tnn.ops import ski
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(d1, batch, n, generator=g).to(device, dtype).requires_grad_()
+    grad = torch.randn(d1, batch, n, generator=g).to(device, dtype)
+    taps = (torch.randn(d1, TAPS, generator=g) / TAPS ** 0.5).to(device, dtype).requires_grad_()
+
+    def band_step(method, block):
+        def step():
+            x.grad = taps.grad = None
+            y = ski.band_conv(x, taps, block=block, method=method)
+            y.backward(grad)
+            return [y.detach(), x.grad, taps.grad]
+        return step
+
+    bands = measure({label: band_step(method, block) for label, method, block in BANDS}, device, rounds,
+                    BANDS[0][0])
+    torch.manual_seed(0)
+    tno = build_tno("ski", d1, False, ski_rank=RANK, ski_taps=TAPS, ski_warp_decay=LAMBDA, training_length=n)
+    tno = tno.to(device, dtype)
+    with torch.no_grad():  # knots away from zero ('mean' starts them there), so the low rank takes part
+        tno.knots.normal_(0.0, RANK ** -0.5)
+
+    def tno_step(method):
+        def step():
+            tno.zero_grad(set_to_none=True)
+            x.grad = None
+            saved = ski.BAND_METHOD.get(device)
+            ski.BAND_METHOD[device] = method
+            try:
+                y = tno(x, layout="dbn")
+            finally:
+                if saved is None:
+                    del ski.BAND_METHOD[device]
+                else:
+                    ski.BAND_METHOD[device] = saved
+            y.backward(grad)
+            return [y.detach(), x.grad, tno.conv_weight.grad, tno.knots.grad]
+        return step
+
+    tnos = measure({f"SKI-TNO, band by {m}": tno_step(m) for m in ski.BAND_METHODS}, device, rounds,
+                   f"SKI-TNO, band by {ski.BAND_METHODS[0]}")
+    return {"bands": bands, "tnos": tnos}
+
+
+def markdown(result: Dict) -> str:
+    meta = result["meta"]
+    out = [f"# SKI-TNO's band, each way ({meta['machine']}; torch {meta['torch']})", "",
+           f"{meta['dtype']}, d1 = {meta['d1']}, m = {TAPS} taps, r = {RANK}; batches divided by {meta['batch_scale']}; forward "
+           f"and backward (input and taps' gradients); median of {meta['rounds']} interleaved rounds; *synchronised*: "
+           f"one step with the device synchronised around it; *queued*: per step of {QUEUED} back to back; rel. diff: "
+           f"the largest difference of output and gradients from the first row's, relative to their largest value; "
+           f"the band methods as `BAND_METHOD` had them: {meta['band_method']}; `{meta['command']}`.", "",
+           "| shape | variant | ms synchronised | ms queued | ops | peak MiB | rel. diff |",
+           "|---|---|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        for part in ("bands", "tnos"):
+            for name, v in r[part].items():
+                peak = f"{v['peak_mib']:.0f}" if "peak_mib" in v else "-"
+                out.append(f"| {r['label']} ({r['batch']} x {r['n']}) | {name} | {v['median_sync_ms']:.3f} | "
+                           f"{v['median_queued_ms']:.3f} | {v['ops']} | {peak} | {v['rel_diff']:.1e} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_device_options(p, rounds=7)
+    p.add_argument("--quick", action="store_true", help="d1 = 48 and short sequences (a smoke test, seconds)")
+    add_out_options(p, "results/ski-band")
+    a = p.parse_args(argv)
+    dtype_name, dtype = checked_dtype(p, a)
+    refuse_overwrite(p, a, "ski_band.json")
+    os.makedirs(a.out, exist_ok=True)
+    from benchmarks.measure import _machine
+    from fairseq_tnn.ops import ski
+    d1 = QUICK_D1 if a.quick else D1
+    meta = {"device": a.device, "dtype": dtype_name, "d1": d1, "quick": a.quick, "rounds": a.rounds, "batch_scale": a.batch_scale,
+            "torch": torch.__version__, "band_method": dict(ski.BAND_METHOD),
+            "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
+            "command": "python benchmarks/ski_band.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    rows: List[Dict] = []
+    for label, batch, n in QUICK_SHAPES if a.quick else SHAPES:
+        batch = max(1, batch // a.batch_scale)
+        row = {"label": label, "batch": batch, "n": n, **run_shape(d1, batch, n, a.device, dtype, a.rounds)}
+        rows.append(row)
+        for part in ("bands", "tnos"):
+            for name, v in row[part].items():
+                print(f"{label:<16} {name:<26} {v['median_sync_ms']:8.3f} ms synchronised, {v['median_queued_ms']:8.3f} "
+                      f"ms queued, {v['ops']:3d} ops, rel. diff {v['rel_diff']:.1e}", flush=True)
+        if a.device == "cuda":
+            torch.cuda.empty_cache()
+        result = {"meta": meta, "rows": rows}
+        write_results(a.out, "ski_band", result, markdown(result))
+    print(markdown({"meta": meta, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
