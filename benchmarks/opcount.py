@@ -59,15 +59,50 @@ def _is_metadata(func, out) -> bool:
     return not any(isinstance(o, torch.Tensor) for o in flat) and not func._schema.is_mutable
 
 
+# Operations that hand a tensor's values to the host, so that on a GPU the host waits until the device has computed
+# them: a scalar read (``.item()``, ``bool()``, ``float()``, a tensor in an ``if``), the operations whose output size
+# depends on the values, and indexing by a boolean mask (which finds the mask's nonzeros)
+HOST_READS = {"_local_scalar_dense", "nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+              "unique_consecutive", "equal"}
+MASK_INDEXING = {"index", "index_put", "index_put_", "_index_put_impl_"}
+TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _reads_values(func, args) -> bool:
+    name = func.overloadpacket.__name__
+    if name in HOST_READS:
+        return True
+    if name in MASK_INDEXING and len(args) > 1 and isinstance(args[1], (list, tuple)):
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    return False
+
+
+def _caller() -> str:
+    """The innermost Python line outside torch and this file, as site-packages' or the repository's relative path."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith(TORCH_DIR)
+                                 or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    path = frame.f_code.co_filename.split("site-packages" + os.sep)[-1]
+    if path.startswith(ROOT + os.sep):
+        path = os.path.relpath(path, ROOT)
+    return f"{path}:{frame.f_lineno}"
+
+
 class OpCounter(TorchDispatchMode):
     """Counts the operations dispatched while active (on every thread autograd runs the backward on), by
-    name, views and metadata left out; ``total`` is their sum; ``phases``: the same per ``phase`` that was set."""
+    name, views and metadata left out; ``total`` is their sum; ``phases``: the same per ``phase`` that was set;
+    ``host_reads``: the operations among them that hand values to the host (:data:`HOST_READS`, boolean-mask
+    indexing), by the Python line that called them (on a GPU, each a wait of the host for the device)."""
 
     def __init__(self):
         super().__init__()
         self.counts: collections.Counter = collections.Counter()
         self.phase = None  # while set, operations are also counted under it in ``phases``
         self.phases: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.host_reads: collections.Counter = collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -76,6 +111,8 @@ class OpCounter(TorchDispatchMode):
             self.counts[name] += 1
             if self.phase is not None:
                 self.phases[self.phase][name] += 1
+        if _reads_values(func, args):
+            self.host_reads[_caller()] += 1
         return out
 
     @property
@@ -148,7 +185,8 @@ def trainer_counts(trainer, sample) -> Dict:
         del criterion.__dict__["forward"], optimizer.__dict__["backward"]  # the classes' methods again
     fwd, bwd = counter.phases["forward"], counter.phases["backward"]
     return {"forward": sum(fwd.values()), "forward_backward": sum(fwd.values()) + sum(bwd.values()),
-            "update": counter.total, "forward_ops": dict(fwd), "backward_ops": dict(bwd)}
+            "update": counter.total, "forward_ops": dict(fwd), "backward_ops": dict(bwd),
+            "host_reads": sum(counter.host_reads.values()), "host_read_sites": dict(counter.host_reads.most_common())}
 
 
 def model_counts(section: str, key: str, n: int, data: str, quick: bool, timed: int, vocab: int, width=None,
@@ -222,15 +260,25 @@ def markdown(result: Dict) -> str:
            "views and metadata left out. forward: the model and fairseq's criterion; update: a whole "
            "`Trainer.train_step` (clipping, Adam, bookkeeping). Time: median CPU time of an update at that size, "
            f"{meta['threads']} threads.", ""]
-    head = "| model | task | " + " | ".join(f"{p}: forward | {p}: fwd + bwd | {p}: update | {p}: ms / update" for p in ps) + " |"
-    out += [head, "|---|---|" + "---:|" * (4 * len(ps))]
+    head = "| model | task | " + " | ".join(f"{p}: forward | {p}: fwd + bwd | {p}: update | {p}: host reads | "
+                                            f"{p}: ms / update" for p in ps) + " |"
+    out += [head, "|---|---|" + "---:|" * (5 * len(ps))]
     for r in result["models"]:
         cells = [r["section"]]
         for p in ps:
             c = r[p]
-            cells += [str(c["forward"]), f"{c['forward_backward']:,}", f"{c['update']:,}",
+            cells += [str(c["forward"]), f"{c['forward_backward']:,}", f"{c['update']:,}", str(c["host_reads"]),
                       "" if c["update_ms"] is None else f"{c['update_ms']:.1f}"]
         out.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    if result["models"]:
+        p = ps[0]
+        out += ["", f"Host reads: the update's operations that hand a tensor's values to the host (`.item()`, a tensor in "
+                    f"an `if`, boolean-mask indexing, `nonzero`), each a wait of the host for the device on a GPU, by the "
+                    f"line that called them ({p} path):", "",
+                "| model | task | host reads | where |", "|---|---|---:|---|"]
+        for r in result["models"]:
+            sites = ", ".join(f"`{k}`" + (f" x{v}" if v > 1 else "") for k, v in r[p]["host_read_sites"].items())
+            out.append(f"| {r['label']} | {r['section']} | {r[p]['host_reads']} | {sites} |")
     if result["tnos"]:
         out += ["", f"One TNO alone, d1 = {meta['d1']}, batch 1 x {meta['n']}, fp32 (ms: median CPU time of a forward "
                     "and backward):", "",

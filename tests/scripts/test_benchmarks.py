@@ -654,3 +654,34 @@ def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
     code, log, _ = execute([*cmd, "--force", "--dtype", "fp16"], command_env(), 120, merge=True)
     assert code == 2 and "--dtype fp16 needs --device cuda (the CPU has no fp16 FFT)" in log, log[-2000:]
     assert json.loads((out / "ski_band.json").read_text()) == result  # refused before any work
+
+
+def test_operation_counts_list_the_updates_host_reads_by_line():
+    """opcount.py's host reads (issue 39: each a wait of the host for the GPU): scalar reads and boolean-mask indexing
+    count, by the line that called them, other indexing does not; a masked update reads the values the masked
+    criterion and the model's masked head index with, the causal one only fairseq's Trainer's checks and metrics."""
+    import tempfile
+    import torch
+    import fairseq_tnn
+    from benchmarks import trainer as tr
+    from benchmarks.opcount import OpCounter, model_counts
+    x = torch.arange(6.0)
+    with OpCounter() as c:
+        x[x > 2].sum().item()  # a mask's nonzeros, then a scalar: 2 reads
+        x[torch.tensor([0, 2])]  # integer indexing: none
+        x.add(1)
+    [(site, reads)] = c.host_reads.items()  # both on the one line above
+    assert site.startswith("tests/scripts/test_benchmarks.py:") and reads == 2, c.host_reads
+    assert c.counts["add"] == 1
+    fairseq_tnn.register()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = tr._dictionary_dir(tmp, 1000)
+        masked = model_counts("masked", "ski_tnn_mlm_wt103", 32, data, True, 0, 1000)
+        causal = model_counts("causal", "tnn_lm_wt103", 32, data, True, 0, 1000)
+    for counts in (masked, causal):
+        assert counts["host_reads"] == sum(counts["host_read_sites"].values()) > 0
+    files = {site.rsplit(":", 1)[0] for site in masked["host_read_sites"]}
+    assert {"fairseq/criterions/masked_lm.py", "fairseq_tnn/models/tnn_mlm.py", "fairseq/trainer.py"} <= files, files
+    files = {site.rsplit(":", 1)[0] for site in causal["host_read_sites"]}
+    assert "fairseq/trainer.py" in files and not any("criterions" in f or f.startswith("fairseq_tnn") for f in files)
+    assert causal["host_reads"] < masked["host_reads"]
