@@ -10,7 +10,9 @@ the input, about (B + m - 1) / B times the input for blocks of B) and torch's de
 At ski_tnn_mlm_wt103's width (d1 = 3 x 768 channels, m = 17 taps, r = 32) and the paper's masked per-GPU shapes
 (16 x 512 and 4 x 2048), channel-major as the layers hand it the input, for each variant: the time of a forward and
 backward (input and taps' gradients) with the device synchronised around it, and per step of 20 queued back to back
-(on a GPU, the kernels' throughput with the launches hidden), median of interleaved rounds; the operations it
+(on a GPU, the kernels' throughput with the launches hidden), median of interleaved rounds (``--compiled``: at
+the last shape the whole SKI-TNO also compiled with each method, the GPU recipe's path, where inductor fuses the GEMM's
+window copies); the operations it
 dispatches (``benchmarks/opcount.py``'s count); on a GPU its peak memory above the input's; and the largest
 difference of its output and gradients from the 16-block GEMM's, relative to their largest value. ``--batch-scale``
 divides the batches (a short CPU run; the counts do not depend on it, but for a batch of one, where the convolution's
@@ -64,15 +66,17 @@ def _rel_diff(a: List[torch.Tensor], b: List[torch.Tensor]) -> float:
                for p, q in zip(a, b))
 
 
-def measure(steps: Dict[str, Callable[[], List[torch.Tensor]]], device: str, rounds: int, reference: str) -> Dict:
-    """For each named step (forward and backward, returning output and gradients): operations, times, peak memory
-    and the largest relative difference from ``reference``'s results."""
+def measure(steps: Dict[str, Callable[[], List[torch.Tensor]]], device: str, rounds: int, reference: str,
+            compiled=()) -> Dict:
+    """For each named step (forward and backward, returning output and gradients): operations (eager ones: not for
+    the steps named in ``compiled``, None there), times, peak memory and the largest relative difference from
+    ``reference``'s results."""
     from benchmarks.opcount import count
     out = {}
     results = {name: step() for name, step in steps.items()}  # builds what each caches (constants)
     for name, step in steps.items():
-        counted = count(step)[1]
-        out[name] = {"ops": counted.total, "sync_ms": [], "queued_ms": [],
+        ops = None if name in compiled else count(step)[1].total
+        out[name] = {"ops": ops, "sync_ms": [], "queued_ms": [],
                      "rel_diff": _rel_diff(results[name], results[reference])}
         if device == "cuda":
             _sync(device)
@@ -95,7 +99,9 @@ def measure(steps: Dict[str, Callable[[], List[torch.Tensor]]], device: str, rou
     return out
 
 
-def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int) -> Dict:
+def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, compiled: bool = False) -> Dict:
+    """The band's variants alone and the whole SKI-TNO with each method at one shape; with ``compiled``, the whole
+    SKI-TNO also ``torch.compile``d with each method (a compilation each)."""
     from fairseq_tnn.modules import build_tno
     from fairseq_tnn.ops import ski
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -119,14 +125,14 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int) -> D
     with torch.no_grad():  # knots away from zero ('mean' starts them there), so the low rank takes part
         tno.knots.normal_(0.0, RANK ** -0.5)
 
-    def tno_step(method):
+    def tno_step(method, forward=tno):
         def step():
             tno.zero_grad(set_to_none=True)
             x.grad = None
             saved = ski.BAND_METHOD.get(device)
             ski.BAND_METHOD[device] = method
             try:
-                y = tno(x, layout="dbn")
+                y = forward(x, layout="dbn")
             finally:
                 if saved is None:
                     del ski.BAND_METHOD[device]
@@ -136,8 +142,11 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int) -> D
             return [y.detach(), x.grad, tno.conv_weight.grad, tno.knots.grad]
         return step
 
-    tnos = measure({f"SKI-TNO, band by {m}": tno_step(m) for m in ski.BAND_METHODS}, device, rounds,
-                   f"SKI-TNO, band by {ski.BAND_METHODS[0]}")
+    steps = {f"SKI-TNO, band by {m}": tno_step(m) for m in ski.BAND_METHODS}
+    names = [f"SKI-TNO compiled, band by {m}" for m in ski.BAND_METHODS] if compiled else []
+    for name, m in zip(names, ski.BAND_METHODS):  # one torch.compile per method, tracing the method BAND_METHOD names
+        steps[name] = tno_step(m, torch.compile(tno, fullgraph=True))
+    tnos = measure(steps, device, rounds, f"SKI-TNO, band by {ski.BAND_METHODS[0]}", names)
     return {"bands": bands, "tnos": tnos}
 
 
@@ -155,8 +164,9 @@ def markdown(result: Dict) -> str:
         for part in ("bands", "tnos"):
             for name, v in r[part].items():
                 peak = f"{v['peak_mib']:.0f}" if "peak_mib" in v else "-"
+                ops = "-" if v["ops"] is None else v["ops"]
                 out.append(f"| {r['label']} ({r['batch']} x {r['n']}) | {name} | {v['median_sync_ms']:.3f} | "
-                           f"{v['median_queued_ms']:.3f} | {v['ops']} | {peak} | {v['rel_diff']:.1e} |")
+                           f"{v['median_queued_ms']:.3f} | {ops} | {peak} | {v['rel_diff']:.1e} |")
     return "\n".join(out) + "\n"
 
 
@@ -164,6 +174,9 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_options(p, rounds=7)
     p.add_argument("--quick", action="store_true", help="d1 = 48 and short sequences (a smoke test, seconds)")
+    p.add_argument("--compiled", action="store_true",
+                   help="at the last shape, the whole SKI-TNO compiled with each method as well (the GPU recipe's path; "
+                        "two compilations)")
     add_out_options(p, "results/ski-band")
     a = p.parse_args(argv)
     dtype_name, dtype = checked_dtype(p, a)
@@ -172,19 +185,21 @@ def main(argv=None):
     from benchmarks.measure import _machine
     from fairseq_tnn.ops import ski
     d1 = QUICK_D1 if a.quick else D1
+    shapes = QUICK_SHAPES if a.quick else SHAPES
     meta = {"device": a.device, "dtype": dtype_name, "d1": d1, "quick": a.quick, "rounds": a.rounds, "batch_scale": a.batch_scale,
             "torch": torch.__version__, "band_method": dict(ski.BAND_METHOD),
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/ski_band.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     rows: List[Dict] = []
-    for label, batch, n in QUICK_SHAPES if a.quick else SHAPES:
+    for label, batch, n in shapes:
         batch = max(1, batch // a.batch_scale)
-        row = {"label": label, "batch": batch, "n": n, **run_shape(d1, batch, n, a.device, dtype, a.rounds)}
+        compiled = a.compiled and (label, n) == (shapes[-1][0], shapes[-1][2])
+        row = {"label": label, "batch": batch, "n": n, **run_shape(d1, batch, n, a.device, dtype, a.rounds, compiled)}
         rows.append(row)
         for part in ("bands", "tnos"):
             for name, v in row[part].items():
                 print(f"{label:<16} {name:<26} {v['median_sync_ms']:8.3f} ms synchronised, {v['median_queued_ms']:8.3f} "
-                      f"ms queued, {v['ops']:3d} ops, rel. diff {v['rel_diff']:.1e}", flush=True)
+                      f"ms queued, {v['ops'] or '-':>3} ops, rel. diff {v['rel_diff']:.1e}", flush=True)
         if a.device == "cuda":
             torch.cuda.empty_cache()
         result = {"meta": meta, "rows": rows}

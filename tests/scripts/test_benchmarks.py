@@ -629,10 +629,11 @@ def test_graph_scopes_compiles_each_scope_cold_and_compares_it_with_eager(tmp_pa
 def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
     """benchmarks/ski_band.py (issue 39: which way a GPU should apply SKI-TNO's band, ``BAND_METHOD``): the banded GEMM
     at four block sizes and torch's depthwise convolution, alone and inside the whole SKI-TNO, on one input; each
-    computes the first's result, and the convolution dispatches fewer operations."""
+    computes the first's result, and the convolution dispatches fewer operations; with --compiled, at the last shape
+    the whole SKI-TNO compiled with each method as well."""
     out = tmp_path / "band"
     cmd = [sys.executable, str(ROOT / "benchmarks/ski_band.py"), "--device", "cpu", "--quick", "--rounds", "1",
-           "--out", str(out)]
+           "--compiled", "--out", str(out)]
     code, log, _ = execute(cmd, command_env(), 300, merge=True)
     assert code == 0, log[-4000:]
     result = json.loads((out / "ski_band.json").read_text())
@@ -641,9 +642,11 @@ def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
     for r in result["rows"]:
         assert list(r["bands"]) == ["GEMM, blocks of 16", "GEMM, blocks of 32", "GEMM, blocks of 64",
                                     "GEMM, blocks of 128", "depthwise conv1d"]
-        assert list(r["tnos"]) == ["SKI-TNO, band by gemm", "SKI-TNO, band by conv1d"]
-        for v in [*r["bands"].values(), *r["tnos"].values()]:
-            assert v["median_sync_ms"] > 0 and v["median_queued_ms"] > 0 and v["ops"] > 0
+        compiled = ["SKI-TNO compiled, band by gemm", "SKI-TNO compiled, band by conv1d"] if r["n"] == 200 else []
+        assert list(r["tnos"]) == ["SKI-TNO, band by gemm", "SKI-TNO, band by conv1d", *compiled]
+        for name, v in [*r["bands"].items(), *r["tnos"].items()]:
+            assert v["median_sync_ms"] > 0 and v["median_queued_ms"] > 0
+            assert v["ops"] is None if name in compiled else v["ops"] > 0
             assert v["rel_diff"] < 1e-5
         assert r["bands"]["depthwise conv1d"]["ops"] < r["bands"]["GEMM, blocks of 16"]["ops"]
         assert r["tnos"]["SKI-TNO, band by conv1d"]["ops"] < r["tnos"]["SKI-TNO, band by gemm"]["ops"]
