@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
                                 write_results)
+from benchmarks.trainer import _sync  # noqa: E402
 
 # (label, batch, n) at d1 channels: the masked presets' per-GPU shapes
 SHAPES = [("masked 16 x 512", 16, 512), ("masked 4 x 2048", 4, 2048)]
@@ -44,11 +45,6 @@ BANDS = [("GEMM, blocks of 16", "gemm", 16), ("GEMM, blocks of 32", "gemm", 32),
          ("GEMM, blocks of 128", "gemm", 128), ("depthwise conv1d", "conv1d", None)]
 QUEUED = 20
 WARMUP = 2
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _ms(fn: Callable[[], object], device: str, calls: int) -> float:

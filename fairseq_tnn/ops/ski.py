@@ -305,12 +305,11 @@ def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOC
     method = method or BAND_METHOD.get(x.device.type, "gemm")
     if method not in BAND_METHODS:
         raise ValueError(f"method={method!r} is invalid: must be one of {list(BAND_METHODS)}")
-    d, m = conv_weight.shape
-    h = (m - 1) // 2
-    n = x.shape[-1]
     if method == "conv1d":
         with autocast_off(x.device.type):  # the taps' dtype, as the GEMM's path computes
             return depthwise_band(x, conv_weight)
+    h = (conv_weight.shape[1] - 1) // 2
+    n = x.shape[-1]
     block = max(block, h)
     pad = -n % block
     xp = F.pad(x, (0, pad)) if pad else x.contiguous()
