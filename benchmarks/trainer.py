@@ -45,6 +45,7 @@ import torch  # noqa: E402
 
 from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
 from fairseq_tnn import recipe  # noqa: E402
+from fairseq_tnn.patches.masked_positions import add_masked_positions  # noqa: E402
 
 VOCAB = 50264  # Wikitext-103's dictionary (GPT-2 BPE), fairseq's 4 specials included
 QUICK_VOCAB = 1000
@@ -152,8 +153,10 @@ def synthetic_sample(section: str, n: int, batch: int, vocab: int, seed: int = 0
         masked = torch.rand(batch, n, generator=g) < MASKED_FRACTION
         masked[:, 0] = True
         target = torch.where(masked, torch.randint(4, vocab, (batch, n), generator=g), torch.ones_like(tokens))
-    return {"id": torch.arange(batch), "nsentences": batch, "ntokens": int((target != 1).sum()),
-            "net_input": {"src_tokens": tokens, "src_lengths": torch.full((batch,), n)}, "target": target}
+    sample = {"id": torch.arange(batch), "nsentences": batch, "ntokens": int((target != 1).sum()),
+              "net_input": {"src_tokens": tokens, "src_lengths": torch.full((batch,), n)}, "target": target}
+    # as tnn_masked_lm collates its batches: with the masked positions, found on the CPU
+    return sample if section == "causal" else add_masked_positions(sample, 1)
 
 
 def _sync(device):

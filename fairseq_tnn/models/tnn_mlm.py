@@ -124,8 +124,11 @@ class TnnEncoder(TrainerCalls, FairseqEncoder):
         extra = {"inner_states": inner_states, "padding_mask": pad_mask}
         if features_only:
             return x, extra
-        if masked_tokens is not None:
-            x = x[masked_tokens]  # only score the masked positions
+        if masked_tokens is not None:  # only score the masked positions
+            if masked_tokens.dtype == torch.bool:
+                x = x[masked_tokens]  # a mask: its number of True values is read from the device
+            else:  # flat positions into (batch, length), row-major (patches/masked_positions.py): the same rows
+                x = x.reshape(-1, x.size(-1))[masked_tokens]
         return self.lm_head(x), extra
 
     def max_positions(self):
@@ -142,6 +145,10 @@ NOT_FOR_EVAL_LM = (
 
 @register_model("tnn_mlm", dataclass=TnnMlmConfig)
 class TnnMaskedLMModel(TrainerCalls, FairseqEncoderModel):
+    # forward's masked_tokens may be flat positions (a LongTensor) instead of a mask: fairseq's masked_lm criterion
+    # hands them over when the batch has them (fairseq_tnn/patches/masked_positions.py)
+    scores_masked_positions = True
+
     @classmethod
     def add_args(cls, parser):
         super().add_args(parser)

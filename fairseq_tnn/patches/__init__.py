@@ -11,8 +11,9 @@ the code and both fingerprints, and the fix is skipped or still applied, as its 
 again changes nothing. Each fix's module says why in full; tests/reliability/test_patches.py checks the
 fingerprints against the installed fairseq.
 """
-from . import (atomic_save, broadcast_unpickle, checkpoint_loader, config_snapshot, fp16_syncs, multi_tensor_optim,
-               numpy2_compat_long, progress_bar_log_file, seed, stop_prefetch_at_exit)
+from . import (atomic_save, broadcast_unpickle, checkpoint_loader, config_snapshot, fp16_syncs, masked_positions,
+               multi_tensor_optim, numpy2_compat_long, progress_bar_log_file, seed, stop_prefetch_at_exit,
+               update_stats)
 from .base import Patch
 
 FAIRSEQ = "fairseq 0.12.3.1 (fairseq-fixed)"
@@ -170,6 +171,33 @@ PATCHES = (
         on_mismatch="skip",
         replaces="fairseq.trainer:Trainer._set_seed",
         replacement=seed.set_seed,
+    ),
+    Patch(
+        name="masked-lm-positions",
+        why="the masked_lm criterion finds the masked tokens on the device (boolean-mask indexing in the criterion "
+            "and in the model, forward and backward, a tensor sample size read by the Trainer and its meters): 10 "
+            "waits of the host for a GPU an update; with a batch that names its masked positions (tnn_masked_lm's) "
+            "and a model that takes them, it scores those positions and its sample size is their number (the same "
+            "loss and gradients)",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.criterions.masked_lm:MaskedLmLoss.forward",
+        fingerprint="62b8c4994a62ad2c",
+        on_mismatch="skip",
+        replaces="fairseq.criterions.masked_lm:MaskedLmLoss.forward",
+        replacement=masked_positions.criterion_forward,
+    ),
+    Patch(
+        name="update-stats-without-reads",
+        why="after the optimizer step train_step logs the update with two reads of device values (isfinite of a "
+            "gradient norm it has already checked, and the returned metrics' .item()), on a GPU each a wait for "
+            "the optimizer's kernels; the norm is logged as it is and the metrics are returned as a mapping read "
+            "when first looked into (fairseq-train only asks whether there is one): the same logs",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.trainer:Trainer._reduce_and_log_stats",
+        fingerprint="d7245734c06fca26",
+        on_mismatch="skip",  # it relies on train_step calling it with a gradient norm only once the norm is finite
+        replaces="fairseq.trainer:Trainer._reduce_and_log_stats",
+        replacement=update_stats.reduce_and_log_stats,
     ),
     Patch(
         name="config-snapshot",

@@ -17,12 +17,16 @@ longer than the task's ``max_positions``. What happens to such a block:
 - ``error``: any split with such a line stops the run before any work, naming the line.
 
 With ``--sample-break-mode none`` every block fits and nothing is dropped (0 is logged).
+
+Each batch also names its masked positions (``masked_positions``, found on the CPU as it is collated), which fairseq's
+``masked_lm`` criterion then scores without reading the mask back from a GPU (``fairseq_tnn/patches/masked_positions.py``).
 """
 import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 from fairseq import metrics
+from fairseq.data import BaseWrapperDataset
 from fairseq.dataclass import ChoiceEnum
 from fairseq.models import FairseqLanguageModel
 from fairseq.tasks import register_task
@@ -30,6 +34,7 @@ from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
 
 from ..models.config import check_cuda_graphs_for_training
 from ..models.tnn_mlm import NOT_FOR_EVAL_LM
+from ..patches.masked_positions import add_masked_positions
 from .batches import ResumableBatchesMixin
 from .data_checks import check_split, check_tokens_per_sample, split_path
 from ..distributed.check import check_joined, refuse_unjoinable
@@ -52,6 +57,17 @@ class TnnMaskedLMConfig(MaskedLMConfig):
                           "(the RoBERTa-style pipeline's behaviour; validation drops them too with "
                           "--skip-invalid-size-inputs-valid-test, else scores them in full), 'error' refuses the "
                           "data before any work"})
+
+
+class MaskedPositionsDataset(BaseWrapperDataset):
+    """A masked LM dataset whose batches also hold the flat positions of their masked tokens (``masked_positions``)."""
+
+    def __init__(self, dataset, pad: int):
+        super().__init__(dataset)
+        self.pad = pad
+
+    def collater(self, samples):
+        return add_masked_positions(super().collater(samples), self.pad)
 
 
 @register_task("tnn_masked_lm", dataclass=TnnMaskedLMConfig)
@@ -80,7 +96,8 @@ class TnnMaskedLMTask(ResumableBatchesMixin, StepMetricsMixin, Bf16AutocastMixin
                          "training and says how many)")
         if "data_selector" in kwargs:  # fairseq's Trainer.get_train_iterator loads the training split so
             self._train_split = split
-        return super().load_dataset(split, epoch, combine, **kwargs)
+        super().load_dataset(split, epoch, combine, **kwargs)
+        self.datasets[split] = MaskedPositionsDataset(self.datasets[split], self.source_dictionary.pad())
 
     def _split_of(self, dataset):
         return next((name for name, ds in self.datasets.items() if ds is dataset), "?")

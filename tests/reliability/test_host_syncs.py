@@ -12,6 +12,7 @@ import torch
 from fairseq import metrics
 
 import fairseq_tnn
+from fairseq_tnn.patches.masked_positions import add_masked_positions
 from fairseq_tnn.tasks import step_metrics
 from helpers import USER_DIR
 
@@ -86,8 +87,9 @@ def build_trainer(data_dir: Path, arch: str, causal: bool):
     return Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
 
 
-def sample(causal: bool, pad: int):
-    """A batch of 4 sequences of N tokens, the last two right-padded (as fairseq's collater pads)."""
+def sample(causal: bool, pad: int, positions: bool = True):
+    """A batch of 4 sequences of N tokens, the last two right-padded (as fairseq's collater pads); a masked one with
+    its masked positions, as tnn_masked_lm collates it, unless ``positions`` is False (another task's batch)."""
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(4, VOCAB, (4, N), generator=g)
     lengths = torch.tensor([N, N, N - 5, N - 9])
@@ -99,13 +101,14 @@ def sample(causal: bool, pad: int):
         masked = (torch.rand(4, N, generator=g) < 0.3) & ~padding
         masked[:, 1] = True
         target = torch.where(masked, torch.randint(4, VOCAB, (4, N), generator=g), torch.full_like(tokens, pad))
-    return {"id": torch.arange(4), "nsentences": 4, "ntokens": int((target != pad).sum()),
-            "net_input": {"src_tokens": tokens, "src_lengths": lengths}, "target": target}
+    batch = {"id": torch.arange(4), "nsentences": 4, "ntokens": int((target != pad).sum()),
+             "net_input": {"src_tokens": tokens, "src_lengths": lengths}, "target": target}
+    return batch if causal or not positions else add_masked_positions(batch, pad)
 
 
 @pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_lm_tiny", "tnn_mlm_tiny", "fd_tnn_mlm_tiny",
                                   "ski_tnn_mlm_tiny"])
-def test_a_training_update_makes_no_host_sync_in_the_plugin_but_the_masked_positions(arch, tmp_path, monkeypatch):
+def test_a_training_update_makes_no_host_sync_in_the_plugin(arch, tmp_path, monkeypatch):
     causal = "_mlm_" not in arch
     trainer = build_trainer(tmp_path, arch, causal)
     batch = sample(causal, trainer.task.source_dictionary.pad())
@@ -114,10 +117,90 @@ def test_a_training_update_makes_no_host_sync_in_the_plugin_but_the_masked_posit
     with metrics.aggregate(new_root=True):
         out = trainer.train_step([batch])
     assert out is not None and trainer.get_num_updates() == 2
-    # one in the masked model, as in fairseq's RoBERTa: the features of the criterion's masked positions
-    # (x[masked_tokens]), whose number only the data says
-    expected = [] if causal else ["boolean index at models/tnn_mlm.py"]
-    assert [c.rsplit(":", 1)[0] for c in calls] == expected, f"host syncs made by fairseq_tnn in one update: {calls}"
+    assert calls == [], f"host syncs made by fairseq_tnn in one update: {calls}"
+    if causal:
+        return
+    # a masked batch that does not name its masked positions (another task's) goes through fairseq's criterion, whose
+    # mask the model indexes its features with (x[masked_tokens], as fairseq's RoBERTa does): the one sync seen
+    with metrics.aggregate(new_root=True):
+        trainer.train_step([sample(causal, trainer.task.source_dictionary.pad(), positions=False)])
+    assert [c.rsplit(":", 1)[0] for c in calls] == ["boolean index at models/tnn_mlm.py"], calls
+
+
+@pytest.mark.parametrize("arch", ["tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"])
+def test_the_batchs_masked_positions_train_as_fairseqs_mask_does(arch, tmp_path):
+    """fairseq's masked_lm criterion with the batch's masked positions (patches/masked_positions.py) against its own
+    code with the mask, through fairseq's Trainer, dropout on: the same loss and sample size at every update and the
+    same weights after three, to the bit; the sample size a Python int (nothing for the Trainer to read back)."""
+    from fairseq.criterions.masked_lm import MaskedLmLoss
+    assert getattr(MaskedLmLoss.forward, "fairseq_tnn_patch", None) == "masked-lm-positions"
+    runs = {}
+    for positions in (True, False):
+        (tmp_path / str(positions)).mkdir()
+        torch.manual_seed(0)  # the same initial weights
+        trainer = build_trainer(tmp_path / str(positions), arch, causal=False)
+        pad = trainer.task.source_dictionary.pad()
+        outputs = []
+        for update in range(3):
+            batch = sample(False, pad, positions)
+            if update == 2:  # the rare batch without a masked token: fairseq scores every position (loss 0)
+                batch["target"].fill_(pad)
+                batch["ntokens"] = 0
+                if positions:
+                    add_masked_positions(batch, pad)
+            loss, sample_size, logging = trainer.criterion(trainer.model, trainer._prepare_sample(batch)[0])
+            outputs.append((loss.detach(), sample_size, logging["loss"]))
+            with metrics.aggregate(new_root=True):
+                trainer.train_step([batch])
+        runs[positions] = (outputs, [p.detach().clone() for p in trainer.model.parameters()])
+    (with_positions, weights), (with_mask, mask_weights) = runs[True], runs[False]
+    assert [o[1] for o in with_positions] == [int(o[1]) for o in with_mask] and with_positions[2][1] == 0
+    assert all(type(o[1]) is int for o in with_positions) and all(torch.is_tensor(o[1]) for o in with_mask)
+    for (loss, _, logged), (mask_loss, _, mask_logged) in zip(with_positions, with_mask):
+        assert torch.equal(loss, mask_loss) and torch.equal(logged, mask_logged), (loss, mask_loss)
+    assert with_positions[2][0] == 0
+    assert all(torch.equal(a, b) for a, b in zip(weights, mask_weights))
+
+
+def test_the_criterion_hands_positions_only_to_a_model_that_takes_them(tmp_path, monkeypatch):
+    """Another model (here the plugin's, saying it does not take positions) gets fairseq's mask, and the flat positions
+    the plugin's model takes index the same features as that mask."""
+    from fairseq_tnn.models.tnn_mlm import TnnEncoder
+    trainer = build_trainer(tmp_path, "tnn_mlm_tiny", causal=False)
+    batch = sample(False, trainer.task.source_dictionary.pad())
+    seen, forward = [], TnnEncoder.forward
+
+    def spy(self, *args, masked_tokens=None, **kwargs):
+        seen.append(masked_tokens)
+        return forward(self, *args, masked_tokens=masked_tokens, **kwargs)
+    monkeypatch.setattr(TnnEncoder, "forward", spy)
+    model = trainer.model.eval()
+    with torch.no_grad():
+        by_positions = trainer.criterion(model, batch)
+        monkeypatch.setattr(type(model), "scores_masked_positions", False)
+        by_mask = trainer.criterion(model, batch)
+    assert seen[0].dtype == torch.int64 and torch.equal(seen[0], batch["masked_positions"])
+    assert seen[1].dtype == torch.bool and torch.equal(seen[1].reshape(-1).nonzero().reshape(-1), seen[0])
+    assert torch.equal(by_positions[0], by_mask[0]) and by_positions[1] == int(by_mask[1]) > 0
+
+
+def test_the_masked_tasks_batches_name_their_masked_positions(data_bin):
+    """tnn_masked_lm's batches, as fairseq's iterator hands them to the Trainer, carry the flat positions of their
+    masked tokens: those whose target is not padding, in row-major order."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    argv = [str(data_bin), "--user-dir", USER_DIR, "--task", "tnn_masked_lm", "--tokens-per-sample", "32",
+            "--arch", "tnn_mlm_tiny", "--seed", "3"]
+    task = tasks.setup_task(convert_namespace_to_omegaconf(
+        options.parse_args_and_arch(options.get_training_parser(), argv)).task)
+    task.load_dataset("valid")
+    batches = task.get_batch_iterator(task.dataset("valid"), max_tokens=256).next_epoch_itr(shuffle=False)
+    pad, seen = task.source_dictionary.pad(), 0
+    for batch in batches:
+        expected = [i for i, t in enumerate(batch["target"].reshape(-1).tolist()) if t != pad]
+        assert batch["masked_positions"].tolist() == expected and batch["masked_positions"].dtype == torch.int64
+        seen += len(expected)
+    assert seen > 0
 
 
 def test_the_masked_models_training_mask_changes_no_output():
@@ -231,3 +314,83 @@ def test_update_time_on_the_cpu_is_logged_with_the_update(monkeypatch):
         task.optimizer_step(None, model, 1)
         values = agg.get_smoothed_values()
     assert set(values) == {"update_ms", "max_rss_mb"} and values["update_ms"] >= 0 and values["max_rss_mb"] > 0
+
+
+def _fairseqs_stats_logging(monkeypatch):
+    from fairseq.trainer import Trainer
+    from fairseq_tnn.patches.base import resolve
+    monkeypatch.setattr(Trainer, "_reduce_and_log_stats", resolve("fairseq.trainer:Trainer._reduce_and_log_stats"))
+
+
+TIMED = ("ups", "wps", "wall", "train_wall", "update_ms", "max_rss_mb")  # rates and clocks: differ between runs
+
+
+@pytest.mark.parametrize("arch", ["tnn_lm_tiny", "ski_tnn_mlm_tiny"])
+def test_an_updates_stats_are_fairseqs_without_reading_the_device(arch, tmp_path, monkeypatch):
+    """The update-stats-without-reads patch (patches/update_stats.py) against fairseq's _reduce_and_log_stats, through
+    fairseq's Trainer, three updates each: the same metrics in the run's aggregators and the same values returned by
+    every update (read when looked into), and the update's host reads down to the one train_step's gradient-norm check
+    makes (fairseq's logging made three more)."""
+    from benchmarks.opcount import OpCounter
+    from fairseq.trainer import Trainer
+    from fairseq_tnn.patches.update_stats import UpdateStats
+    assert getattr(Trainer._reduce_and_log_stats, "fairseq_tnn_patch", None) == "update-stats-without-reads"
+    causal = "_mlm_" not in arch
+    runs = {}
+    for patched in (True, False):
+        if not patched:
+            _fairseqs_stats_logging(monkeypatch)
+        (tmp_path / str(patched)).mkdir()
+        torch.manual_seed(0)  # the same initial weights
+        trainer = build_trainer(tmp_path / str(patched), arch, causal)
+        batch = sample(causal, trainer.task.source_dictionary.pad())
+        returned = []
+        with metrics.aggregate(new_root=True), metrics.aggregate(f"run-{arch}-{patched}"):
+            for update in range(3):
+                with OpCounter() as counter:
+                    out = trainer.train_step([batch])
+                    reads = sum(counter.host_reads.values())
+                assert isinstance(out, UpdateStats) == patched
+                returned.append((dict(out), reads))
+            logged = {k: v for k, v in metrics.get_smoothed_values(f"run-{arch}-{patched}").items() if k not in TIMED}
+        runs[patched] = (returned, logged)
+    (returned, logged), (fairseqs_returned, fairseqs_logged) = runs[True], runs[False]
+    assert logged == fairseqs_logged and {"loss", "gnorm", "clip"} <= logged.keys(), (logged, fairseqs_logged)
+    assert [r[0] for r in returned] == [r[0] for r in fairseqs_returned]
+    assert [r[1] for r in returned] == [1, 1, 1] and [r[1] for r in fairseqs_returned] == [4, 4, 4]
+
+
+def test_update_stats_read_the_aggregator_once_when_first_looked_into():
+    from fairseq_tnn.patches.update_stats import UpdateStats
+    reads = []
+
+    class Aggregator:
+        def get_smoothed_values(self):
+            reads.append(1)
+            return {"loss": 2.5, "ppl": 5.6, "wps": 1e4, "wpb": 30.0, "bsz": 2.0, "nll_loss": 2.0}
+    stats = UpdateStats(Aggregator(), 24)
+    assert stats is not None and reads == [] and repr(stats) == "UpdateStats(not read yet)"
+    assert dict(stats) == {"loss": 2.5, "nll_loss": 2.0, "sample_size": 24} and reads == [1]
+    stats["extra"] = 1
+    del stats["nll_loss"]
+    assert len(stats) == 3 and "extra" in stats and stats.get("ppl") is None and reads == [1]
+
+
+def test_a_non_finite_gradient_norm_stops_the_update_before_its_stats_are_logged(tmp_path, monkeypatch):
+    """The patch logs a norm without checking it because train_step has checked it: fp32 gradients with a NaN raise
+    FloatingPointError (fairseq's, after its NanDetector re-run) and nothing of the update is logged."""
+    from fairseq.trainer import Trainer
+    monkeypatch.chdir(tmp_path)  # fairseq saves crash.pt under --save-dir, ./checkpoints (fairseq-train makes it)
+    (tmp_path / "checkpoints").mkdir()
+    trainer = build_trainer(tmp_path, "tnn_lm_tiny", causal=True)
+    calls = []
+    logging = Trainer._reduce_and_log_stats
+    monkeypatch.setattr(Trainer, "_reduce_and_log_stats", lambda self, *a, **k: calls.append(a) or logging(self, *a, **k))
+    batch = sample(True, trainer.task.source_dictionary.pad())
+    with metrics.aggregate(new_root=True):
+        trainer.train_step([batch])
+        assert len(calls) == 1
+        next(trainer.model.parameters()).register_hook(lambda g: g * float("nan"))
+        with pytest.raises(FloatingPointError, match="gradients are Nan/Inf"):
+            trainer.train_step([batch])
+    assert len(calls) == 1 and trainer.get_num_updates() == 1
