@@ -308,7 +308,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     gradients overflow is skipped, optimizer step and all, and would time a cheaper update); the timed updates
     that still overflowed are counted."""
     from benchmarks.opcount import trainer_counts
-    sample = tr.synthetic_sample(section, n, batch, tr.QUICK_VOCAB if quick else tr.VOCAB)
+    sample = tr.synthetic_sample(section, n, batch, tr.QUICK_VOCAB if quick else tr.VOCAB, device=device)
     torch.manual_seed(1)
     t0 = time.time()
     trainer = tr.build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)

@@ -144,7 +144,11 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
     return Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
 
 
-def synthetic_sample(section: str, n: int, batch: int, vocab: int, seed: int = 0) -> Dict:
+def synthetic_sample(section: str, n: int, batch: int, vocab: int, seed: int = 0, device: str = "cpu") -> Dict:
+    """A batch as fairseq-train's data loader hands it to the Trainer, on the CPU: for ``device`` "cuda" its tensors in
+    pinned memory, as fairseq's DataLoader (``pin_memory=True``) leaves them, so that the Trainer's move to the GPU is
+    asynchronous. From pageable memory CUDA may first wait for the kernels queued before the copy (the previous update's
+    optimizer step), a wait fairseq-train does not have."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(4, vocab, (batch, n), generator=g)
     if section == "causal":
@@ -156,7 +160,11 @@ def synthetic_sample(section: str, n: int, batch: int, vocab: int, seed: int = 0
     sample = {"id": torch.arange(batch), "nsentences": batch, "ntokens": int((target != 1).sum()),
               "net_input": {"src_tokens": tokens, "src_lengths": torch.full((batch,), n)}, "target": target}
     # as tnn_masked_lm collates its batches: with the masked positions, found on the CPU
-    return sample if section == "causal" else add_masked_positions(sample, 1)
+    sample = sample if section == "causal" else add_masked_positions(sample, 1)
+    if device == "cuda":
+        from fairseq.utils import apply_to_sample
+        sample = apply_to_sample(lambda t: t.pin_memory(), sample)
+    return sample
 
 
 def _sync(device):
@@ -234,7 +242,7 @@ def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: 
             if section not in sections:
                 continue
             batch = batch_size or batch
-            sample = synthetic_sample(section, n, batch, QUICK_VOCAB if quick else VOCAB)
+            sample = synthetic_sample(section, n, batch, QUICK_VOCAB if quick else VOCAB, device=device)
             configs = []
             for key, arch, _, bound in CONFIGS[section]:
                 for compiled in (False, True):

@@ -14,7 +14,9 @@ update calls it (torch's seed formats the Python stack for each backend not init
 depth): a row ``| the Trainer's seed | - | fairseq's | plugin's |``. Then a small model's whole update (``tnn_lm_wt103`` at
 width 16, where host time is nearly all of it) through fairseq's ``Trainer.train_step``, which reads its OmegaConf config
 some 40 times, and through the plugin's ``config-snapshot`` patch (fairseq_tnn/patches/config_snapshot.py): a row
-``| a small model's update, its config read | - | fairseq's | plugin's |``.
+``| a small model's update, its config read | - | fairseq's | plugin's |``. Last, the same update with fairseq's logging
+of it and with the plugin's ``update-stats-without-reads`` patch (fairseq_tnn/patches/update_stats.py), whose metrics
+are read only when looked into: a row ``| a small model's update, its stats logged | - | fairseq's | plugin's |``.
 """
 import argparse
 import os
@@ -105,6 +107,34 @@ def config_times(rounds: int) -> dict:
     return interleaved_medians({name: (lambda r, f=f: f(trainer, [sample])) for name, f in steps.items()}, rounds)
 
 
+def stats_times(rounds: int) -> dict:
+    """Median ms of a small model's whole update (as :func:`config_times`) with fairseq's ``_reduce_and_log_stats``,
+    which reads the gradient norm's ``isfinite`` and the returned metrics' values, and with the plugin's
+    ``update-stats-without-reads`` patch, which returns them unread; interleaved, on one Trainer."""
+    import tempfile
+
+    from fairseq.trainer import Trainer
+
+    from benchmarks import trainer as tr
+    from fairseq_tnn.patches import base
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 16, "cpu", "fp32", False, tr._dictionary_dir(tmp, 64),
+                                   True, width=16)
+    sample = tr.synthetic_sample("causal", 16, 2, 64)
+    plugins = Trainer._reduce_and_log_stats
+    logging = {"fairseq": base.resolve("fairseq.trainer:Trainer._reduce_and_log_stats"), "plugin": plugins}
+
+    def update(f):
+        Trainer._reduce_and_log_stats = f
+        trainer.train_step([sample])
+
+    try:
+        update(plugins)  # builds the optimizer
+        return interleaved_medians({name: (lambda r, f=f: update(f)) for name, f in logging.items()}, rounds)
+    finally:
+        Trainer._reduce_and_log_stats = plugins
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=200, help="timed rounds (default 200)")
@@ -127,6 +157,8 @@ def main(argv=None):
     print(f"| the Trainer's seed | - | {ms['fairseq']:.3f} | {ms['plugin']:.3f} |")
     ms = config_times(a.rounds)
     print(f"| a small model's update, its config read | - | {ms['fairseq']:.3f} | {ms['plugin']:.3f} |")
+    ms = stats_times(a.rounds)
+    print(f"| a small model's update, its stats logged | - | {ms['fairseq']:.3f} | {ms['plugin']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -192,3 +192,15 @@ def test_causal_in_fp32_on_gpu(arch):
         a, b = model(tokens)[0], model(changed)[0]
     assert rel(b[:, :t], a[:, :t]) < 1e-4
     assert rel(b[:, t:], a[:, t:]) > 1e-4  # the change does reach the later positions
+
+
+def test_the_benchmarks_batches_are_pinned_as_fairseqs_loader_leaves_them():
+    """benchmarks/trainer.py's batch for a GPU: the same values as the CPU's, every tensor in pinned memory (fairseq's
+    DataLoader pins its batches), so that the Trainer's move to the GPU does not wait for the queued kernels."""
+    from benchmarks import trainer as tr
+    for section in ("causal", "masked"):
+        cpu, pinned = (tr.synthetic_sample(section, 64, 2, 100, device=d) for d in ("cpu", "cuda"))
+        tensors = [(k, v) for k, v in pinned.items() if torch.is_tensor(v)] + list(pinned["net_input"].items())
+        assert all(v.is_pinned() and v.device.type == "cpu" for _, v in tensors), [k for k, v in tensors]
+        assert all(torch.equal(v, cpu[k] if k in cpu else cpu["net_input"][k]) for k, v in tensors)
+        assert ("masked_positions" in pinned) == (section == "masked")

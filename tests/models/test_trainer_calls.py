@@ -112,10 +112,11 @@ def test_set_num_updates_reaches_the_modules_fairseqs_reaches_in_its_order(arch)
 def test_the_benchmark_times_both_side_by_side():
     """benchmarks/trainer_calls.py (the figures in docs/performance.md) runs as documented and reports fairseq's
     calls and the plugin's for the same model, the Trainer's seed, fairseq's and the plugin's, and a small model's update
-    reading the Trainer's config or its snapshot."""
+    reading the Trainer's config or its snapshot, and logged by fairseq's code or the plugin's."""
     code, out, _ = execute([sys.executable, ROOT / "benchmarks/trainer_calls.py", "--archs", "tnn_lm_tiny",
                             "--rounds", 5], command_env(), 300, merge=True)
     assert code == 0, out[-3000:]
     assert re.search(r"^\| tnn_lm_tiny \| \d+ \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out
     assert re.search(r"^\| the Trainer's seed \| - \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out
     assert re.search(r"^\| a small model's update, its config read \| - \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out
+    assert re.search(r"^\| a small model's update, its stats logged \| - \| [0-9.]+ \| [0-9.]+ \|$", out, re.M), out

@@ -659,6 +659,17 @@ def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
     assert json.loads((out / "ski_band.json").read_text()) == result  # refused before any work
 
 
+def test_the_benchmarks_batches_are_as_the_tasks_collate_them():
+    """benchmarks/trainer.py's synthetic batches: a masked one names its masked positions as tnn_masked_lm's do (the
+    targets that are not padding, row-major), a causal one has none; on the CPU nothing is pinned (pinned batches, as
+    fairseq's data loader leaves them for a GPU: tests/gpu/test_gpu.py)."""
+    from benchmarks import trainer as tr
+    masked, causal = tr.synthetic_sample("masked", 32, 3, 100), tr.synthetic_sample("causal", 32, 3, 100)
+    expected = [i for i, t in enumerate(masked["target"].reshape(-1).tolist()) if t != 1]
+    assert masked["masked_positions"].tolist() == expected and masked["ntokens"] == len(expected) > 0
+    assert "masked_positions" not in causal and not causal["target"].is_pinned()
+
+
 def test_operation_counts_list_the_updates_host_reads_by_line():
     """opcount.py's host reads (issue 39: each a wait of the host for the GPU): scalar reads and boolean-mask indexing
     count, by the line that called them, other indexing does not; a masked update, its batch naming its masked
