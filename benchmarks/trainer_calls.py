@@ -87,21 +87,27 @@ def seed_times(rounds: int) -> dict:
                                 for name, f in seeds.items()}, rounds)
 
 
+def _small_update():
+    """A Trainer of ``tnn_lm_wt103`` at width 16 on the CPU (fp32) and its batch, 2 x 16 tokens: an update where host
+    time is nearly all of it."""
+    import tempfile
+
+    from benchmarks import trainer as tr
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 16, "cpu", "fp32", False, tr._dictionary_dir(tmp, 64),
+                                   True, width=16)
+    return trainer, tr.synthetic_sample("causal", 16, 2, 64)
+
+
 def config_times(rounds: int) -> dict:
     """Median ms of a small model's whole update (``Trainer.train_step``, fp32 on the CPU: ``tnn_lm_wt103`` at width 16,
     2 x 16 tokens, where host time is nearly all of it) with fairseq's ``train_step``, which reads the Trainer's OmegaConf
     config, and with the plugin's ``config-snapshot`` patch, which reads a snapshot of it; interleaved, on one
     Trainer."""
-    import tempfile
-
     from fairseq.trainer import Trainer
 
-    from benchmarks import trainer as tr
     from fairseq_tnn.patches import base
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 16, "cpu", "fp32", False, tr._dictionary_dir(tmp, 64),
-                                   True, width=16)
-    sample = tr.synthetic_sample("causal", 16, 2, 64)
+    trainer, sample = _small_update()
     steps = {"fairseq": base.resolve("fairseq.trainer:Trainer.train_step"), "plugin": Trainer.train_step}
     steps["plugin"](trainer, [sample])  # builds the optimizer, after which the snapshot is taken
     return interleaved_medians({name: (lambda r, f=f: f(trainer, [sample])) for name, f in steps.items()}, rounds)
@@ -111,16 +117,10 @@ def stats_times(rounds: int) -> dict:
     """Median ms of a small model's whole update (as :func:`config_times`) with fairseq's ``_reduce_and_log_stats``,
     which reads the gradient norm's ``isfinite`` and the returned metrics' values, and with the plugin's
     ``update-stats-without-reads`` patch, which returns them unread; interleaved, on one Trainer."""
-    import tempfile
-
     from fairseq.trainer import Trainer
 
-    from benchmarks import trainer as tr
     from fairseq_tnn.patches import base
-    with tempfile.TemporaryDirectory() as tmp:
-        trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 16, "cpu", "fp32", False, tr._dictionary_dir(tmp, 64),
-                                   True, width=16)
-    sample = tr.synthetic_sample("causal", 16, 2, 64)
+    trainer, sample = _small_update()
     plugins = Trainer._reduce_and_log_stats
     logging = {"fairseq": base.resolve("fairseq.trainer:Trainer._reduce_and_log_stats"), "plugin": plugins}
 
