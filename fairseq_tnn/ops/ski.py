@@ -287,10 +287,13 @@ class BlockedBand(torch.autograd.Function):
 # 62.8 and 72.8 against 148.5 ms (``python benchmarks/ski_band.py --device cpu --batch-scale 16 --rounds 2``; torch's
 # weight gradient of a depthwise convolution is slow there). The convolution dispatches 3 operations forward and 3
 # backward where the GEMM takes 4 and 9, and copies no overlapping windows of the input (about twice the input for
-# blocks of 16), which on a GPU may make it the faster: for a GPU run to measure (``benchmarks/ski_band.py --device
-# cuda``, docs/performance.md).
+# blocks of 16). On a GPU the convolution is the faster, eagerly, and the lighter: the whole SKI-TNO, fp16, forward
+# and backward, 20 steps queued, 2.49 against 2.73 ms at 16 x 512 and 2.54 against 2.78 ms at 4 x 2048, peak 108-110
+# against 151 MiB; compiled (4 x 2048) as fast within 2% (2.79 against 2.74 ms queued, 3.18 against 3.28 synchronised),
+# peak 73 against 115 MiB (H200, torch 2.11, ``python benchmarks/ski_band.py --device cuda --compiled``, the fifth GPU
+# run, docs/measurements/2026-11-27-h200-fifth).
 BAND_METHODS = ("gemm", "conv1d")
-BAND_METHOD = {"cpu": "gemm"}
+BAND_METHOD = {"cpu": "gemm", "cuda": "conv1d"}
 
 
 def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOCK,

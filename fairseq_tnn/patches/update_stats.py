@@ -75,7 +75,9 @@ def reduce_and_log_stats(original):
         metrics.log_scalar("gnorm", grad_norm, priority=400, round=3)
         clip_norm = self.cfg.optimization.clip_norm
         if clip_norm > 0:
-            clipped = torch.where(grad_norm > clip_norm, grad_norm.new_tensor(100), grad_norm.new_tensor(0))
+            # fairseq's torch.where(norm > clip, new_tensor(100), new_tensor(0)), without its two tensors made from
+            # host numbers: each such copy waits for the device (the fifth GPU run's host_syncs found them)
+            clipped = (grad_norm > clip_norm).to(grad_norm.dtype) * 100
             metrics.log_scalar("clip", clipped, priority=500, round=1)
         with metrics.aggregate() as aggregator:
             if logging_outputs is not None:

@@ -69,7 +69,7 @@ def test_compiled_layer_equals_eager(kind):
 
 @pytest.mark.slow
 def test_compiled_ski_layer_with_the_convolution_band_equals_eager(monkeypatch):
-    """SKI-TNO's band by torch's depthwise convolution (``BAND_METHOD`` "conv1d", a GPU's candidate,
+    """SKI-TNO's band by torch's depthwise convolution (``BAND_METHOD`` "conv1d", the GPU's method,
     benchmarks/ski_band.py) compiles into the layer's one graph, and the compiled layer computes what the eager one
     does: output, input gradient and every parameter's gradient."""
     from fairseq_tnn.ops import ski

@@ -394,3 +394,51 @@ def test_a_non_finite_gradient_norm_stops_the_update_before_its_stats_are_logged
         with pytest.raises(FloatingPointError, match="gradients are Nan/Inf"):
             trainer.train_step([batch])
     assert len(calls) == 1 and trainer.get_num_updates() == 1
+
+
+def record_host_data_to_device(monkeypatch):
+    """Wrap torch's constructors from host data (``Tensor.new_tensor``, ``torch.tensor``, ``torch.as_tensor``); returns
+    the list that collects the device of each tensor they make off the CPU: on a GPU each such tensor is a copy from
+    host memory that waits for the device (torch's sync debug mode warns at it). These constructors dispatch no
+    operation a TorchDispatchMode sees, hence the wrappers; a "meta" tensor stands in for the GPU's here."""
+    made = []
+
+    def recorded(owner, name):
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            out = original(*args, **kwargs)
+            if out.device.type != "cpu":
+                made.append(f"{name} on {out.device.type}")
+            return out
+        monkeypatch.setattr(owner, name, wrapper)
+
+    recorded(torch.Tensor, "new_tensor")
+    recorded(torch, "tensor")
+    recorded(torch, "as_tensor")
+    return made
+
+
+def test_an_updates_stats_take_no_host_numbers_to_the_device(monkeypatch):
+    """The patched logging of an update makes its clip statistic on the device from the norm itself: fairseq's
+    torch.where(norm > clip, norm.new_tensor(100), norm.new_tensor(0)) moved two host numbers to the GPU, two waits an
+    update in the fifth GPU run's host_syncs (update_stats.py, before this test), as the check here finds them."""
+    from fairseq.trainer import Trainer
+    from fairseq_tnn.patches.update_stats import reduce_and_log_stats
+    assert getattr(Trainer._reduce_and_log_stats, "fairseq_tnn_patch", None) == "update-stats-without-reads"
+    trainer = SimpleNamespace(
+        tpu=False, cfg=SimpleNamespace(distributed_training=SimpleNamespace(ddp_backend="pytorch_ddp"),
+                                       optimization=SimpleNamespace(clip_norm=1.0)),
+        task=SimpleNamespace(reduce_metrics=lambda outputs, criterion: metrics.log_scalar(
+            "loss", outputs[0]["loss"], 1, round=3)),
+        get_criterion=lambda: None)
+    patched = reduce_and_log_stats(lambda *args: pytest.fail(f"fell back to fairseq's: {args}"))
+    norm, loss = torch.tensor(2.5, device="meta"), torch.tensor(3.0, device="meta")
+    made = record_host_data_to_device(monkeypatch)
+    with metrics.aggregate(new_root=True) as root:
+        patched(trainer, [{"loss": loss}], 8, norm)
+    assert made == [], made
+    assert {"gnorm", "clip", "loss"} <= root.keys() and root["clip"].sum.device.type == "meta"
+    # the check finds fairseq's way
+    torch.where(norm > 1.0, norm.new_tensor(100), norm.new_tensor(0))
+    assert made == ["new_tensor on meta"] * 2, made
