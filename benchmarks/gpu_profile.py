@@ -286,10 +286,8 @@ def _compile_phases() -> Dict[str, float]:
     return {n: float(v) for n, v in zip(names, values) if v not in ("", None)}
 
 
-# How the modes with CUDA graphs are labelled, and the mode that measures each --graph-scopes value (CUDA_GRAPH_SCOPE)
-GRAPH_SUFFIX = {"graphs": " compiled + CUDA graphs", "graphs-stack": " compiled + CUDA graphs (stack)",
-                "graphs-stack-aten": " compiled + CUDA graphs (stack, aten)"}
-GRAPH_MODE_OF = {scope: mode for mode, scope in tr.GRAPH_MODES.items()}
+# How the mode with CUDA graphs is labelled
+GRAPH_SUFFIX = {tr.GRAPHS: " compiled + CUDA graphs"}
 
 
 def _graphs() -> int:
@@ -303,8 +301,8 @@ MAX_WARMUP = 30  # updates at most, until fp16's loss scale stops falling
 
 def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device: str, precision: str, quick: bool,
             data: str, timed: int, compiled, top: bool, floor_bw: Optional[float], log) -> Dict:
-    """Every figure of one configuration, eager, compiled (True) or compiled with CUDA graphs (a mode of
-    ``tr.GRAPH_MODES``: "graphs", each layer's, or the whole stack's; see the module docstring). Under fp16 the warm-up runs until fairseq's loss scale stops falling (an update whose
+    """Every figure of one configuration, eager, compiled (True) or compiled with CUDA graphs (``tr.GRAPHS``; see
+    the module docstring). Under fp16 the warm-up runs until fairseq's loss scale stops falling (an update whose
     gradients overflow is skipped, optimizer step and all, and would time a cheaper update); the timed updates
     that still overflowed are counted."""
     from benchmarks.opcount import trainer_counts
@@ -357,7 +355,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         c["syncs"] = host_syncs(lambda: trainer.train_step([sample]), torch.cuda.set_sync_debug_mode)
     if not compiled:
         c["ops"] = {k: v for k, v in trainer_counts(trainer, sample).items() if not k.endswith("_ops")}
-    if floor_bw is not None and compiled not in tr.GRAPH_MODES:  # eager and compiled layers (a lone graphed layer: no)
+    if floor_bw is not None and compiled != tr.GRAPHS:  # eager and compiled layers (not the stack's graphs)
         dtype = next(trainer.model.parameters()).dtype
         c["floor"] = mixing_floor(trainer.model, section, batch, n, device, dtype, floor_bw, timed)
     log(f"[{section} {batch}x{n}] {c['label']:<34} {steady:8.2f} ms/update (min {c['min_ms']:.2f}), kernels "
@@ -373,8 +371,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
 
 
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
-        log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = (),
-        graph_scopes: List[str] = ("layers",)) -> Dict:
+        log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = ()) -> Dict:
     import fairseq_tnn
     fairseq_tnn.register()
     result = {"groups": [], "bandwidth_gbs": None}
@@ -407,7 +404,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
         runs = []
         for c in list(dict.fromkeys([*compiled_ids, *graphs_ids, *bf16_ids, *amp_ids])):
             modes = [True] if c in compiled_ids else []
-            modes += [GRAPH_MODE_OF[scope] for scope in graph_scopes] if c in graphs_ids else []
+            modes += [tr.GRAPHS] if c in graphs_ids else []
             runs += [(c, how, precision) for how in modes]
             for other, ids in (("bf16", bf16_ids), ("amp", amp_ids)):
                 if c in ids:
@@ -421,7 +418,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
             if how and compile_spent + last > budget:
                 log(f"compile budget ({budget:.0f} s) spent: {cid} ({how}) and the rest not compiled")
                 result.setdefault("not_compiled", []).append(cid + (f" ({GRAPH_SUFFIX[how].strip()})"
-                                                                    if how in tr.GRAPH_MODES else ""))
+                                                                    if how == tr.GRAPHS else ""))
                 continue
             arch, bound = arch_of[(section, key)]
             t0 = time.time()
@@ -431,7 +428,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
             # times fp16's in the fourth GPU run, docs/performance.md: which ones?); the floor of the mixing again
             # with the layers compiled
             mark = (key, how if prec == precision else prec)
-            top = key in TOP_OF and mark not in topped and (how in tr.GRAPH_MODES if prec == precision else how is False)
+            top = key in TOP_OF and mark not in topped and (how == tr.GRAPHS if prec == precision else how is False)
             if top:
                 topped.add(mark)
             floor = bw if how is True and key in FLOOR_KEYS[section] and prec == precision else None
@@ -476,7 +473,7 @@ def targets(result) -> List[Dict]:
     for g in result["groups"]:
         shape = f"{g['section']} {g['batch']} x {g['n']}"
         main = g["configs"][0].get("precision") if g["configs"] else None
-        for compiled in (False, True, *tr.GRAPH_MODES):
+        for compiled in (False, True, tr.GRAPHS):
             mode = {False: "eager", True: "compiled", **GRAPH_SUFFIX}[compiled].strip()
             tnn6, tnn3, fd3, ski, bare = (_get(g, k, compiled) for k in ("tnn6", "tnn3", "fd3", "ski", "bound_identity"))
             trans = _get(g, "transformer", False)
@@ -653,11 +650,6 @@ def main(argv=None):
                    help="configurations also compiled with CUDA graphs (--tnn-cuda-graphs; CUDA only), each right after "
                         "its --compiled run, while the budget lasts (default: "
                         f"{' '.join(GRAPHS_DEFAULT)}; on the CPU or with --quick: none; none: --graphs with no value)")
-    p.add_argument("--graph-scopes", nargs="+", choices=list(GRAPH_MODE_OF), default=["layers"], metavar="SCOPE",
-                   help="what the CUDA graphs of each --graphs configuration record, one row per scope in this order "
-                        "(CUDA_GRAPH_SCOPE in fairseq_tnn/models/compile.py): layers (each layer's graphs, the "
-                        "default), stack (the whole stack as one graph, inductor's kernels), stack-aten (the same, "
-                        "aten's kernels unfused)")
     p.add_argument("--bf16", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
                    help="configurations measured again in bf16 (--bf16-autocast), eager and in each compiled mode "
                         "they were measured in, right after those (default on CUDA in fp16: "
@@ -695,7 +687,7 @@ def main(argv=None):
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
-            "graphs": graphs, "graph_scopes": a.graph_scopes, "bf16": bf16, "amp": a.amp,
+            "graphs": graphs, "bf16": bf16, "amp": a.amp,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -706,7 +698,7 @@ def main(argv=None):
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
-                 lambda m: print(m, flush=True), graphs, bf16, a.amp, a.graph_scopes)
+                 lambda m: print(m, flush=True), graphs, bf16, a.amp)
     write(result)
     print(markdown(result))
     return result

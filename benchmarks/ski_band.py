@@ -2,7 +2,8 @@
 the banded GEMM over blocks of 16, 32, 64 and 128 positions (``method="gemm"``, which copies each block's window of
 the input, about (B + m - 1) / B times the input for blocks of B) and torch's depthwise convolution
 (``method="conv1d"``); then the whole SKI-TNO with each method. Which one a device type runs is
-``fairseq_tnn.ops.ski.BAND_METHOD`` (the GEMM with blocks of 16 unless it says otherwise: the convolution on a GPU since the fifth GPU run), decided by this measurement.
+``fairseq_tnn.ops.ski.BAND_METHOD`` (the GEMM with blocks of 16 unless it says otherwise; the convolution on a GPU
+since the fifth GPU run), decided by this measurement.
 
     python benchmarks/ski_band.py --device cuda --out $OUT/ski-band        # on a GPU, fp16 (under a minute)
     python benchmarks/ski_band.py --device cpu --batch-scale 4 --out results/ski-band   # the CPU, fp32

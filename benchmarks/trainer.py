@@ -34,7 +34,6 @@ import statistics
 import sys
 import tempfile
 import time
-from unittest import mock
 from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,17 +89,16 @@ def _dictionary_dir(tmp: str, vocab: int) -> str:
     return tmp
 
 
-# The compiled modes with CUDA graphs (--tnn-cuda-graphs), and the CUDA_GRAPH_SCOPE each builds the model with
-# (fairseq_tnn/models/compile.py): each layer's graphs, or the whole stack's, inductor's or aten's kernels
-GRAPH_MODES = {"graphs": "layers", "graphs-stack": "stack", "graphs-stack-aten": "stack-aten"}
+# The compiled mode with CUDA graphs (--tnn-cuda-graphs: the whole stack's forward and backward, each one graph)
+GRAPHS = "graphs"
 
 
 def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled,
                   data: str, quick: bool, width: int = None):
     """fairseq's Trainer for one configuration, built from a fairseq-train command line. ``width``: the model's
     width instead of the preset's (embedding and GLU; a transformer's FFN 4x, 64-wide heads), depth unchanged.
-    ``compiled``: False, True (``--tnn-compile strict``) or a mode of :data:`GRAPH_MODES` (``--tnn-compile strict
-    --tnn-cuda-graphs``, the graphs of each layer, "graphs", or of the whole stack)."""
+    ``compiled``: False, True (``--tnn-compile strict``) or :data:`GRAPHS` (``--tnn-compile strict
+    --tnn-cuda-graphs``)."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -112,7 +110,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
         argv.append("--cpu")
     if compiled:  # the bounds too: with no token mixing the layers' projections, gate and norms still compile
         argv += ["--tnn-compile", "strict"]  # a failure to compile stops the benchmark, never times eager layers
-        if compiled in GRAPH_MODES:
+        if compiled == GRAPHS:
             argv.append("--tnn-cuda-graphs")
     if arch == "transformer_lm":
         sizes = {**TRANSFORMER, **(QUICK_TRANSFORMER if quick else {}), "share_decoder_input_output_embed": True}
@@ -129,9 +127,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
     parser = options.get_training_parser()
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, argv))
     task = tasks.setup_task(cfg.task)
-    from fairseq_tnn.models import compile as compiling
-    with mock.patch.object(compiling, "CUDA_GRAPH_SCOPE", GRAPH_MODES.get(compiled, compiling.CUDA_GRAPH_SCOPE)):
-        model = task.build_model(cfg.model)  # compile_layers reads the scope
+    model = task.build_model(cfg.model)
     if bound:
         from benchmarks.measure import FixedSpectrumTno, IdentityTno
         from fairseq_tnn.models.compile import compile_layers

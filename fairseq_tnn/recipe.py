@@ -125,10 +125,11 @@ KNOBS = (
          "fails runs eagerly, with a warning), strict adds --tnn-compile strict (that failure stops the run)",
          check=lambda v: v in ("0", "1", "strict"),
          allowed="0 or 1 (--tnn-compile), or strict (--tnn-compile strict)"),
-    Knob("CUDA_GRAPHS", "0",
-         "1 adds --tnn-cuda-graphs (GPU, with TNN_COMPILE: the compiled layers train as CUDA graphs, one launch per "
-         "layer instead of about a hundred kernels; tnn_lm_wt103's update 2.4x faster on an H200, "
-         "docs/performance.md; not yet the default: its equality with eager layers on CUDA awaits a GPU test)",
+    Knob("CUDA_GRAPHS", lambda known: "0" if known["CPU"] == "1" or known["TNN_COMPILE"] == "0" else "1",
+         "[1 on GPU with TNN_COMPILE, else 0] 1 adds --tnn-cuda-graphs (the compiled layer stack trains as two CUDA "
+         "graphs, its forward and its backward, instead of launching some thousand kernels; tnn_lm_wt103's update "
+         "2.5x faster than eager on an H200, docs/performance.md), 0 leaves the compiled layers' kernels launched "
+         "one by one",
          check=lambda v: v in ("0", "1"), allowed="0 or 1 (--tnn-cuda-graphs)"),
     Knob("OVERSIZED", "drop", "masked presets: what happens to a line longer than a block, drop (counted in the "
          "log) or error (refused before any work)", choices=("drop", "error")),

@@ -101,8 +101,8 @@ class CompiledStack:
         # progress creates (their .grad was None when it began), see begin_graph_step
         self.params = list(params)
         self.fresh = []
-        # --tnn-cuda-graphs with a stack scope (CUDA_GRAPH_SCOPE): the whole stack's forward compiled as one CUDA
-        # graph (run_layers calls it); None under the "layers" scope, where each layer's CompiledForward holds its own
+        # --tnn-cuda-graphs: the whole stack's training forward compiled as one CUDA graph, and its backward as another
+        # (run_layers calls it; CUDA_GRAPHS_MODE); None without the graphs
         self.graphs = graphs
 
     def begin_graph_step(self) -> None:
@@ -153,9 +153,10 @@ class CompiledForward:
     """A compiled layer's ``forward``: an ordinary attribute of the layer (``compile_layers`` sets
     ``layer.forward`` to it), which shadows the class's ``forward`` that ``nn.Module.__call__`` calls. It calls
     the ``torch.compile``d class ``forward`` with the layer as its first argument, or, once its stack runs
-    eagerly (:class:`CompiledStack`), the class's ``forward`` itself."""
+    eagerly (:class:`CompiledStack`), the class's ``forward`` itself. (With --tnn-cuda-graphs a training forward on
+    a CUDA device runs the stack's graphs instead, ``run_layers``, and calls no layer's forward.)"""
 
-    def __init__(self, layer: nn.Module, name: str, stack: CompiledStack, compiled, graphs=None, first=False):
+    def __init__(self, layer: nn.Module, name: str, stack: CompiledStack, compiled):
         # ``compiled``: the ``torch.compile``d class ``forward`` (the class's function, not a method bound to this
         # layer), one object shared by all layers of the stack (``compile_layers``). Dynamo caches its graphs on
         # the function's code object and guards them on the layer's parameters and buffers as inputs, not on the
@@ -164,31 +165,15 @@ class CompiledForward:
         # recompiles a frame called through a backend that differs from its cache entry's). A deep copy of the
         # layer (fairseq's --ema, copy.deepcopy in tests) copies this object with ``layer`` and ``stack`` mapped to
         # the copies and ``compiled`` shared (a function), and the shared compiled function then runs the copy's
-        # parameters. ``graphs``: the same function compiled in torch.compile's reduce-overhead mode (CUDA graphs),
-        # which runs the layer while it trains on a CUDA device (--tnn-cuda-graphs); ``first``: the stack's first
-        # layer, whose call begins a graph step.
-        self.compiled, self.graphs, self.first = compiled, graphs, first
+        # parameters.
+        self.compiled = compiled
         self.layer, self.name, self.stack = layer, name, stack
-
-    def runs_graphs(self, x) -> bool:
-        """Whether a call on ``x`` (the layer's input) runs the CUDA-graph compilation: while the layer trains on a
-        CUDA tensor with gradients on and its stack runs compiled; otherwise the plain compiled forward (evaluation,
-        generation, the CPU) or, after a failure to compile, the eager one."""
-        return self.graphs is not None and self.stack.trains_on_cuda(self.layer, x)
-
-    def _function(self, args):
-        """The compiled function for this call (``runs_graphs``)."""
-        if args and self.runs_graphs(args[0]):
-            if self.first:  # under the "layers" scope the stack's first layer begins its graph step
-                self.stack.begin_graph_step()
-            return self.graphs
-        return self.compiled
 
     def __call__(self, *args, **kwargs):
         if self.stack.error is None:
             try:
                 with _compiling():
-                    return self._function(args)(self.layer, *args, **kwargs)
+                    return self.compiled(self.layer, *args, **kwargs)
             except Exception as err:
                 if not is_compile_error(err):
                     raise
@@ -209,35 +194,31 @@ SPECTRA_FROM_THE_MODEL = ("cuda",)
 def stack_spectra(layers: nn.ModuleList, x: torch.Tensor, kernel_length: Optional[int] = None) -> Iterable:
     """What a model's loop hands each of its ``layers`` as its TNO's spectrum for the input ``x`` (b, n, d):
     ``layer_spectra`` (computed outside the layers, together while training), or None for each where compiled layers
-    compute their own inside their graphs: off the devices of ``SPECTRA_FROM_THE_MODEL``, and where they run as CUDA
-    graphs in this call (``CompiledForward.runs_graphs``: a graph's kernels cost no launch of their own, while
-    spectra computed outside would be some 120 eager operations an update, and a copy of each into its graph's
-    static input). Eager layers (and a stack fallen back to them) always take ``layer_spectra``."""
+    compute their own inside their graphs: off the devices of ``SPECTRA_FROM_THE_MODEL``. Eager layers (and a stack
+    fallen back to them) always take ``layer_spectra``. (The stack's CUDA graphs compute the spectra inside them,
+    ``_stack_forward``.)"""
     forward = vars(layers[0]).get("forward") if len(layers) else None
-    if isinstance(forward, CompiledForward) and forward.stack.error is None and (
-            x.device.type not in SPECTRA_FROM_THE_MODEL or forward.runs_graphs(x)):
+    if (isinstance(forward, CompiledForward) and forward.stack.error is None
+            and x.device.type not in SPECTRA_FROM_THE_MODEL):
         return [None] * len(layers)
     return layer_spectra(layers, x.shape[1], kernel_length, x.device)
 
 
-# What --tnn-cuda-graphs records as one CUDA graph, for the model to replay at every training step. "layers": each
-# layer's forward and backward, compiled by inductor, a graph of its own (the scope measured on GPUs so far). Its
-# host time per layer, forward and backward, was about 1 ms in the fourth GPU run (causal TNN, H200: dynamo's guards,
-# AOT autograd's and the graph tree's bookkeeping, two graph launches): 7.5 of the 17.3 ms of host time of an update
-# that waits on the host (10.3 ms of kernels in 18.6). The stack scopes record the whole stack's forward, its layers'
-# spectra computed together included, as one graph and its backward as another (``run_layers``): that host time once
-# per stack instead of once per layer. "stack": inductor compiles the stack as one graph (its layers' identical
-# kernels are compiled once, but each layer is lowered: about twice the per-layer compile time on the CPU); "stack-aten":
-# the graphs of aten's own kernels, unfused (torch.compile's "cudagraphs" backend: no inductor, seconds to compile,
-# eager's kernel time: 12.4 against 10.3 ms there). Which one trains fastest is for a GPU run to measure
-# (benchmarks/gpu_profile.py --graph-scopes), the loser then removed; the torch.compile arguments of each stack scope:
-CUDA_GRAPH_SCOPES = {"layers": None, "stack": {"mode": "reduce-overhead"}, "stack-aten": {"backend": "cudagraphs"}}
-CUDA_GRAPH_SCOPE = "layers"
+# How --tnn-cuda-graphs compiles the stack: its whole training forward, the layers' spectra computed together
+# included, as one CUDA graph and its backward as another (``_stack_forward``, ``run_layers``), by inductor in
+# torch.compile's reduce-overhead mode, which records each graph's kernels once and replays them with one launch. The
+# host's cost per graph call (the launch, the graph trees' and AOT autograd's bookkeeping, dynamo's guards: some 1 ms
+# per layer, forward and backward, in the fourth GPU run) is paid once an update instead of once per layer. Measured
+# on an H200 (torch 2.11, causal TNN, 8 x 512, fp16, through fairseq's Trainer; the fifth GPU run,
+# docs/performance.md): 15.3 ms an update, against 20.5 with each layer's own graphs (the scope used until then) and
+# 37.5 eager; the stack's graphs of aten's own kernels unfused (torch.compile's "cudagraphs" backend) failed to
+# compile there. Both alternatives were removed.
+CUDA_GRAPHS_MODE = {"mode": "reduce-overhead"}
 
 
 def _stack_forward(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
                    kernel_length: Optional[int]) -> torch.Tensor:
-    """A stack's training forward as one function, for a stack scope's torch.compile: the layers' spectra, computed
+    """A stack's training forward as one function, for the CUDA graphs' torch.compile: the layers' spectra, computed
     together (``layer_spectra``), and each layer's class forward (not its CompiledForward: the stack compiles as
     one)."""
     for layer, spectrum in zip(layers, layer_spectra(layers, x.shape[1], kernel_length, x.device)):
@@ -249,8 +230,8 @@ def run_layers(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.
                kernel_length: Optional[int] = None, inner_states: Optional[list] = None) -> torch.Tensor:
     """A model's loop over its stack ``layers`` on ``x`` (b, n, d): each layer in turn, handed its spectrum
     (``stack_spectra``), each output appended to ``inner_states`` where it is a list; or, where the stack was compiled
-    with CUDA graphs of a stack scope (``CUDA_GRAPH_SCOPE``) and trains on a CUDA device, the stack's one graph (no
-    ``inner_states`` then: a call that asks for them loops)."""
+    with CUDA graphs (``CUDA_GRAPHS_MODE``) and trains on a CUDA device, the stack's graphs (no ``inner_states``
+    then: a call that asks for them loops)."""
     forward = vars(layers[0]).get("forward") if len(layers) else None
     stack = forward.stack if isinstance(forward, CompiledForward) else None
     if stack is not None and stack.graphs is not None and inner_states is None and stack.trains_on_cuda(layers[0], x):
@@ -305,27 +286,17 @@ def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "lay
     at each new length): ``strict`` raises TnnCompileError; ``fallback`` (fairseq's ``--tnn-compile``) runs
     the stack's layers eagerly from then on, with one warning (CompiledStack). ``name``: the stack's path in
     the model (``decoder.layers``), which names its layers in those messages. ``cuda_graphs`` (--tnn-cuda-graphs):
-    while the layers train on a CUDA device they run a second compilation of the same forward in torch.compile's
-    reduce-overhead mode, which records the kernels of each graph once and replays them as one CUDA graph launch
-    (``CompiledForward``: what each call runs; ``CompiledStack.begin_graph_step``: the gradients it leaves), each layer on its own
-    or the whole stack as one graph, as ``CUDA_GRAPH_SCOPE`` says when the layers are compiled (``run_layers``)."""
+    while the stack trains on a CUDA device its whole forward runs as one CUDA graph and its backward as another
+    (``CUDA_GRAPHS_MODE``, ``run_layers``; ``CompiledStack.begin_graph_step``: the gradients they leave)."""
     require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
-    scope = CUDA_GRAPH_SCOPE if cuda_graphs else None
-    if scope not in (None, *CUDA_GRAPH_SCOPES):
-        raise ValueError(f"fairseq_tnn.models.compile.CUDA_GRAPH_SCOPE={scope!r} is invalid: must be one of "
-                         f"{list(CUDA_GRAPH_SCOPES)}")
-    stack_graphs = None
-    if scope not in (None, "layers"):
-        stack_graphs = torch.compile(_stack_forward, **CUDA_GRAPH_SCOPES[scope], **_compile_options())
+    stack_graphs = torch.compile(_stack_forward, **CUDA_GRAPHS_MODE, **_compile_options()) if cuda_graphs else None
     stack = CompiledStack(mode, name, len(layers), layers.parameters() if cuda_graphs else (), stack_graphs)
-    compiled = {}  # one torch.compile per layer class (and mode), shared by the stack's layers of that class
+    compiled = {}  # one torch.compile per layer class, shared by the stack's layers of that class
     for i, layer in enumerate(layers):
         cls = type(layer)
         if cls not in compiled:
-            compiled[cls] = (torch.compile(cls.forward, **_compile_options()),
-                             torch.compile(cls.forward, mode="reduce-overhead", **_compile_options())
-                             if scope == "layers" else None)
-        layer.forward = CompiledForward(layer, f"{name}.{i}", stack, *compiled[cls], first=i == 0)
+            compiled[cls] = torch.compile(cls.forward, **_compile_options())
+        layer.forward = CompiledForward(layer, f"{name}.{i}", stack, compiled[cls])
 
 
 def compile_per_config(cfg, layers: nn.ModuleList, name: str) -> None:

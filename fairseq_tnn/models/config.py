@@ -81,9 +81,10 @@ class TnnLayerConfig(FairseqDataclass):
             "argparse_const": "fallback"})
     tnn_cuda_graphs: bool = field(
         default=False, metadata={
-            "help": "with --tnn-compile: while training on a GPU, the compiled layers run as CUDA graphs (torch.compile's "
-                    "reduce-overhead mode: each layer's forward and backward one graph launch instead of about a "
-                    "hundred kernel launches; CUDA_GRAPHS=1 in scripts/train.sh). Evaluation, "
+            "help": "with --tnn-compile: while training on a GPU, the compiled layer stack runs as CUDA graphs "
+                    "(torch.compile's reduce-overhead mode: the stack's forward one graph launch and its backward "
+                    "another, instead of some thousand kernel launches; CUDA_GRAPHS=1 in scripts/train.sh, its "
+                    "default on a GPU). Evaluation, "
                     "generation and layers on the CPU run the plain compiled layers. Needs --tnn-compile and a CUDA GPU"})
 
 

@@ -429,18 +429,18 @@ def test_cuda_graphs_refused_without_compile_or_gpu(data_bin, tmp_path, args, er
 
 
 def test_cuda_graphs_layers_evaluate_and_run_on_the_cpu_as_plain_compiled_layers():
-    """With cuda_graphs the layers hold a second compiled function, used only while training on a CUDA tensor: on
-    the CPU (and in evaluation) a call takes the plain compiled one, and computes what the eager layer does."""
+    """With cuda_graphs the stack holds one more compiled function, its whole training forward, used only while it
+    trains on a CUDA tensor (``run_layers``): on the CPU (and in evaluation) the loop calls each layer's plain compiled
+    forward, which computes what the eager layer does, and no graph step begins."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     layers = layers_of(build_arch("tnn_lm_tiny", 50, dropout=0.0))
     eager = copy.deepcopy(layers[0])
     compile_layers(layers, "strict", "decoder.layers", cuda_graphs=True)
     forward = layers[0].forward
-    assert forward.graphs is not None and forward.graphs is not forward.compiled and forward.first
-    assert not layers[1].forward.first and layers[1].forward.graphs is forward.graphs  # shared by the stack
+    assert forward.stack.graphs is not None and layers[1].forward.compiled is forward.compiled  # shared by the stack
     x = torch.randn(2, 16, 64)
-    assert forward._function((x,)) is forward.compiled
+    assert not forward.stack.trains_on_cuda(layers[0], x)
     assert_compiled_matches_eager(eager, layers[0], x)
     assert forward.stack.fresh == []  # no graph step began
 
@@ -475,10 +475,9 @@ def test_a_graph_step_moves_the_gradients_of_the_step_before_out_of_the_graphs_m
     assert forward.stack.fresh == [params[3]]
 
 
-@pytest.mark.parametrize("scope, arch", [("stack-aten", "tnn_lm_tiny"), ("stack-aten", "fd_tnn_mlm_tiny"),
-                                         ("stack", "tnn_lm_tiny"), ("stack", "ski_tnn_mlm_tiny")])
-def test_a_stack_scope_trains_the_whole_stack_as_one_compiled_function(scope, arch, monkeypatch):
-    """--tnn-cuda-graphs with a stack scope (``CUDA_GRAPH_SCOPE``): while the model trains on a CUDA device (here the
+@pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"])
+def test_cuda_graphs_train_the_whole_stack_as_one_compiled_function(arch, monkeypatch):
+    """--tnn-cuda-graphs (``CUDA_GRAPHS_MODE``): while the model trains on a CUDA device (here the
     CPU stands in for one, where torch.compile records no graph), its loop (``run_layers``) calls one compiled function
     for the whole stack, spectra included, once per forward, each call beginning a graph step, and no layer's own
     compiled forward; output and every parameter's gradient are the eager model's, over updates of one micro-batch and
@@ -486,13 +485,12 @@ def test_a_stack_scope_trains_the_whole_stack_as_one_compiled_function(scope, ar
     output, call the layers one by one."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    monkeypatch.setattr(compiling, "CUDA_GRAPH_SCOPE", scope)
     eager = build_arch(arch, 50, dropout=0.0)
     model = copy.deepcopy(eager)
     layers = layers_of(model)
     compile_layers(layers, "strict", "layers", cuda_graphs=True)
     stack = layers[0].forward.stack
-    assert stack.graphs is not None and all(layer.forward.graphs is None for layer in layers)
+    assert stack.graphs is not None
     monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",  # the CPU stands in for a CUDA device
                         lambda self, layer, x: self.error is None and layer.training and torch.is_grad_enabled())
     stack_calls, layer_calls, steps = [], [], []
@@ -529,11 +527,10 @@ def test_a_stack_scope_trains_the_whole_stack_as_one_compiled_function(scope, ar
 
 
 @pytest.mark.slow
-def test_a_stack_scope_whose_compile_fails_trains_the_stack_eagerly(failing_backward_codegen, monkeypatch, caplog):
+def test_cuda_graphs_whose_compile_fails_train_the_stack_eagerly(failing_backward_codegen, monkeypatch, caplog):
     """The whole stack compiled as one graph fails to compile (inductor's backward code generation, injected): under
     fallback one warning names the stack, and the stack trains eagerly from then on, giving the eager model's output
     and gradients; under strict the error stops the run, naming the stack."""
-    monkeypatch.setattr(compiling, "CUDA_GRAPH_SCOPE", "stack")
     monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",  # the CPU stands in for a CUDA device
                         lambda self, layer, x: self.error is None and layer.training and torch.is_grad_enabled())
     torch.manual_seed(0)
@@ -560,13 +557,6 @@ def test_a_stack_scope_whose_compile_fails_trains_the_stack_eagerly(failing_back
         strict(tokens)
 
 
-def test_an_unknown_cuda_graph_scope_is_refused(monkeypatch):
-    monkeypatch.setattr(compiling, "CUDA_GRAPH_SCOPE", "model")
-    with pytest.raises(ValueError, match=r"CUDA_GRAPH_SCOPE='model' is invalid: must be one of \['layers', 'stack', "
-                                         r"'stack-aten'\]"):
-        compile_layers(torch.nn.ModuleList([torch.nn.Linear(2, 2)]), "strict", "layers", cuda_graphs=True)
-
-
 @pytest.mark.parametrize("arch", ["tnn_lm_tiny", "fd_tnn_mlm_tiny"])
 def test_compiled_layers_apply_the_spectra_the_model_computes_on_a_gpu(arch, monkeypatch):
     """On a GPU (``SPECTRA_FROM_THE_MODEL``; here the CPU added to it) a compiled stack's layers are handed their TNO's
@@ -574,7 +564,7 @@ def test_compiled_layers_apply_the_spectra_the_model_computes_on_a_gpu(arch, mon
     or FD's Hilbert transform (launched once per layer, they made a compiled TNN update launch more kernels than an
     eager one on an H200): while training, views of one stacked tensor (the RPEs as one batched MLP); in evaluation,
     each layer's own. The model computes what the eager model does, output and every gradient. On the CPU by default,
-    and where the layers run as CUDA graphs, None: the graphs compute their spectra inside."""
+    None: the graphs compute their spectra inside."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     eager = build_arch(arch, 50, dropout=0.0)
@@ -605,5 +595,3 @@ def test_compiled_layers_apply_the_spectra_the_model_computes_on_a_gpu(arch, mon
         model(tokens)
     assert len(handed) == len(layers) and all(s is not None and not s[0].requires_grad for s in handed)
     assert all(is_compiled(layer) for layer in layers)
-    monkeypatch.setattr(compiling.CompiledForward, "runs_graphs", lambda self, x: True)
-    assert compiling.stack_spectra(layers, x) == [None] * len(layers)

@@ -565,11 +565,10 @@ def test_gpu_profile_amp_rows_are_fairseqs_amp_and_need_a_gpu(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
-def test_gpu_profile_graph_scopes_train_the_stack_as_one_graph_through_fairseqs_trainer(monkeypatch, tmp_path):
-    """--graph-scopes stack / stack-aten: the harness builds fairseq's Trainer with the whole stack compiled as one CUDA
-    graph (CUDA_GRAPH_SCOPE, for the build only), whose updates run that one function (here on the CPU standing in for
-    a GPU, where torch.compile records no graph); the targets compare those rows under their own mode; and a scope
-    the harness does not know is refused by argparse, naming it."""
+def test_gpu_profile_graphs_train_the_stack_as_one_graph_through_fairseqs_trainer(monkeypatch, tmp_path):
+    """--graphs: the harness builds fairseq's Trainer with --tnn-cuda-graphs, the whole stack compiled as one graph,
+    whose updates run that one function (here on the CPU standing in for a GPU, where torch.compile records no graph);
+    the targets compare those rows under their own mode."""
     import torch
     import fairseq_tnn
     from benchmarks import trainer as tr
@@ -580,9 +579,8 @@ def test_gpu_profile_graph_scopes_train_the_stack_as_one_graph_through_fairseqs_
     data = tr._dictionary_dir(str(tmp_path), 100)
     available = torch.cuda.is_available
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # fairseq-train refuses the graphs without a GPU
-    trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 32, "cpu", "fp32", "graphs-stack-aten", data, True)
+    trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 32, "cpu", "fp32", tr.GRAPHS, data, True)
     monkeypatch.setattr(torch.cuda, "is_available", available)
-    assert compiling.CUDA_GRAPH_SCOPE == "layers"  # patched for the build only
     stack = trainer.model.decoder.layers[0].forward.stack
     assert stack.graphs is not None
     monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",
@@ -594,36 +592,12 @@ def test_gpu_profile_graph_scopes_train_the_stack_as_one_graph_through_fairseqs_
     assert len(calls) == 2 and all(0 < loss < 20 for loss in losses), (calls, losses)
 
     result = {"groups": [{"section": "causal", "n": 512, "batch": 8, "configs": [
-        {"key": "tnn6", "compiled": "graphs-stack", "update_ms": 10.0, "precision": "fp16"},
-        {"key": "tnn6", "compiled": "graphs", "update_ms": 16.0, "precision": "fp16"},
+        {"key": "tnn6", "compiled": tr.GRAPHS, "update_ms": 10.0, "precision": "fp16"},
+        {"key": "tnn6", "compiled": True, "update_ms": 16.0, "precision": "fp16"},
         {"key": "transformer", "compiled": False, "update_ms": 20.0, "precision": "fp16"}]}]}
     ratios = {t["target"]: t["ratio"] for t in targets(result)}
-    assert ratios["causal 8 x 512: TNN (RPE 6) compiled + CUDA graphs (stack) tokens/s vs transformer_lm (eager)"] == 2.0
-    assert ratios["causal 8 x 512: TNN (RPE 6) compiled + CUDA graphs tokens/s vs transformer_lm (eager)"] == 1.25
-    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--graph-scopes",
-           "model", "--out", str(tmp_path / "p")]
-    code, log, _ = execute(cmd, command_env(), 120, merge=True)
-    assert code == 2 and "--graph-scopes: invalid choice: 'model'" in log, log[-2000:]
-
-
-@pytest.mark.slow
-def test_graph_scopes_compiles_each_scope_cold_and_compares_it_with_eager(tmp_path):
-    """benchmarks/graph_scopes.py: each CUDA graph scope of a preset in a process of its own (a cold compile), its
-    compile and update times, and its output and gradients against the eager model's (on the CPU the stack's function
-    runs without a graph); here the causal TNN at width 16, the per-layer and the aten stack scopes."""
-    out = tmp_path / "scopes"
-    cmd = [sys.executable, str(ROOT / "benchmarks/graph_scopes.py"), "--device", "cpu", "--width", "16", "--archs",
-           "tnn_lm_wt103", "--scopes", "layers", "stack-aten", "--timed", "1", "--out", str(out)]
-    code, log, _ = execute(cmd, command_env(), 600, merge=True)
-    assert code == 0, log[-4000:]
-    rows = json.loads((out / "graph_scopes.json").read_text())["rows"]
-    assert [(r["arch"], r["scope"]) for r in rows] == [("tnn_lm_wt103", "layers"), ("tnn_lm_wt103", "stack-aten")]
-    for r in rows:
-        assert r["compile_s"] >= 0 and r["update_ms"] > 0
-        assert r["output_rel"] < 1e-5 and r["grad_rel"] < 1e-4, r
-    assert "| tnn_lm_wt103 | stack-aten |" in (out / "graph_scopes.md").read_text()
-    code, log, _ = execute(cmd[:2] + ["--width", "4"], command_env(), 120, merge=True)
-    assert code == 2 and "--width=4 must be >= 8" in log, log[-2000:]
+    assert ratios["causal 8 x 512: TNN (RPE 6) compiled + CUDA graphs tokens/s vs transformer_lm (eager)"] == 2.0
+    assert ratios["causal 8 x 512: TNN (RPE 6) compiled tokens/s vs transformer_lm (eager)"] == 1.25
 
 
 def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
@@ -637,7 +611,7 @@ def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
     code, log, _ = execute(cmd, command_env(), 300, merge=True)
     assert code == 0, log[-4000:]
     result = json.loads((out / "ski_band.json").read_text())
-    assert result["meta"]["band_method"] == {"cpu": "gemm"}
+    assert result["meta"]["band_method"] == {"cpu": "gemm", "cuda": "conv1d"}
     assert [(r["batch"], r["n"]) for r in result["rows"]] == [(4, 64), (2, 200)]
     for r in result["rows"]:
         assert list(r["bands"]) == ["GEMM, blocks of 16", "GEMM, blocks of 32", "GEMM, blocks of 64",

@@ -141,7 +141,7 @@ def wt103_train_command(box, out):
     assert f"{box}/data-bin/wikitext-103 --user-dir {box}/fairseq_tnn" in line, line
     preset = re.search(r" --arch (\w+) ", line).group(1)
     assert not (box / "checkpoints" / preset).exists()
-    if "--tnn-cuda-graphs" in line:  # CUDA_GRAPHS=1: the graphs of compiled layers
+    if "--tnn-cuda-graphs" in line:  # CUDA_GRAPHS (1 by default on a GPU): the graphs of compiled layers
         assert "--tnn-compile" in line, line
 
 
@@ -212,7 +212,7 @@ def prepare_dry_run(box, out):
 
 AS_WRITTEN = [
     (r"^bash scripts/preprocess\.sh data/sample data-bin/sample$", False, made_data_bin),
-    (r"^(NPROC=1 |DRY_RUN=1 |PRECISION=bf16 |TNN_COMPILE=\w+ |CUDA_GRAPHS=1 )?bash scripts/train\.sh \w+_wt103\w* "
+    (r"^(NPROC=1 |DRY_RUN=1 |PRECISION=bf16 |TNN_COMPILE=\w+ |CUDA_GRAPHS=[01] )?bash scripts/train\.sh \w+_wt103\w* "
      r"data-bin/wikitext-103$",
      True, wt103_train_command),
     (r"^OMP_NUM_THREADS=1 CPU=1 MAX_UPDATE=20 .* bash scripts/train\.sh tnn_lm_tiny data-bin/sample$", False, smoke_run),

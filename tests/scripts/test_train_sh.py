@@ -85,17 +85,18 @@ def test_train_dry_run_masked_knobs(data_bin, tmp_path):
 
 
 @pytest.mark.parametrize("env,present,absent", [
-    ({}, ["--fp16", "--tnn-compile"], ["--bf16-autocast", "--bf16", "--cpu", "--tnn-cuda-graphs"]),
-    ({"PRECISION": "bf16"}, ["--bf16-autocast", "--tnn-compile"], ["--fp16", "--bf16"]),
+    ({}, ["--fp16", "--tnn-compile", "--tnn-cuda-graphs"], ["--bf16-autocast", "--bf16", "--cpu"]),
+    ({"PRECISION": "bf16"}, ["--bf16-autocast", "--tnn-compile", "--tnn-cuda-graphs"], ["--fp16", "--bf16"]),
     ({"PRECISION": "fp32", "TNN_COMPILE": "0"}, [], ["--fp16", "--bf16-autocast", "--tnn-compile", "--tnn-cuda-graphs"]),
-    ({"CUDA_GRAPHS": "1"}, ["--fp16", "--tnn-compile", "--tnn-cuda-graphs"], []),
+    ({"CUDA_GRAPHS": "0"}, ["--fp16", "--tnn-compile"], ["--tnn-cuda-graphs"]),
+    ({"TNN_COMPILE": "strict"}, ["--fp16", "--tnn-compile", "--tnn-cuda-graphs"], []),
     ({"CPU": "1", "PRECISION": "bf16", "TNN_COMPILE": "1"}, ["--bf16-autocast", "--tnn-compile", "--cpu"],
      ["--fp16", "--tnn-cuda-graphs"]),
 ])
 def test_train_dry_run_precision_and_compile(data_bin, tmp_path, env, present, absent):
-    """GPU recipe: fp16 and compiled layers by default; PRECISION=bf16 is the plugin's bf16 autocast (fairseq's
-    --bf16 means TPU); TNN_COMPILE switches compilation either way, CUDA_GRAPHS=1 adds CUDA graphs (refused on the
-    CPU and without compilation, below)."""
+    """GPU recipe: fp16 and compiled layers trained as CUDA graphs by default; PRECISION=bf16 is the plugin's bf16
+    autocast (fairseq's --bf16 means TPU); TNN_COMPILE switches compilation either way, and the graphs with it unless
+    CUDA_GRAPHS says otherwise (CUDA_GRAPHS=1 is refused on the CPU and without compilation, below)."""
     f = flags(dry_train("tnn_lm_wt103", data_bin, NPROC="1", SAVE_ROOT=str(tmp_path), **env))
     for flag in present:
         assert flag in f, (flag, env)
