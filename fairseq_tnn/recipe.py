@@ -125,11 +125,12 @@ KNOBS = (
          "fails runs eagerly, with a warning), strict adds --tnn-compile strict (that failure stops the run)",
          check=lambda v: v in ("0", "1", "strict"),
          allowed="0 or 1 (--tnn-compile), or strict (--tnn-compile strict)"),
-    Knob("CUDA_GRAPHS", lambda known: "0" if known["CPU"] == "1" or known["TNN_COMPILE"] == "0" else "1",
-         "[1 on GPU with TNN_COMPILE, else 0] 1 adds --tnn-cuda-graphs (the compiled layer stack trains as two CUDA "
+    Knob("CUDA_GRAPHS", lambda known: "1" if known["CPU"] == "0" and known["TNN_COMPILE"] != "0"
+         and known.get("WORLD", "1") == "1" else "0",
+         "[1 on one GPU with TNN_COMPILE, else 0] 1 adds --tnn-cuda-graphs (the compiled layer stack trains as two CUDA "
          "graphs, its forward and its backward, instead of launching some thousand kernels; tnn_lm_wt103's update "
          "2.5x faster than eager on an H200, docs/performance.md), 0 leaves the compiled layers' kernels launched "
-         "one by one",
+         "one by one. Not the default on several GPUs: untested with DistributedDataParallel there",
          check=lambda v: v in ("0", "1"), allowed="0 or 1 (--tnn-cuda-graphs)"),
     Knob("OVERSIZED", "drop", "masked presets: what happens to a line longer than a block, drop (counted in the "
          "log) or error (refused before any work)", choices=("drop", "error")),
@@ -206,9 +207,10 @@ def kind(preset: str) -> str:
     raise RecipeError(f"unknown preset '{preset}'; choose one of: {' '.join(PRESETS)}")
 
 
-def read(preset: str, env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """The values of KNOBS for preset from env (default os.environ), checked, with KIND and PRESET."""
-    return read_knobs(KNOBS, env, known={"PRESET": preset, "KIND": kind(preset)})
+def read(preset: str, env: Optional[Mapping[str, str]] = None, world: int = 1) -> Dict[str, str]:
+    """The values of KNOBS for preset from env (default os.environ), checked, with KIND, PRESET and WORLD (the
+    number of processes, which CUDA_GRAPHS' default depends on)."""
+    return read_knobs(KNOBS, env, known={"PRESET": preset, "KIND": kind(preset), "WORLD": str(world)})
 
 
 def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[Mapping[str, str]] = None,
@@ -216,7 +218,7 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
     """The paper's recipe for preset on world processes, its knobs read from env (default os.environ): the
     fairseq-train arguments after the program, data first, checkpoints and logs in save_dir."""
     env = os.environ if env is None else env
-    knobs = read(preset, env)
+    knobs = read(preset, env, world)
     kind_ = knobs["KIND"]
     if kind_ == "causal" and env.get("OVERSIZED"):
         raise RecipeError(f"OVERSIZED={env['OVERSIZED']} applies to the masked presets only (a causal preset's blocks "

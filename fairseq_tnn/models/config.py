@@ -84,7 +84,7 @@ class TnnLayerConfig(FairseqDataclass):
             "help": "with --tnn-compile: while training on a GPU, the compiled layer stack runs as CUDA graphs "
                     "(torch.compile's reduce-overhead mode: the stack's forward one graph launch and its backward "
                     "another, instead of some thousand kernel launches; CUDA_GRAPHS=1 in scripts/train.sh, its "
-                    "default on a GPU). Evaluation, "
+                    "default on one GPU). Evaluation, "
                     "generation and layers on the CPU run the plain compiled layers. Needs --tnn-compile and a CUDA GPU"})
 
 
