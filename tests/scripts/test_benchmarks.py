@@ -424,6 +424,32 @@ def test_host_syncs_counts_each_wait_on_the_gpu_by_the_line_that_called_it():
     assert _syncs_table([{**groups[0], "configs": [{"label": "x"}]}]) == []
 
 
+def test_gpu_profile_targets_by_kernel_time_and_the_memory_ceiling():
+    """gpu_profile.py's targets: each speed-up over TNN by the clock and by kernel time, each with its ceiling (TNN's
+    figure over the no-mixing bound's in the same mode); SKI-TNN's peak memory with the bound's peak over TNN's, the
+    least any TNO could reach (the sixth GPU run: SKI 1.00x TNN's peak, the bound 0.98x)."""
+    from benchmarks import trainer as tr
+    from benchmarks.gpu_profile import targets
+
+    def config(key, ms, kernel_ms, peak, compiled=tr.GRAPHS):
+        return {"key": key, "label": key, "compiled": compiled, "precision": "fp16", "update_ms": ms,
+                "kernel_ms": kernel_ms, "peak_mib": peak}
+    group = {"section": "masked", "batch": 4, "n": 2048, "configs": [
+        config("tnn6", 47.0, 37.0, 2314), config("ski", 28.0, 24.0, 2312), config("bound_identity", 25.0, 20.0, 2263),
+        config("fd3", 40.0, 35.0, 2345, compiled=False)]}
+    rows = {t["target"]: t for t in targets({"groups": [group]})}
+    mode = "compiled + CUDA graphs"
+    clock = rows[f"masked 4 x 2048: SKI-TNN vs TNN (RPE 6), {mode}"]
+    kernels = rows[f"masked 4 x 2048: SKI-TNN vs TNN (RPE 6), {mode}, by kernel time"]
+    assert clock["ratio"] == pytest.approx(47 / 28) and clock["ceiling"] == pytest.approx(47 / 25) and clock["met"]
+    assert kernels["ratio"] == pytest.approx(37 / 24) and kernels["ceiling"] == pytest.approx(37 / 20) and kernels["met"]
+    memory = rows[f"masked 4 x 2048: SKI-TNN peak memory vs TNN (RPE 6), {mode}"]
+    assert memory["ratio"] == pytest.approx(2312 / 2314) and memory["ceiling"] == pytest.approx(2263 / 2314)
+    assert not memory["met"]
+    # FD-TNN ran eagerly only, TNN with the graphs only: no ratio across modes
+    assert not any("FD-TNN" in name for name in rows)
+
+
 def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
     """gpu_profile.py: the no-mixing bound compiled like the models (its layers' projections, gate and norms; the
     ceiling of every speed-up over TNN in that mode, beside the target), the mixing's floor also with the layers
