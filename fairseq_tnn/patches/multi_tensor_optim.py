@@ -30,6 +30,8 @@ from typing import Dict, List, Tuple
 import torch
 
 FLOAT_DTYPES = (torch.float32, torch.float64)
+DEVICE_TYPES = ("cpu", "cuda")
+STATE_KEYS = frozenset(("step", "exp_avg", "exp_avg_sq"))
 
 
 def _fusable(opt, group) -> bool:
@@ -37,15 +39,17 @@ def _fusable(opt, group) -> bool:
     gradient a dense fp32/fp64 tensor like its gradient, on a CPU or CUDA device, its state empty or fairseq's."""
     if group.get("amsgrad", False) or not hasattr(torch, "_fused_adam_"):
         return False
+    states = opt.state
     for p in group["params"]:
         g = p.grad
         if g is None:
             continue
-        if (g.is_sparse or p.dtype not in FLOAT_DTYPES or g.dtype != p.dtype or p.device.type not in ("cpu", "cuda")
-                or g.device != p.device):
+        dtype = p.dtype
+        if (dtype not in FLOAT_DTYPES or g.dtype is not dtype or g.layout is not torch.strided
+                or p.device.type not in DEVICE_TYPES or g.device != p.device):
             return False
-        state = opt.state.get(p)
-        if state and not ({"step", "exp_avg", "exp_avg_sq"} <= state.keys() and isinstance(state["step"], int)):
+        state = states.get(p)
+        if state and not (STATE_KEYS <= state.keys() and type(state["step"]) is int):
             return False
     return True
 
@@ -60,15 +64,21 @@ def _fused_group_step(opt, group) -> None:
         state = opt.state[p]
         if len(state) == 0:
             state["step"] = 0
-            state["exp_avg"] = torch.zeros_like(p.data)
-            state["exp_avg_sq"] = torch.zeros_like(p.data)
-        else:  # as fairseq: moments loaded from a checkpoint follow the parameter's device and dtype
-            state["exp_avg"] = state["exp_avg"].to(p.data)
-            state["exp_avg_sq"] = state["exp_avg_sq"].to(p.data)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        else:  # as fairseq: moments loaded from a checkpoint follow the parameter's device and dtype (a cast only
+            # where they differ: fairseq's unconditional .to(p.data), 2 dispatches per parameter and step, was most
+            # of this loop's host time)
+            for key in ("exp_avg", "exp_avg_sq"):
+                t = state[key]
+                if t.device != p.device or t.dtype != p.dtype:
+                    state[key] = t.to(p)
         state["step"] += 1
-        lists = buckets.setdefault((p.device, p.dtype, state["step"]), ([], [], [], []))
-        for target, value in zip(lists, (p.data, p.grad.data, state["exp_avg"], state["exp_avg_sq"])):
-            target.append(value)
+        params, grads, avgs, sqs = buckets.setdefault((p.device, p.dtype, state["step"]), ([], [], [], []))
+        params.append(p)
+        grads.append(p.grad)
+        avgs.append(state["exp_avg"])
+        sqs.append(state["exp_avg_sq"])
     for (device, _, step), (params, grads, avgs, sqs) in buckets.items():
         if group["weight_decay"] != 0:
             # fairseq's p + (-wd lr) p, before the update: the kernel's p (1 - lr wd) rounds 1 - lr wd to the
@@ -87,8 +97,9 @@ def adam_step(original):
         if not all(_fusable(self, group) for group in self.param_groups):
             return original(self, closure)
         loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            _fused_group_step(self, group)
+        with torch.no_grad():  # the weights themselves updated in place (fairseq's code goes through .data)
+            for group in self.param_groups:
+                _fused_group_step(self, group)
         return loss
 
     return step
@@ -100,7 +111,12 @@ def _total_norm(grads: List[torch.Tensor], device) -> torch.Tensor:
     by_device: Dict[torch.device, List[torch.Tensor]] = {}
     for g in grads:
         by_device.setdefault(g.device, []).append(g)
-    norms = [n.to(device) for same in by_device.values() for n in torch._foreach_norm(same, 2, dtype=torch.float32)]
+    if isinstance(device, int):  # fairseq's torch.cuda.current_device()
+        device = torch.device("cuda", device)
+    norms = []
+    for on, same in by_device.items():
+        each = torch._foreach_norm(same, 2, dtype=torch.float32)
+        norms += each if on == device else [n.to(device) for n in each]  # a copy per norm only across devices
     return torch.linalg.vector_norm(torch.stack(norms))
 
 
@@ -111,10 +127,11 @@ def clip_grad_norm(original):
     def clip_grad_norm_(params, max_norm, aggregate_norm_fn=None) -> torch.Tensor:
         params = [params] if isinstance(params, torch.Tensor) else list(params)
         with_grad = [p for p in params if p is not None and getattr(p, "grad", None) is not None]
-        grads = [p.grad.detach() for p in with_grad if not hasattr(p, "expert")]
+        # fairseq's p.grad.detach(): under no_grad the gradients themselves (a view each was host time only)
+        grads = [p.grad for p in with_grad if not hasattr(p, "expert")]
         if fairseq.utils.multi_tensor_l2norm_available or len(grads) < 2 or grads[0].device.type == "xla":
             return original(params, max_norm, aggregate_norm_fn)
-        expert_grads = [p.grad.detach() for p in with_grad if hasattr(p, "expert")]
+        expert_grads = [p.grad for p in with_grad if hasattr(p, "expert")]
         # fairseq gathers the norms on the current CUDA device where there is one, else on the CPU
         device = torch.cuda.current_device() if torch.cuda.is_available() else torch.device("cpu")
         total_norm = _total_norm(grads, device)

@@ -122,6 +122,25 @@ def test_the_fused_step_dispatches_a_few_operations_whatever_the_number_of_param
     assert counts["loop", 50] >= 8 * 50, counts
 
 
+def test_the_fused_steps_host_loop_casts_only_moments_that_differ(monkeypatch):
+    """The fused step's loop over the parameters (its host time, which on a GPU the device waits for) casts a
+    moment to its parameter's device and dtype only where they differ, as a checkpoint's loaded in another dtype,
+    not each moment at every step as fairseq's ``.to(p.data)`` does (2 calls per parameter and step: a third of
+    the step's host time for tnn_lm_wt103's 171 parameters, 1.5 against 1.0 ms on the 2-core CPU machine)."""
+    params = [torch.nn.Parameter(torch.randn(3)) for _ in range(50)]
+    opt = Adam(params, lr=1e-3, weight_decay=0.01)
+    for p in params:
+        p.grad = torch.randn(3)
+    opt.step()  # builds the state
+    opt.state[params[7]]["exp_avg_sq"] = opt.state[params[7]]["exp_avg_sq"].double()  # as loaded in float64
+    calls = []
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **kw: calls.append(self.shape) or to(self, *a, **kw))
+    opt.step()
+    assert len(calls) == 1 and opt.state[params[7]]["exp_avg_sq"].dtype == torch.float32, calls
+    assert all(opt.state[p]["step"] == 2 for p in params)
+
+
 @pytest.mark.parametrize("case", ["amsgrad", "fp16 weights"])
 def test_what_the_fused_step_does_not_cover_runs_fairseqs_loop(case):
     dtype = torch.float16 if case == "fp16 weights" else torch.float32
@@ -170,6 +189,23 @@ def test_clipping_many_gradients_takes_one_norm_kernel():
     with OpCounter() as c:
         FAIRSEQ_CLIP(params, 1.0)
     assert c.counts["linalg_vector_norm"] >= 50
+
+
+def test_clipping_on_one_device_copies_no_norm(monkeypatch):
+    """The gradients' norms stay where the multi-tensor kernel put them when that is the device fairseq gathers them
+    on (a ``.to`` per norm was host time only there), and the clipped gradients are fairseq's."""
+    ours, theirs = grads_of("cpu", torch.float32), grads_of("cpu", torch.float32)
+    calls = []
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **kw: calls.append(self.shape) or to(self, *a, **kw))
+    norm = fairseq.utils.clip_grad_norm_(ours, 1.0)
+    assert calls == []
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    torch.testing.assert_close(norm, FAIRSEQ_CLIP(theirs, 1.0))
+    for p, q in zip(ours, theirs):
+        assert (p.grad is None) == (q.grad is None)
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad)
 
 
 def test_one_gradient_keeps_fairseqs_code(monkeypatch):
