@@ -85,8 +85,9 @@ def main(argv=None):
                     times[name].append((time.perf_counter() - t) * 1e3)
         for name, (_, n, ops) in setups.items():
             rows[name, layout] = (n, ops, statistics.median(times[name]))
-    print(f"{a.arch}{'' if a.width is None else f' at width {a.width}'}, {rows['fairseq', 'per-parameter'][0]} parameters, torch {torch.__version__}; clip_grad_norm_ "
-          f"and Adam.step, median of {a.rounds} rounds")
+    at = "" if a.width is None else f" at width {a.width}"
+    print(f"{a.arch}{at}, {rows['fairseq', 'per-parameter'][0]} parameters, torch {torch.__version__}; "
+          f"clip_grad_norm_ and Adam.step, median of {a.rounds} rounds")
     print("| code | weights | ops dispatched | CPU ms per update |\n|---|---|---:|---:|")
     for (name, layout), (_, ops, ms) in sorted(rows.items()):
         print(f"| {name} | {layout} | {ops:,} | {ms:.3f} |")

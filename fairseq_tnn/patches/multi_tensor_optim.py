@@ -111,8 +111,6 @@ def _total_norm(grads: List[torch.Tensor], device) -> torch.Tensor:
     by_device: Dict[torch.device, List[torch.Tensor]] = {}
     for g in grads:
         by_device.setdefault(g.device, []).append(g)
-    if isinstance(device, int):  # fairseq's torch.cuda.current_device()
-        device = torch.device("cuda", device)
     norms = []
     for on, same in by_device.items():
         each = torch._foreach_norm(same, 2, dtype=torch.float32)
@@ -133,7 +131,8 @@ def clip_grad_norm(original):
             return original(params, max_norm, aggregate_norm_fn)
         expert_grads = [p.grad for p in with_grad if hasattr(p, "expert")]
         # fairseq gathers the norms on the current CUDA device where there is one, else on the CPU
-        device = torch.cuda.current_device() if torch.cuda.is_available() else torch.device("cpu")
+        device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
+                  else torch.device("cpu"))
         total_norm = _total_norm(grads, device)
         if aggregate_norm_fn is not None:
             total_norm = aggregate_norm_fn(total_norm)
