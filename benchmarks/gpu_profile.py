@@ -548,7 +548,9 @@ def markdown(result) -> str:
     unit = "kernels" if meta["device"] == "cuda" else "operators"
     out = [f"# Where an update's time goes ({meta['device']}, {meta['precision']})", "",
            f"{meta['machine']}; torch {meta['torch']}, CUDA {meta['cuda']}; `{meta['command']}`; {meta['seconds']} s. "
-           f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates (min beside it), "
+           + ("" if not meta.get("graphs") else "The stack's CUDA graphs compile each layer as one region. "
+              if meta.get("stack_regions") else "The stack's CUDA graphs compile every layer's operations (no regions). ")
+           + f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates (min beside it), "
            "after a warm-up that lasts until fp16's loss scale stops falling; split: mean of 3 updates synchronised at "
            f"each phase. {unit.capitalize()} ms: the device time of the kernels alone (fairseq's record_function spans "
            "left out); launches: the host's kernel-launch calls per update; overflowed: timed updates whose fp16 "
@@ -640,6 +642,13 @@ def markdown(result) -> str:
     return "\n".join(out) + "\n"
 
 
+def _stack_regions() -> bool:
+    """Whether the stack's CUDA graphs compile each layer as a region (``STACK_REGIONS``: on where torch reuses them,
+    off with --no-stack-regions)."""
+    from fairseq_tnn.models import compile as compiling
+    return compiling.STACK_REGIONS
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -665,6 +674,10 @@ def main(argv=None):
     p.add_argument("--amp", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
                    help="configurations measured again with fairseq's --amp (fp32 weights, fp16 autocast, torch's "
                         "gradient scaler) instead of --fp16's FP16Optimizer, as --bf16 does (default: none)")
+    p.add_argument("--no-stack-regions", action="store_true",
+                   help="compile the stack's CUDA graphs with every layer's operations in the one graph, as before "
+                        "each layer became a region compiled once (fairseq_tnn.models.compile.STACK_REGIONS): the "
+                        "compile time and update time it costs, measured against a run without this option")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -690,12 +703,17 @@ def main(argv=None):
                 f"{a.device}, --precision {precision})")
     if graphs and a.device == "cpu":
         p.error("--graphs: CUDA graphs need --device cuda (fairseq-train refuses --tnn-cuda-graphs without a GPU)")
+    if a.no_stack_regions and not graphs:
+        p.error("--no-stack-regions: the regions are the stack's CUDA graphs' (--graphs names none here)")
     refuse_overwrite(p, a, "gpu_profile.json")
+    if a.no_stack_regions:
+        from fairseq_tnn.models import compile as compiling
+        compiling.STACK_REGIONS = False  # the stacks built from here on
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
-            "graphs": graphs, "bf16": bf16, "amp": a.amp,
+            "graphs": graphs, "bf16": bf16, "amp": a.amp, "stack_regions": _stack_regions(),
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}

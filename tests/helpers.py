@@ -207,6 +207,45 @@ def assert_compiled_matches_eager(eager, compiled, x, tol=1e-5, param_tol=1e-4):
         assert rel(pc.grad, pe.grad) < param_tol, (name, float(rel(pc.grad, pe.grad)))
 
 
+class DropoutLayer(torch.nn.Module):
+    """A layer with a layer's signature (``x, pad_mask, kernel_length, spectrum``) that only applies dropout."""
+
+    def forward(self, x, pad_mask=None, kernel_length=None, spectrum=None):
+        return torch.nn.functional.dropout(x, 0.5, self.training)
+
+
+def region_dropout_masks(device: str, **compile_options):
+    """The dropout masks of two calls of one compiled stack region (``models.compile._layer_region``, as the stack's
+    CUDA graphs call each layer) on a layer that only applies dropout, in two compiled calls: four masks of (4, 4096),
+    which must all differ (a region stamped out with its random state would give each layer, or each update, the same
+    mask)."""
+    from fairseq_tnn.models import compile as compiling
+    layer = DropoutLayer().train()
+
+    def two_layers(x):
+        y = compiling._layer_region(layer, x, None, None, None)
+        return y, compiling._layer_region(layer, x + 0, None, None, None)
+
+    torch._dynamo.reset()
+    f = torch.compile(two_layers, **compile_options)
+    x = torch.ones(4, 4096, device=device, requires_grad=True)
+    masks = []
+    for _ in range(2):
+        if compile_options.get("mode") == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()
+        y1, y2 = f(x)
+        (y1.sum() + y2.sum()).backward()
+        masks += [y1.detach().ne(0), y2.detach().ne(0)]
+    return masks
+
+
+def assert_masks_differ(masks):
+    for i, a in enumerate(masks):
+        assert 0.45 < float(a.float().mean()) < 0.55, (i, float(a.float().mean()))
+        for j in range(i):
+            assert not torch.equal(a, masks[j]), (i, j)
+
+
 def split_tokens(data_bin: Path, split: str) -> int:
     """Number of tokens (eos included) in a binarised split."""
     from fairseq.data import data_utils

@@ -104,6 +104,9 @@ class CompiledStack:
         # --tnn-cuda-graphs: the whole stack's training forward compiled as one CUDA graph, and its backward as another
         # (run_layers calls it; CUDA_GRAPHS_MODE); None without the graphs
         self.graphs = graphs
+        # whether the graphs compile each layer as a region (STACK_REGIONS); off once compiling them so failed
+        # (run_layers then compiles the stack with every layer's operations in its graph, with a warning)
+        self.regions = STACK_REGIONS
 
     def begin_graph_step(self) -> None:
         """Before the stack's graphs run for a new training forward. The graphs' outputs live in memory that the
@@ -216,13 +219,36 @@ def stack_spectra(layers: nn.ModuleList, x: torch.Tensor, kernel_length: Optiona
 CUDA_GRAPHS_MODE = {"mode": "reduce-overhead"}
 
 
+def _layer_forward(layer: nn.Module, x: torch.Tensor, pad_mask: Optional[torch.Tensor], kernel_length: Optional[int],
+                   spectrum) -> torch.Tensor:
+    """One layer of ``_stack_forward``: its class forward (not its CompiledForward: the stack compiles as one)."""
+    return type(layer).forward(layer, x, pad_mask, kernel_length, spectrum)
+
+
+# Each layer of the stack's graphs as a region that inductor compiles once and stamps out for every layer alike
+# (torch.compiler.nested_compile_region: dynamo traces each call and reuses the region's compiled code where the
+# call's inputs match, its shapes, dtypes, strides and guards; a layer that differs gets a region of its own, so
+# reuse is never wrong). Without it the stack's graph holds every layer's operations and inductor lowers, fuses and
+# generates code for each, so the compile time grows with the depth: 35 s for causal TNN's 7 layers on an H200, 49 s
+# for masked TNN's 12 (the sixth GPU run). On the CPU (torch 2.13, the wt103 presets at width 64) the regions took
+# the stack's compile from 55-82 s to 37-47 s, a 12-layer stack in the time of a 7-layer one (docs/performance.md).
+# On only where torch reuses regions by their inputs and guards, which its ``reuse_hash_fn`` argument marks (2.13): 2.11
+# compares each layer's traced graph instead, and finds the layers' regions unlike (the spectra are views at
+# different storage offsets) or, given copies, fails on the autograd.Functions' graphs nested in the region
+# (``KeyError: example_value``), so there the stack compiles as before.
+STACK_REGIONS = ("reuse_hash_fn" in inspect.signature(torch.compiler.nested_compile_region).parameters
+                 if hasattr(torch.compiler, "nested_compile_region") else False)
+_layer_region = torch.compiler.nested_compile_region(_layer_forward) if STACK_REGIONS else _layer_forward
+
+
 def _stack_forward(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
-                   kernel_length: Optional[int]) -> torch.Tensor:
+                   kernel_length: Optional[int], regions: bool = False) -> torch.Tensor:
     """A stack's training forward as one function, for the CUDA graphs' torch.compile: the layers' spectra, computed
-    together (``layer_spectra``), and each layer's class forward (not its CompiledForward: the stack compiles as
-    one)."""
+    together (``layer_spectra``), and each layer, as one compile region with ``regions`` (``STACK_REGIONS``; dynamo
+    compiles a graph for each value)."""
+    layer_call = _layer_region if regions else _layer_forward
     for layer, spectrum in zip(layers, layer_spectra(layers, x.shape[1], kernel_length, x.device)):
-        x = type(layer).forward(layer, x, pad_mask, kernel_length, spectrum)
+        x = layer_call(layer, x, pad_mask, kernel_length, spectrum)
     return x
 
 
@@ -235,14 +261,23 @@ def run_layers(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.
     forward = vars(layers[0]).get("forward") if len(layers) else None
     stack = forward.stack if isinstance(forward, CompiledForward) else None
     if stack is not None and stack.graphs is not None and inner_states is None and stack.trains_on_cuda(layers[0], x):
-        try:
-            with _compiling():
-                stack.begin_graph_step()
-                return stack.graphs(layers, x, pad_mask, kernel_length)
-        except Exception as err:
-            if not is_compile_error(err):
-                raise
-            stack.failed(f"{stack.name} (as one CUDA graph)", err)  # under fallback: the loop, eagerly
+        while True:
+            try:
+                with _compiling():
+                    stack.begin_graph_step()
+                    return stack.graphs(layers, x, pad_mask, kernel_length, stack.regions)
+            except Exception as err:
+                if not is_compile_error(err):
+                    raise
+                if not stack.regions:
+                    stack.failed(f"{stack.name} (as one CUDA graph)", err)  # under fallback: the loop, eagerly
+                    break
+                stack.regions = False  # and again, every layer's operations in the one graph
+                compile_logger.warning(
+                    f"--tnn-cuda-graphs: compiling the layers of {stack.name} as regions of the stack's graph failed: "
+                    f"{error_summary(err)}. Compiling the stack with every layer in its graph instead (slower to "
+                    f"compile, as fast to train)")
+                logger.debug(f"--tnn-cuda-graphs: the error compiling the regions of {stack.name}", exc_info=err)
     for layer, spectrum in zip(layers, stack_spectra(layers, x, kernel_length)):
         x = layer(x, pad_mask, kernel_length, spectrum)
         if inner_states is not None:

@@ -164,7 +164,10 @@ class SpectralConv(torch.autograd.Function):
             gs = _reduce_conj_product(xf, gf, ctx.spectrum_shape)
             gs = gs * _bin_factor(size, gs.device, ct, inverse=False)
         if ctx.needs_input_grad[0]:
-            gx = torch.fft.irfft(gf.mul_(spectrum.conj()), n=size)[..., :n].to(grad.dtype)
+            # conj_physical, not the lazy conj() view (a spectrum's worth of values, 1/batch of gf's): a tensor with
+            # the conjugate bit cannot cross torch.compile's nested regions (invoke_subgraph has no kernel at
+            # DispatchKey.Conjugate), which the stack's CUDA graphs compile each layer as (models/compile.py)
+            gx = torch.fft.irfft(gf.mul_(spectrum.conj_physical()), n=size)[..., :n].to(grad.dtype)
         return gx, gs, None
 
 

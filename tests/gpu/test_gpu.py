@@ -15,8 +15,9 @@ import re
 import pytest
 import torch
 
-from helpers import USER_DIR, assert_compiled_matches_eager, cli, rel, run, wt103_presets
-from fairseq_tnn.models.compile import compile_layers, is_compiled, run_layers, stack_spectra
+from helpers import (USER_DIR, assert_compiled_matches_eager, assert_masks_differ, cli, region_dropout_masks, rel, run,
+                     wt103_presets)
+from fairseq_tnn.models.compile import STACK_REGIONS, compile_layers, is_compiled, run_layers, stack_spectra
 from fairseq_tnn.models.build import build_arch
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -117,6 +118,13 @@ def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
         for (name, pe), pg in zip(eager.named_parameters(), graphs.parameters()):
             assert rel(pg.grad, pe.grad) < 1e-4, (name, update, float(rel(pg.grad, pe.grad)))
     assert all(is_compiled(layer) for layer in graphs)
+
+
+@pytest.mark.skipif(not STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
+def test_dropout_in_the_stacks_regions_draws_a_new_mask_per_layer_and_update():
+    """The stack's CUDA graphs compile each layer as one region, stamped out for each layer (``STACK_REGIONS``): in the
+    graphs' mode each layer's call and each update (a graph replay) draws its own dropout mask."""
+    assert_masks_differ(region_dropout_masks("cuda", mode="reduce-overhead"))
 
 
 @pytest.mark.parametrize("arch", ["tnn_lm_wt103", "ski_tnn_mlm_wt103"])

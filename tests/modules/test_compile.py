@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from helpers import LM_TRAIN, USER_DIR, assert_compiled_matches_eager, cli, lm_train_cmd, rel, run
+from helpers import (LM_TRAIN, USER_DIR, assert_compiled_matches_eager, assert_masks_differ, cli, lm_train_cmd,
+                     region_dropout_masks, rel, run)
 from fairseq_tnn.models import compile as compiling
 from fairseq_tnn.models.compile import (COMPILE_RECOMPILE_LIMIT, TnnCompileError, compile_error, compile_layers,
                                         compile_logger, is_compiled)
@@ -526,9 +527,92 @@ def test_cuda_graphs_train_the_whole_stack_as_one_compiled_function(arch, monkey
     assert all(is_compiled(layer) for layer in layers)
 
 
+def region_calls(arch, layers=3, pad=False):
+    """The regions (``torch.compiler.nested_compile_region``'s ``invoke_subgraph`` calls) in the graph dynamo traces
+    for the stack's training forward (``_stack_forward``) of ``arch`` at width 64 with ``layers`` layers, and the
+    distinct subgraphs they call; the graph runs through AOT autograd without a compiler (``aot_eager``)."""
+    side = "encoder" if "mlm" in arch else "decoder"
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = build_arch(arch, 50, **{f"{side}_embed_dim": 64, f"{side}_layers": layers, "dropout": 0.0})
+    calls = []
+
+    def backend(gm, example_inputs):
+        calls.extend(n.args[0].target for n in gm.graph.nodes
+                     if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    pad_mask = torch.zeros(2, 16, dtype=torch.bool)
+    pad_mask[1, -3:] = True
+    y = torch.compile(compiling._stack_forward, backend=backend)(
+        layers_of(model), x, pad_mask if pad else None, None, True)
+    y.sum().backward()
+    return calls
+
+
+@pytest.mark.skipif(not compiling.STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_stacks_graphs_compile_identical_layers_as_one_region(kind):
+    """--tnn-cuda-graphs compiles the stack's forward as one function (``_stack_forward``), each layer in it a region
+    compiled once and stamped out for each identical layer (``STACK_REGIONS``), so that the compile time does not grow
+    with the depth: three layers make three calls of one subgraph, for every kind of TNO and with padding."""
+    arch = KINDS[kind]
+    for pad in [False] + ([True] if "mlm" in arch else []):
+        calls = region_calls(arch, pad=pad)
+        assert len(calls) == 3 and len(set(calls)) == 1, (pad, calls)
+
+
+@pytest.mark.skipif(not compiling.STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
+@pytest.mark.parametrize("mode", ["strict", "fallback"])
+def test_the_stacks_graphs_compile_without_regions_where_the_regions_fail(mode, monkeypatch, caplog):
+    """Where compiling the layers as regions of the stack's graph fails (here a graph break injected into the region,
+    which dynamo refuses there), the stack compiles again with every layer's operations in its graph, in either
+    mode, with one warning naming the stack and the error; the update then equals the eager model's, and later updates
+    use the graph without regions (torch.compile's aot_eager backend here, to spare inductor's time)."""
+    monkeypatch.setattr(compiling, "CUDA_GRAPHS_MODE", {"backend": "aot_eager"})
+    monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",  # the CPU stands in for a CUDA device
+                        lambda self, layer, x: self.error is None and layer.training and torch.is_grad_enabled())
+
+    @torch.compiler.nested_compile_region
+    def breaking_region(*args):
+        torch._dynamo.graph_break()
+        return compiling._layer_forward(*args)
+
+    monkeypatch.setattr(compiling, "_layer_region", breaking_region)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = build_arch("tnn_lm_tiny", 50, dropout=0.0)
+    model = copy.deepcopy(eager)
+    layers = layers_of(model)
+    compile_layers(layers, mode, "decoder.layers", cuda_graphs=True)
+    stack = layers[0].forward.stack
+    assert stack.regions
+    for _ in range(2):
+        tokens = torch.randint(4, 50, (2, 16))
+        with caplog.at_level(logging.WARNING, logger=compile_logger.name):
+            y = model(tokens)[0]
+        assert rel(y, eager(tokens)[0]) < 1e-5
+        y.sum().backward()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and re.match(
+        r"--tnn-cuda-graphs: compiling the layers of decoder.layers as regions of the stack's graph failed: "
+        r"UncapturedHigherOrderOpError: .*Compiling the stack with every layer in its graph instead", warnings[0]), warnings
+    assert not stack.regions and stack.error is None and all(is_compiled(layer) for layer in layers)
+
+
+@pytest.mark.skipif(not compiling.STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
+@pytest.mark.slow
+def test_dropout_in_the_stacks_regions_draws_a_new_mask_per_layer_and_update():
+    """A region compiled once and stamped out for each layer (``STACK_REGIONS``) draws its own dropout mask in each
+    layer and each update (inductor, on the CPU; tests/gpu does the same with CUDA graphs)."""
+    assert_masks_differ(region_dropout_masks("cpu"))
+
+
 @pytest.mark.slow
 def test_cuda_graphs_whose_compile_fails_train_the_stack_eagerly(failing_backward_codegen, monkeypatch, caplog):
-    """The whole stack compiled as one graph fails to compile (inductor's backward code generation, injected): under
+    """The whole stack compiled as one graph fails to compile (inductor's backward code generation, injected): the
+    stack compiles again without its regions (one warning, where torch has them), and when that fails too, under
     fallback one warning names the stack, and the stack trains eagerly from then on, giving the eager model's output
     and gradients; under strict the error stops the run, naming the stack."""
     monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",  # the CPU stands in for a CUDA device
@@ -548,6 +632,9 @@ def test_cuda_graphs_whose_compile_fails_train_the_stack_eagerly(failing_backwar
     for (name, pe), pc in zip(eager.named_parameters(), model.parameters()):
         assert rel(pc.grad, pe.grad) < 1e-6, name
     warnings = [r.getMessage() for r in caplog.records if r.name == compile_logger.name]
+    if compiling.STACK_REGIONS:  # first with the layers as regions, then without
+        assert len(warnings) == 2 and re.search(r"compiling the layers of decoder\.layers as regions of the stack's "
+                                                r"graph failed: .*injected", warnings.pop(0)), warnings
     assert len(warnings) == 1 and re.search(r"compiling decoder\.layers \(as one CUDA graph\) failed: .*injected: "
                                             r"backward code generation failed", warnings[0]), warnings
     assert not any(is_compiled(layer) for layer in layers)

@@ -591,6 +591,16 @@ def test_gpu_profile_amp_rows_are_fairseqs_amp_and_need_a_gpu(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+def test_gpu_profile_refuses_no_stack_regions_without_graphs(tmp_path):
+    """--no-stack-regions (the stack's CUDA graphs without their per-layer regions, for a side-by-side run) applies to
+    --graphs rows only: without any, the profile refuses it before any work, naming the option."""
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--no-stack-regions",
+           "--out", str(tmp_path / "p")]
+    code, log, _ = execute(cmd, command_env(), 120, merge=True)
+    assert code == 2 and "--no-stack-regions: the regions are the stack's CUDA graphs'" in log, log[-2000:]
+    assert not (tmp_path / "p").exists()
+
+
 def test_gpu_profile_graphs_train_the_stack_as_one_graph_through_fairseqs_trainer(monkeypatch, tmp_path):
     """--graphs: the harness builds fairseq's Trainer with --tnn-cuda-graphs, the whole stack compiled as one graph,
     whose updates run that one function (here on the CPU standing in for a GPU, where torch.compile records no graph);
