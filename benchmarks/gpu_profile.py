@@ -78,6 +78,7 @@ import torch  # noqa: E402
 
 from benchmarks import trainer as tr  # noqa: E402
 from benchmarks.measure import IdentityTno, add_out_options, refuse_overwrite, write_results  # noqa: E402
+from fairseq_tnn.models import compile as compiling  # noqa: E402
 
 TOP_KERNELS = 15
 COMPILE_PHASES = 10  # the longest phases of a compilation kept per configuration
@@ -642,13 +643,6 @@ def markdown(result) -> str:
     return "\n".join(out) + "\n"
 
 
-def _stack_regions() -> bool:
-    """Whether the stack's CUDA graphs compile each layer as a region (``STACK_REGIONS``: on where torch reuses them,
-    off with --no-stack-regions)."""
-    from fairseq_tnn.models import compile as compiling
-    return compiling.STACK_REGIONS
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -707,13 +701,12 @@ def main(argv=None):
         p.error("--no-stack-regions: the regions are the stack's CUDA graphs' (--graphs names none here)")
     refuse_overwrite(p, a, "gpu_profile.json")
     if a.no_stack_regions:
-        from fairseq_tnn.models import compile as compiling
         compiling.STACK_REGIONS = False  # the stacks built from here on
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
-            "graphs": graphs, "bf16": bf16, "amp": a.amp, "stack_regions": _stack_regions(),
+            "graphs": graphs, "bf16": bf16, "amp": a.amp, "stack_regions": compiling.STACK_REGIONS,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}
