@@ -45,7 +45,9 @@ the run goes on. The configurations of ``--bf16`` are measured again in bf16 (``
 bf16 autocast) right after their compiled runs, eager and in each compiled mode they were measured in, each against
 the same mode in the run's precision (the issue's target: within 1.1x of fp16's update time); those of ``--amp``
 likewise with fairseq's ``--amp`` (fp32 weights, fp16 autocast, torch's gradient scaler) instead of its
-FP16Optimizer (fp16 weights, fp32 master copy), which the issue named as a candidate.
+FP16Optimizer (fp16 weights, fp32 master copy), which the issue named as a candidate; those of ``--bf16-weights``
+with fairseq's own ``--bf16`` as the plugin trains it off a TPU (bf16 weights and FP16Optimizer's fp32 master copy,
+no loss scaler: ``fairseq_tnn/patches/bf16.py``), against the same 1.1x.
 
 The floor of the mixing: for each TNO at each shape, the least bytes its forward and backward must move (the
 input and output forward, the output gradient, the saved input and the input gradient backward: 5 x d1 x b x
@@ -94,6 +96,8 @@ GRAPHS_DEFAULT = COMPILED_DEFAULT[:8]
 # measured again in bf16 (--bf16-autocast) in each mode the main precision measured them (issue 39: bf16 within
 # 1.1x of fp16)
 BF16_DEFAULT = ["causal/512/tnn6"]
+# how the rows of another precision than the run's are labelled
+PRECISION_LABELS = {"bf16": "bf16", "bf16w": "bf16 weights", "amp": "amp"}
 KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
         "masked": ["tnn6", "tnn3", "fd3", "ski", "bound_identity"]}
 # the TNOs whose floor is measured, per section: the layer of this configuration
@@ -372,7 +376,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
 
 
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
-        log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = ()) -> Dict:
+        log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = (),
+        bf16w_ids: List[str] = ()) -> Dict:
     import fairseq_tnn
     fairseq_tnn.register()
     result = {"groups": [], "bandwidth_gbs": None}
@@ -403,11 +408,11 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
         # it ran in, before the next configuration (so that the first ones of the lists, the targets', get every
         # mode); a configuration that fails is reported
         runs = []
-        for c in list(dict.fromkeys([*compiled_ids, *graphs_ids, *bf16_ids, *amp_ids])):
+        for c in list(dict.fromkeys([*compiled_ids, *graphs_ids, *bf16_ids, *bf16w_ids, *amp_ids])):
             modes = [True] if c in compiled_ids else []
             modes += [tr.GRAPHS] if c in graphs_ids else []
             runs += [(c, how, precision) for how in modes]
-            for other, ids in (("bf16", bf16_ids), ("amp", amp_ids)):
+            for other, ids in (("bf16", bf16_ids), ("bf16w", bf16w_ids), ("amp", amp_ids)):
                 if c in ids:
                     runs += [(c, how, other) for how in [False, *modes]]
         for cid, how, prec in runs:
@@ -437,7 +442,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 c = measure(key, arch, bound, section, g["n"], g["batch"], device, prec, quick, data, timed, how, top,
                             floor, log)
                 if prec != precision:
-                    c["label"] += f" ({prec})"
+                    c["label"] += f" ({PRECISION_LABELS.get(prec, prec)})"
                 g["configs"].append(c)
             except Exception as err:  # one configuration's failure is a result, not the end of the run
                 first = (str(err).strip().splitlines() or [""])[0][:300]
@@ -504,7 +509,7 @@ def targets(result) -> List[Dict]:
                                                if bare and bare.get("peak_mib") else None))
             for c in g["configs"]:
                 other = _get(g, c["key"], compiled)
-                if c["compiled"] == compiled and c.get("precision") == "bf16" and other and other is not c:
+                if c["compiled"] == compiled and c.get("precision") in ("bf16", "bf16w") and other and other is not c:
                     add(f"{shape}: {c['label']} vs {other['precision']}, {mode} update time",
                         c["update_ms"] / other["update_ms"], 1.1, higher=False)
                 if c["compiled"] == compiled and "compile_s" in c:
@@ -668,6 +673,10 @@ def main(argv=None):
     p.add_argument("--amp", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
                    help="configurations measured again with fairseq's --amp (fp32 weights, fp16 autocast, torch's "
                         "gradient scaler) instead of --fp16's FP16Optimizer, as --bf16 does (default: none)")
+    p.add_argument("--bf16-weights", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
+                   help="configurations measured again with fairseq's --bf16 (bf16 weights, FP16Optimizer's fp32 master "
+                        "copy, no loss scaler; fairseq_tnn/patches/bf16.py), eager and in each compiled mode they were "
+                        "measured in, as --bf16 does with --bf16-autocast (default: none)")
     p.add_argument("--no-stack-regions", action="store_true",
                    help="compile the stack's CUDA graphs with every layer's operations in the one graph, as before "
                         "each layer became a region compiled once (fairseq_tnn.models.compile.STACK_REGIONS): the "
@@ -706,7 +715,8 @@ def main(argv=None):
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
-            "graphs": graphs, "bf16": bf16, "amp": a.amp, "stack_regions": compiling.STACK_REGIONS,
+            "graphs": graphs, "bf16": bf16, "bf16_weights": a.bf16_weights, "amp": a.amp,
+            "stack_regions": compiling.STACK_REGIONS,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}
@@ -717,7 +727,7 @@ def main(argv=None):
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
-                 lambda m: print(m, flush=True), graphs, bf16, a.amp)
+                 lambda m: print(m, flush=True), graphs, bf16, a.amp, a.bf16_weights)
     write(result)
     print(markdown(result))
     return result

@@ -18,7 +18,9 @@ included), each beside the CPU time of one update at that size; and one TNO of t
 1536) alone, forward and backward. With the fast paths (``fairseq_tnn/ops/fast.py``) and with their
 references, side by side in one run: ``--paths fast reference``. ``--precision bf16`` counts the models'
 updates under ``--bf16-autocast`` (fp32 weights, every Linear's weights and inputs cast to bf16 as it runs; fp16's
-half weights need a GPU for fairseq's FP16Optimizer). Writes ``opcount.json`` and ``opcount.md``.
+half weights need a GPU for fairseq's FP16Optimizer), ``--precision bf16w`` under fairseq's own ``--bf16`` (bf16
+weights and FP16Optimizer's fp32 master copy, per parameter on the CPU, flat on a GPU: ``fairseq_tnn/patches/bf16.py``).
+Writes ``opcount.json`` and ``opcount.md``.
 """
 import argparse
 import collections
@@ -47,7 +49,8 @@ TNOS = [("TNN TNO (RPE 6), causal", "tnn", True, {}), ("TNN TNO (RPE 3), causal"
         ("FD-TNO (RPE 3), causal", "fd", True, {}), ("TNN TNO (RPE 6), bidirectional", "tnn", False, {}),
         ("FD-TNO (RPE 3), bidirectional", "fd", False, {}), ("SKI-TNO, bidirectional", "ski", False, {})]
 PATHS = ("fast", "reference")
-PRECISIONS = {"fp32": "fp32", "bf16": "bf16 autocast (--bf16-autocast)"}
+PRECISIONS = {"fp32": "fp32", "bf16": "bf16 autocast (--bf16-autocast)",
+              "bf16w": "bf16 weights with an fp32 master copy (fairseq's --bf16; per parameter on the CPU)"}
 
 
 def _is_metadata(func, out) -> bool:
@@ -192,7 +195,7 @@ def trainer_counts(trainer, sample) -> Dict:
 def model_counts(section: str, key: str, n: int, data: str, quick: bool, timed: int, vocab: int, width=None,
                  precision: str = "fp32") -> Dict:
     """``trainer_counts`` of one model at batch 1 x n on the CPU (``width``: instead of the preset's; ``precision``:
-    fp32 or bf16, ``--bf16-autocast``), and the median time of ``timed`` updates."""
+    fp32, bf16 (``--bf16-autocast``) or bf16w (``--bf16``)), and the median time of ``timed`` updates."""
     from benchmarks import trainer as tr
     arch = {"bound_identity": "tnn_lm_wt103" if section == "causal" else "tnn_mlm_wt103"}.get(key, key)
     bound = "identity" if key == "bound_identity" else None
@@ -303,7 +306,8 @@ def main(argv=None):
     p.add_argument("--timed", type=int, default=3, help="updates timed per model and path (default 3; 0: none)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
-                   help="the models' updates in fp32 (default) or under --bf16-autocast (bf16); the TNOs alone: fp32")
+                   help="the models' updates in fp32 (default), under --bf16-autocast (bf16) or fairseq's --bf16 (bf16w: "
+                        "bf16 weights, fp32 master copy); the TNOs alone: fp32")
     p.add_argument("--width", type=int, help="every model this wide (embedding and GLU) instead of its preset's, depth "
                                              "unchanged: the counts do not depend on it, the time does (a short CPU run)")
     p.add_argument("--vocab", type=int, help="dictionary size (default: Wikitext-103's 50,264, quick 1,000); the counts do "

@@ -44,6 +44,7 @@ import torch  # noqa: E402
 
 from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
 from fairseq_tnn import recipe  # noqa: E402
+from fairseq_tnn.patches import bf16  # noqa: E402
 from fairseq_tnn.patches.masked_positions import add_masked_positions  # noqa: E402
 
 VOCAB = 50264  # Wikitext-103's dictionary (GPT-2 BPE), fairseq's 4 specials included
@@ -93,6 +94,13 @@ def _dictionary_dir(tmp: str, vocab: int) -> str:
 GRAPHS = "graphs"
 
 
+# Each precision's fairseq-train options: fp16 weights with fp32 master weights and a loss scaler; fp32 weights under
+# bf16 autocast (the recipe's PRECISION=bf16); bf16 weights with fp32 master weights (fairseq's own --bf16, which the
+# plugin trains off a TPU: fairseq_tnn/patches/bf16.py); fp16 autocast with torch's gradient scaler; fp32.
+PRECISION_OPTIONS = {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "bf16w": ["--bf16"], "amp": ["--amp"],
+                     "fp32": []}
+
+
 def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled,
                   data: str, quick: bool, width: int = None):
     """fairseq's Trainer for one configuration, built from a fairseq-train command line. ``width``: the model's
@@ -105,7 +113,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
 
     causal = section == "causal"
     argv = [data, *recipe.fairseq_options(recipe.benchmark(section, arch, n))]  # the paper's optimizer
-    argv += {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "amp": ["--amp"], "fp32": []}[precision]
+    argv += PRECISION_OPTIONS[precision]
     if device == "cpu":
         argv.append("--cpu")
     if compiled:  # the bounds too: with no token mixing the layers' projections, gate and norms still compile
@@ -126,6 +134,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
         argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
     parser = options.get_training_parser()
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, argv))
+    bf16.bf16_leaves_tpu_off(cfg, argv)  # what fairseq-train's launch does with --bf16 (patches/bf16.py)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     if bound:

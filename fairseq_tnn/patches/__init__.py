@@ -11,7 +11,7 @@ the code and both fingerprints, and the fix is skipped or still applied, as its 
 again changes nothing. Each fix's module says why in full; tests/reliability/test_patches.py checks the
 fingerprints against the installed fairseq.
 """
-from . import (atomic_save, broadcast_unpickle, checkpoint_loader, config_snapshot, fp16_syncs, masked_positions,
+from . import (atomic_save, bf16, broadcast_unpickle, checkpoint_loader, config_snapshot, fp16_syncs, masked_positions,
                multi_tensor_optim, numpy2_compat_long, progress_bar_log_file, seed, stop_prefetch_at_exit,
                update_stats)
 from .base import Patch
@@ -134,6 +134,30 @@ PATCHES = (
         on_mismatch="skip",
         replaces="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin._sync_fp32_params_to_fp16",
         replacement=fp16_syncs.params_sync,
+    ),
+    Patch(
+        name="bf16-without-tpu",
+        why="fairseq reads --bf16 as TPU training (it turns --tpu on, and the Trainer then fails asking torch_xla for "
+            "a device); where torch_xla is not installed and --tpu is not on the command line, --bf16 trains on the "
+            "GPU (or with --cpu the CPU): bf16 weights, an fp32 master copy and no loss scaler, fairseq's own bf16 "
+            "path off a TPU",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.distributed.utils:call_main",
+        fingerprint="0a9dd5c754d11bdb",
+        on_mismatch="apply",  # it only changes the config before the launch reads it
+        replaces="fairseq.distributed.utils:call_main",
+        replacement=bf16.call_main,
+    ),
+    Patch(
+        name="bf16-flat-master",
+        why="--bf16 on CUDA: FP16Optimizer's fp32 master copy flat, as --fp16 keeps it (fairseq keeps bf16's per "
+            "parameter, which suits a TPU), so the gradients' sync, the clipping and Adam's step each see one tensor",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.optim.fp16_optimizer:FP16Optimizer.build_optimizer",
+        fingerprint="0d0165c79a35435a",
+        on_mismatch="skip",
+        replaces="fairseq.optim.fp16_optimizer:FP16Optimizer.build_optimizer",
+        replacement=bf16.build_optimizer,
     ),
     Patch(
         name="fused-adam",

@@ -35,10 +35,19 @@ def owner_and_name(path: str):
 
 
 def resolve(path: str):
-    """The object at ``"module:qualname"``; for one a patch replaced, fairseq's original."""
+    """The object at ``"module:qualname"``; for one a patch replaced, fairseq's original (a classmethod's function)."""
     owner, name = owner_and_name(path)
     obj = getattr(owner, name)
-    return getattr(obj, ORIGINAL, obj) if getattr(obj, MARK, None) else obj
+    obj = getattr(obj, ORIGINAL, obj) if getattr(obj, MARK, None) else obj
+    return obj.__func__ if isinstance(obj, classmethod) else obj
+
+
+def _mark(new, patch: str, original) -> None:
+    """Label ``new`` as ``patch``'s replacement of ``original``; a classmethod's function too, which is what its
+    class hands out (a bound method reads its attributes from its function)."""
+    for obj in (new, new.__func__) if isinstance(new, classmethod) else (new,):
+        setattr(obj, MARK, patch)
+        setattr(obj, ORIGINAL, original)
 
 
 def _version(package: str) -> str:
@@ -108,9 +117,8 @@ class Patch:
             self.action()
         else:
             owner, name = owner_and_name(self.replaces)
-            original = getattr(owner, name)
+            original = inspect.getattr_static(owner, name)  # a classmethod as the class holds it, not bound
             new = self.replacement(original)
-            setattr(new, MARK, self.name)
-            setattr(new, ORIGINAL, original)
+            _mark(new, self.name, original)
             setattr(owner, name, new)
         return "installed despite a mismatch" if mismatch else "installed"

@@ -25,18 +25,22 @@ def bf16_autocast_field():
 
 def refuse_other_precisions(parser, argv=None):
     """Called while fairseq parses a command line (the plugin's tasks' ``add_args``): ``--bf16-autocast`` with
-    fairseq's ``--fp16``, ``--bf16`` or ``--amp`` is refused there, before anything is loaded or written, with one
+    fairseq's ``--fp16``, ``--bf16`` or ``--amp``, and fairseq's ``--bf16`` (bf16 weights, ``patches/bf16.py``) with
+    an fp16 precision, are refused there, before anything is loaded or written, with one
     line on stderr, ``<prog>: error: ...``, exit status 2 (the first update refused it before; ``_autocast_for``
     still does, for a task built otherwise)."""
     if not isinstance(parser, argparse.ArgumentParser):
         return  # fairseq's import of the task, which builds a parser of its options for the documentation
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
-    if "--bf16-autocast" not in argv:
-        return
-    others = [a for a in ("--fp16", "--bf16", "--amp") if a in argv]
-    if others:
-        parser.error(f"--bf16-autocast (fp32 weights under bf16 autocast) cannot be combined with {' and '.join(others)}; "
-                     "drop one of them (scripts/train.sh: PRECISION=fp16 or PRECISION=bf16)")
+    if "--bf16-autocast" in argv:
+        others = [a for a in ("--fp16", "--bf16", "--memory-efficient-bf16", "--amp") if a in argv]
+        if others:
+            parser.error(f"--bf16-autocast (fp32 weights under bf16 autocast) cannot be combined with "
+                         f"{' and '.join(others)}; drop one of them (scripts/train.sh: PRECISION=fp16 or PRECISION=bf16)")
+    bf16 = [a for a in ("--bf16", "--memory-efficient-bf16") if a in argv]
+    others = [a for a in ("--fp16", "--memory-efficient-fp16", "--amp") if a in argv]
+    if bf16 and others:
+        parser.error(f"{bf16[0]} (bf16 weights) cannot be combined with {' and '.join(others)} (fp16); drop one of them")
 
 
 def _autocast_for(model, optimizer=None):

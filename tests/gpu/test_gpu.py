@@ -1,5 +1,5 @@
 """On a CUDA GPU (skipped without one, as in CI): every wt103 architecture trains through fairseq-train
-in fp16 and bf16, compiled layers equal eager ones on the GPU (alone, and in a model that hands them their spectra),
+in fp16 and bf16 (autocast, and fairseq's --bf16 with its flat fp32 master copy), compiled layers equal eager ones on the GPU (alone, and in a model that hands them their spectra),
 and so do compiled layers run as CUDA graphs
 (--tnn-cuda-graphs), gradient accumulation included, in a stack and through fairseq-train; evaluation at
 14,336 tokens is finite in fp16, eager fp16 training on padded batches never overflows, and the causal models are
@@ -31,7 +31,7 @@ def small(arch):
 
 
 @pytest.mark.runs_doc(r'^(FAIRSEQ_BIN=\S+ )?python3? -m pytest tests/gpu/test_gpu\.py')
-@pytest.mark.parametrize("precision", ["--fp16", "--bf16-autocast"])
+@pytest.mark.parametrize("precision", ["--fp16", "--bf16-autocast", "--bf16"])
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)
 def test_fairseq_train_on_gpu(data_bin, tmp_path, arch, precision):
     causal = arch in CAUSAL
@@ -125,6 +125,28 @@ def test_dropout_in_the_stacks_regions_draws_a_new_mask_per_layer_and_update():
     """The stack's CUDA graphs compile each layer as one region, stamped out for each layer (``STACK_REGIONS``): in the
     graphs' mode each layer's call and each update (a graph replay) draws its own dropout mask."""
     assert_masks_differ(region_dropout_masks("cuda", mode="reduce-overhead"))
+
+
+@pytest.mark.parametrize("section,arch", [("causal", "tnn_lm_wt103"), ("masked", "fd_tnn_mlm_wt103"),
+                                          ("masked", "ski_tnn_mlm_wt103")])
+def test_bf16_trains_a_flat_master_copy_with_cuda_graphs(tmp_path, section, arch):
+    """fairseq's --bf16 on CUDA (fairseq_tnn/patches/bf16.py) with the stack's CUDA graphs: bf16 weights, one flat fp32
+    master tensor (fairseq keeps bf16's per parameter) and no loss scaler; every weight its master weight rounded
+    after each update, and finite losses."""
+    from benchmarks import trainer as tr
+    torch.manual_seed(0)
+    trainer = tr.build_trainer(section, arch, None, 128, "cuda", "bf16w", tr.GRAPHS,
+                               tr._dictionary_dir(str(tmp_path), 64), True, width=64)
+    losses = [trainer.train_step([tr.synthetic_sample(section, 128, 4, 64, seed=i, device="cuda")])["loss"]
+              for i in range(4)]
+    opt = trainer.optimizer
+    assert opt.has_flat_params and opt.scaler is None and all(math.isfinite(x) for x in losses), losses
+    (flat,) = opt.fp32_params.values()
+    offset = 0
+    for name, p in trainer.model.named_parameters():
+        assert p.dtype == (torch.float32 if ".rpe." in name else torch.bfloat16), name
+        assert torch.equal(p.detach(), flat[offset:offset + p.numel()].view_as(p).to(p.dtype)), name
+        offset += p.numel()
 
 
 @pytest.mark.parametrize("arch", ["tnn_lm_wt103", "ski_tnn_mlm_wt103"])

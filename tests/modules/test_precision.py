@@ -196,3 +196,132 @@ def test_fairseq_train_with_bf16_autocast_learns(data_bin, tmp_path, arch, task)
     assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, log[-3000:]
     state = torch.load(tmp_path / "ck" / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
+
+
+def _bf16_trainer(tmp_path, section, arch):
+    from benchmarks import trainer as tr
+    torch.manual_seed(0)
+    return tr.build_trainer(section, arch, None, 32, "cpu", "bf16w", False, tr._dictionary_dir(str(tmp_path), 64),
+                            True, width=16)
+
+
+def _bf16_updates(trainer, section, updates=2):
+    from benchmarks import trainer as tr
+    return [trainer.train_step([tr.synthetic_sample(section, 32, 3, 64, seed=i)])["loss"] for i in range(updates)]
+
+
+@pytest.mark.parametrize("section,arch", [("causal", "tnn_lm_wt103"), ("masked", "fd_tnn_mlm_wt103"),
+                                          ("masked", "ski_tnn_mlm_wt103")])
+def test_fairseqs_bf16_trains_bf16_weights_with_an_fp32_master_copy(tmp_path, section, arch):
+    """fairseq's own --bf16 off a TPU (fairseq_tnn/patches/bf16.py; here the launch's step that leaves --tpu off is
+    build_trainer's): the Trainer on the CPU, the model's weights bf16 but the RPEs' (fp32), FP16Optimizer with an fp32
+    master copy per parameter (flat is CUDA's) and no loss scaler; after each update every weight is its master
+    weight rounded to its dtype, and the master weights moved."""
+    import fairseq_tnn
+    from fairseq.optim.fp16_optimizer import FP16Optimizer
+    fairseq_tnn.register()
+    trainer = _bf16_trainer(tmp_path, section, arch)
+    assert trainer.cfg.common.bf16 and trainer.device.type == "cpu"
+    # no TPU anywhere: the launch, and masked_lm, which on a TPU scores every token (and reads the masked count back)
+    assert not any(trainer.cfg[k].get("tpu", False) for k in trainer.cfg.keys() if hasattr(trainer.cfg[k], "keys"))
+    assert not getattr(trainer.criterion, "tpu", False)
+    params = list(trainer.model.named_parameters())
+    dtypes = {name: p.dtype for name, p in params}
+    assert {d for n, d in dtypes.items() if ".rpe." not in n} == {torch.bfloat16}, dtypes
+    assert {d for n, d in dtypes.items() if ".rpe." in n} == (set() if "ski" in arch else {torch.float32}), dtypes
+    start = [p.detach().float().clone() for _, p in params]
+    losses = _bf16_updates(trainer, section)
+    opt = trainer.optimizer
+    assert isinstance(opt, FP16Optimizer) and opt.scaler is None and not opt.has_flat_params
+    assert all(math.isfinite(x) for x in losses), losses
+    masters = opt.fp32_params
+    assert len(masters) == len(params) and all(m.dtype == torch.float32 for m in masters)
+    for (name, p), m, s in zip(params, masters, start):
+        assert torch.equal(p.detach(), m.detach().to(p.dtype)), name
+    moved = [name for (name, _), m, s in zip(params, masters, start) if not torch.equal(m.detach(), s)]
+    assert len(moved) > 0.9 * len(params), moved
+
+
+def test_fairseqs_bf16_with_a_flat_master_copy_trains_as_with_one_per_parameter(tmp_path, monkeypatch):
+    """--bf16's flat master copy (what bf16-flat-master builds on CUDA; here on the CPU, its device index faked as
+    fairseq's fp16 test of the flat copy does): one fp32 tensor for the syncs, the clipping and Adam, and the same
+    training as fairseq's per-parameter copy, update by update."""
+    import fairseq_tnn
+    from fairseq_tnn.patches import bf16
+    fairseq_tnn.register()
+    runs = {}
+    for flat in (False, True):
+        with monkeypatch.context() as m:
+            if flat:
+                m.setattr(bf16, "flat_bf16", lambda cfg, params: True)
+                m.setattr(torch.cuda, "current_device", lambda: None)  # the flat copy's key: the CPU's device index
+            trainer = _bf16_trainer(tmp_path / str(flat), "causal", "tnn_lm_wt103")
+            losses = _bf16_updates(trainer, "causal", 3)
+            assert trainer.optimizer.has_flat_params == flat and trainer.optimizer.scaler is None
+            masters = trainer.optimizer.fp32_params
+            master = torch.cat([m.detach().reshape(-1) for m in (masters.values() if flat else masters)])
+            runs[flat] = losses, master, [p.detach().clone() for p in trainer.model.parameters()]
+    (loss0, master0, w0), (loss1, master1, w1) = runs[False], runs[True]
+    assert loss0 == pytest.approx(loss1, rel=1e-6), (loss0, loss1)
+    assert rel(master1, master0) < 1e-6  # bit for bit on the CI machine; the clipping's norm may sum in another order
+    assert all(torch.equal(a, b.to(a.dtype)) or rel(a.float(), b.float()) < 1e-2 for a, b in zip(w0, w1))
+
+
+def test_bf16_leaves_tpu_off_only_without_torch_xla_or_tpu(monkeypatch):
+    """fairseq turns --tpu on with --bf16; the plugin turns it off again where neither torch_xla is installed nor --tpu
+    given, and leaves every other configuration as it is."""
+    from omegaconf import OmegaConf
+
+    from fairseq_tnn.patches import bf16
+
+    def cfg(bf16_on=True, tpu=True):  # as fairseq-train's command line makes it: copies of the flag, not references
+        return OmegaConf.create({"common": {"bf16": bf16_on, "tpu": tpu, "cpu": False}, "criterion": {"tpu": tpu},
+                                 "distributed_training": {"tpu": tpu}, "optimizer": {"tpu": tpu, "lr": [0.1]},
+                                 "task": {"data": "x"}, "model": None})
+    monkeypatch.setattr(bf16, "_xla_installed", lambda: False)
+    c = cfg()
+    assert bf16.bf16_leaves_tpu_off(c, ["data", "--bf16"])
+    assert OmegaConf.to_container(c) == {**OmegaConf.to_container(cfg(tpu=False)), "common": {"bf16": True, "tpu": False,
+                                                                                          "cpu": False}}
+    for c, argv in ((cfg(), ["data", "--bf16", "--tpu"]), (cfg(tpu=False), ["--bf16"]), (cfg(bf16_on=False), ["--tpu"])):
+        before = OmegaConf.to_container(c)
+        assert not bf16.bf16_leaves_tpu_off(c, argv) and OmegaConf.to_container(c) == before
+    monkeypatch.setattr(bf16, "_xla_installed", lambda: True)
+    c = cfg()
+    assert not bf16.bf16_leaves_tpu_off(c, ["--bf16"]) and c.common.tpu is True
+
+
+@pytest.mark.parametrize("other", ["--fp16", "--amp"])
+def test_fairseq_train_refuses_bf16_with_an_fp16_precision(data_bin, tmp_path, other):
+    """fairseq-train --bf16 with --fp16 or --amp: refused while the command line is parsed, naming both options (fairseq
+    would say "Cannot combine --fp16 and --tpu"), before anything is written."""
+    from helpers import lm_train_cmd, run
+    log = run(lm_train_cmd(data_bin, "--bf16", other, max_update=2, save_dir=tmp_path / "ck"), expect_ok=False)
+    assert log.strip().splitlines()[-1].startswith(
+        f"fairseq-train: error: --bf16 (bf16 weights) cannot be combined with {other} (fp16)"), log[-3000:]
+    assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,task", [("fd_tnn_lm_tiny", "tnn_language_modeling"), ("ski_tnn_mlm_tiny", "tnn_masked_lm")])
+def test_fairseq_train_with_fairseqs_bf16_learns_and_its_checkpoint_scores(data_bin, tmp_path, arch, task):
+    """fairseq-train --bf16 --cpu (fairseq's own option, which without the plugin means a TPU and fails asking
+    torch_xla for a device): the launch says it trains bf16 weights, the losses are finite and fall, and
+    fairseq-eval-lm scores the checkpoint (saved in fp32, as fairseq saves any 16-bit model)."""
+    import re
+
+    from helpers import NO_LR_SCHEDULE, USER_DIR, cli, lm_train_cmd, mlm_train_cmd, run
+    causal = task == "tnn_language_modeling"
+    settings = dict(arch=arch, tokens_per_sample=128, lr="0.003", max_update=30, save_dir=tmp_path / "ck",
+                    log_interval=5, no_epoch_checkpoints=True, validate_interval_updates=10)
+    log = run(lm_train_cmd(data_bin, "--bf16", **settings, **NO_LR_SCHEDULE) if causal
+              else mlm_train_cmd(data_bin, "--bf16", **settings))
+    assert "--bf16 without torch_xla: bf16 weights with an fp32 master copy on the CPU" in log, log[-3000:]
+    losses = [float(x) for x in re.findall(r"valid on 'valid' subset \| loss ([0-9.]+)", log)]
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, log[-3000:]
+    if causal:
+        out = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", "--task", task, "--path",
+                   tmp_path / "ck" / "checkpoint_last.pt", "--gen-subset", "test", "--sample-break-mode", "none",
+                   "--tokens-per-sample", 128, "--batch-size", 4, "--num-workers", 0])
+        ppl = re.search(r"Loss \(base 2\): [0-9.]+, Perplexity: ([0-9.]+)", out)
+        assert ppl and math.isfinite(float(ppl.group(1))), out[-2000:]

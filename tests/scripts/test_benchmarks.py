@@ -709,3 +709,23 @@ def test_operation_counts_list_the_updates_host_reads_by_line():
         [(site, reads)] = counts["host_read_sites"].items()
         assert site.startswith("fairseq/trainer.py:") and reads == 1, counts["host_read_sites"]
     assert causal["host_read_sites"] == masked["host_read_sites"]
+
+
+def test_gpu_profile_measures_fairseqs_bf16_beside_the_runs_precision(tmp_path):
+    """benchmarks/gpu_profile.py --bf16-weights: the configurations named are measured again with fairseq's own --bf16
+    (bf16 weights, FP16Optimizer's fp32 master copy; fairseq_tnn/patches/bf16.py) in the modes the run measured them,
+    each against the same mode in the run's precision (issue 39's 1.1x); on the CPU at toy sizes, against fp32."""
+    out = tmp_path / "profile"
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--configs", "tnn3",
+           "--compiled", "--bf16-weights", "causal/32/tnn3", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "gpu_profile.json").read_text())
+    assert result["meta"]["bf16_weights"] == ["causal/32/tnn3"] and result["meta"]["precision"] == "fp32"
+    causal = next(g for g in result["groups"] if g["section"] == "causal")
+    rows = [(c["label"], c["precision"], c["compiled"]) for c in causal["configs"]]
+    assert rows == [("TNN (RPE 3)", "fp32", False), ("TNN (RPE 3) (bf16 weights)", "bf16w", False)], rows
+    ours, bf16 = causal["configs"]
+    target = next(t for t in result["targets"] if "TNN (RPE 3) (bf16 weights) vs fp32, eager update time" in t["target"])
+    assert target["bound"] == 1.1 and target["ratio"] == bf16["update_ms"] / ours["update_ms"]
+    assert "| causal 2 x 32 | TNN (RPE 3) (bf16 weights) |" in (out / "gpu_profile.md").read_text()
