@@ -16,7 +16,11 @@ the same output gradient, and report: the median time of a forward and backward 
 synchronised), the operations each dispatches (``benchmarks/opcount.py``'s count) and the FFTs among them, and,
 on a GPU, the peak memory above the input's. ``--dtype fp16`` casts both modules as fairseq's ``--fp16`` does
 (``.half()``: the current code keeps its RPE in fp32, the commit's did not), the default on a GPU.
-``--batch-scale`` divides the batches (a short CPU run; the operation counts do not depend on it).
+``--batch-scale`` divides the batches (a short CPU run; the operation counts do not depend on it). ``--compiled``
+measures both versions through ``torch.compile`` (inductor; the first calls, which compile, are not timed): the
+operations are not counted then (under a dispatch mode the compiled code would run eagerly).
+
+    python benchmarks/tno_versions.py --rev 8ed981e --only tnn --compiled --batch-scale 4 --out results/tno-compiled
 """
 import argparse
 import importlib
@@ -91,23 +95,33 @@ def build(version: str, modules, kind: str, causal: bool, d1: int):
     return cls(d1, causal, **settings)
 
 
-def measure(tnos: Dict[str, torch.nn.Module], d1: int, batch: int, n: int, device: str, dtype, rounds: int) -> Dict:
+def measure(tnos: Dict[str, torch.nn.Module], d1: int, batch: int, n: int, device: str, dtype, rounds: int,
+            compiled: bool = False) -> Dict:
     from benchmarks.gpu_profile import _timed
     from benchmarks.opcount import count
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(d1, batch, n, generator=g).to(device, dtype).requires_grad_()
     grad = torch.randn(d1, batch, n, generator=g).to(device, dtype)
 
+    if compiled:
+        torch._dynamo.reset()  # each shape compiles afresh, never against the recompile limit of the ones before
+    forwards = {id(tno): torch.compile(tno) if compiled else tno for tno in tnos.values()}
+
     def step(tno):
         tno.zero_grad(set_to_none=True)
         x.grad = None
-        tno(x, layout="dbn").backward(grad)
+        forwards[id(tno)](x, layout="dbn").backward(grad)
 
     out = {}
     for name, tno in tnos.items():
-        step(tno)  # builds what each version caches
-        counted = count(lambda: step(tno))[1]
-        out[name] = {"ops": counted.total, "ffts": sum(v for k, v in counted.counts.items() if "fft" in k), "ms": []}
+        for _ in range(2 if compiled else 1):
+            step(tno)  # builds what each version caches (compiled: the graphs, and a second call that may recompile)
+        if compiled:  # a dispatch mode would see the compiled code run eagerly: no count
+            out[name] = {"ops": None, "ffts": None, "ms": []}
+        else:
+            counted = count(lambda: step(tno))[1]
+            out[name] = {"ops": counted.total, "ffts": sum(v for k, v in counted.counts.items() if "fft" in k),
+                         "ms": []}
         if device == "cuda":
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
@@ -128,17 +142,19 @@ def measure(tnos: Dict[str, torch.nn.Module], d1: int, batch: int, n: int, devic
 def markdown(result) -> str:
     meta = result["meta"]
     out = [f"# One TNO's forward and backward: commit {meta['rev']} against this checkout ({meta['head']})", "",
-           f"{meta['machine']}; torch {meta['torch']}; {meta['dtype']}; batches divided by {meta['batch_scale']}; "
+           f"{meta['machine']}; torch {meta['torch']}; {meta['dtype']}; "
+           f"{'compiled (torch.compile); ' if meta.get('compiled') else ''}batches divided by {meta['batch_scale']}; "
            f"median of {meta['rounds']} interleaved rounds; `{meta['command']}`.", "",
            f"| TNO | shape | {meta['rev']} ms | current ms | current / {meta['rev']} | ops: {meta['rev']} / current | "
            "FFTs: then / now | peak MiB: then / now |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         old, new = r["commit"], r["current"]
         peak = f"{old['peak_mib']:.0f} / {new['peak_mib']:.0f}" if "peak_mib" in old else "-"
+        ops = f"{old['ops']} / {new['ops']}" if old["ops"] is not None else "-"
+        ffts = f"{old['ffts']} / {new['ffts']}" if old["ffts"] is not None else "-"
         out.append(f"| {r['label']}, {'causal' if r['causal'] else 'bidirectional'} | {r['batch']} x {r['n']}, "
                    f"d1 {r['d1']} | {old['median_ms']:.2f} | {new['median_ms']:.2f} | "
-                   f"{new['median_ms'] / old['median_ms']:.2f} | {old['ops']} / {new['ops']} | "
-                   f"{old['ffts']} / {new['ffts']} | {peak} |")
+                   f"{new['median_ms'] / old['median_ms']:.2f} | {ops} | {ffts} | {peak} |")
     return "\n".join(out) + "\n"
 
 
@@ -149,6 +165,8 @@ def main(argv=None):
                    help="read the commit's fairseq_tnn/modules and fairseq_tnn/ops from DIR instead of git (see above)")
     add_device_options(p, rounds=10)
     p.add_argument("--only", nargs="+", choices=sorted(SETTINGS), help="these TNO types only (default: all)")
+    p.add_argument("--compiled", action="store_true",
+                   help="both versions through torch.compile (inductor), as --tnn-compile runs the layers")
     add_out_options(p, "results/tno-versions")
     a = p.parse_args(argv)
     dtype_name, dtype = checked_dtype(p, a)
@@ -159,7 +177,7 @@ def main(argv=None):
     from benchmarks.measure import _machine
     head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     meta = {"rev": a.rev, "head": head.strip() or "unknown", "device": a.device, "dtype": dtype_name,
-            "rounds": a.rounds, "batch_scale": a.batch_scale, "torch": torch.__version__,
+            "rounds": a.rounds, "batch_scale": a.batch_scale, "compiled": a.compiled, "torch": torch.__version__,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/tno_versions.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     rows: List[Dict] = []
@@ -174,11 +192,11 @@ def main(argv=None):
                 torch.manual_seed(0)
                 tnos[version] = build(version, then, kind, causal, d1).to(a.device, dtype)
             row = {"label": label, "kind": kind, "causal": causal, "d1": d1, "batch": batch, "n": n,
-                   **measure(tnos, d1, batch, n, a.device, dtype, a.rounds)}
+                   **measure(tnos, d1, batch, n, a.device, dtype, a.rounds, a.compiled)}
             rows.append(row)
             print(f"{label:<16} {'causal' if causal else 'bidir.':<7} {batch:>2} x {n:<5} commit "
-                  f"{row['commit']['median_ms']:8.2f} ms ({row['commit']['ops']} ops), current "
-                  f"{row['current']['median_ms']:8.2f} ms ({row['current']['ops']} ops)", flush=True)
+                  f"{row['commit']['median_ms']:8.2f} ms ({row['commit']['ops'] or '-'} ops), current "
+                  f"{row['current']['median_ms']:8.2f} ms ({row['current']['ops'] or '-'} ops)", flush=True)
             del tnos
             if a.device == "cuda":
                 torch.cuda.empty_cache()

@@ -159,6 +159,8 @@ class SpectralConv(torch.autograd.Function):
         ct = spectrum.real.dtype
         gf = torch.fft.rfft(grad.to(ct), n=size)
         gx = gs = None
+        if fast.compiling():
+            return _compiled_backward(ctx, x, spectrum, gf, grad.dtype)
         if ctx.needs_input_grad[1]:
             xf = torch.fft.rfft(x.to(ct), n=size)
             gs = _reduce_conj_product(xf, gf, ctx.spectrum_shape)
@@ -169,6 +171,35 @@ class SpectralConv(torch.autograd.Function):
             # DispatchKey.Conjugate), which the stack's CUDA graphs compile each layer as (models/compile.py)
             gx = torch.fft.irfft(gf.mul_(spectrum.conj_physical()), n=size)[..., :n].to(grad.dtype)
         return gx, gs, None
+
+
+def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.Tensor, grad_dtype: torch.dtype):
+    """``SpectralConv.backward`` as torch.compile traces it, from gf = rfft(dL/dy): the same gradients, with the
+    complex products written on the real and imaginary parts (``torch.view_as_real``). Inductor generates no code
+    for complex tensors: each complex operation of the eager backward (the conjugate, the product, the batch sum, the
+    product with the conjugate spectrum) is a kernel of its own that reads and writes batch-sized complex buffers
+    (the graphed causal TNN update ran 14 conjugate kernels and 7 complex products on an H200, docs/performance.md).
+    On the real parts inductor fuses them: dL/dS in one reduction that reads X and G once, G * conj(S) in one
+    elementwise kernel. In eager mode the real form would dispatch six operations for each complex one."""
+    size, n = ctx.size, ctx.n
+    ct = spectrum.real.dtype
+    g = torch.view_as_real(gf)
+    gr, gi = g[..., 0], g[..., 1]
+    gx = gs = None
+    if ctx.needs_input_grad[1]:
+        xr_xi = torch.view_as_real(torch.fft.rfft(x.to(ct), n=size))
+        xr, xi = xr_xi[..., 0], xr_xi[..., 1]
+        w = _bin_factor(size, gf.device, ct, inverse=False)
+        # conj(X) * G = (xr gr + xi gi) + i (xr gi - xi gr), summed where the spectrum broadcasts, times w / size
+        gs = torch.view_as_complex(torch.stack([(xr * gr + xi * gi).sum_to_size(ctx.spectrum_shape) * w,
+                                                (xr * gi - xi * gr).sum_to_size(ctx.spectrum_shape) * w], dim=-1))
+    if ctx.needs_input_grad[0]:
+        s = torch.view_as_real(spectrum)
+        sr, si = s[..., 0], s[..., 1]
+        # G * conj(S) = (gr sr + gi si) + i (gi sr - gr si)
+        product = torch.view_as_complex(torch.stack([gr * sr + gi * si, gi * sr - gr * si], dim=-1))
+        gx = torch.fft.irfft(product, n=size)[..., :n].to(grad_dtype)
+    return gx, gs, None
 
 
 def _reduce_conj_product(a: torch.Tensor, b: torch.Tensor, shape) -> torch.Tensor:

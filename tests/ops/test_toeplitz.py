@@ -166,3 +166,40 @@ def test_spectral_conv_backward_is_torchs(size, device):
 def test_bad_layout_is_refused():
     with pytest.raises(ValueError, match="layout"):
         toeplitz_fft(torch.randn(1, 5, 2), torch.randn(5, 2), layout="nbd")
+
+
+@pytest.mark.parametrize("wanted", ["both", "input", "spectrum"])
+@pytest.mark.parametrize("spec_shape,x_shape", [((3, 1, 9), (3, 2, 5)), ((3, 9), (2, 3, 5)), ((1, 9), (4, 5))])
+def test_spectral_conv_compiled_backward_is_torchs_without_complex_kernels(spec_shape, x_shape, wanted):
+    """Compiled, SpectralConv's backward writes its complex products on the real and imaginary parts, which inductor
+    fuses (it generates no code for complex tensors: each complex operation was a kernel of its own): its backward
+    graph holds no complex operation but the FFTs and the views between real and complex, and its gradients are
+    autograd's (every broadcast of the spectrum, with either gradient alone)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from fairseq_tnn.ops.toeplitz import SpectralConv
+    size, n = 16, x_shape[-1]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*x_shape, dtype=torch.float64, generator=g, requires_grad=wanted in ("both", "input"))
+    spec = torch.randn(*spec_shape, dtype=torch.complex128, generator=g, requires_grad=wanted in ("both", "spectrum"))
+    cot = torch.randn(*x_shape, dtype=torch.float64, generator=g)
+    backward_ops = []
+
+    def record(gm, example_inputs):
+        for node in gm.graph.nodes:
+            value = node.meta.get("val")
+            if node.op == "call_function" and isinstance(value, torch.Tensor) and value.is_complex():
+                backward_ops.append(node.target.__name__)
+        return gm
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: g, bw_compiler=record)
+
+    torch._dynamo.reset()  # one lambda's code object for every parametrization: each compiles afresh
+    y = torch.compile(lambda a, s: SpectralConv.apply(a, s, size), backend=backend, fullgraph=True)(x, spec)
+    y_ref = torch.fft.irfft(torch.fft.rfft(x, n=size) * spec, n=size)[..., :n]
+    torch.testing.assert_close(y, y_ref)
+    inputs = [t for t in (x, spec) if t.requires_grad]
+    for a, b in zip(torch.autograd.grad(y, inputs, cot), torch.autograd.grad(y_ref, inputs, cot)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert backward_ops and set(backward_ops) <= {"_fft_r2c.default", "view_as_complex.default"}, backward_ops

@@ -536,6 +536,24 @@ def test_tno_versions_builds_a_recent_commits_tnos_with_its_own_builder(tmp_path
     assert all(r["commit"]["ops"] == r["current"]["ops"] > 20 for r in rows), rows
 
 
+@pytest.mark.slow
+def test_tno_versions_compiled_times_both_versions_through_torch_compile(tmp_path):
+    """tno_versions.py --compiled: both versions' TNOs through torch.compile, timed after the calls that compile, and
+    no operation count (a dispatch mode would run the compiled code eagerly)."""
+    out = tmp_path / "tv"
+    cmd = [sys.executable, str(ROOT / "benchmarks/tno_versions.py"), "--rev", "HEAD", "--only", "fd", "--compiled",
+           "--batch-scale", "16", "--rounds", "1", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 900, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "tno_versions.json").read_text())
+    assert result["meta"]["compiled"] and [r["n"] for r in result["rows"]] == [512, 512, 2048]
+    for r in result["rows"]:
+        for version in ("commit", "current"):
+            assert r[version]["median_ms"] > 0 and r[version]["ops"] is None
+    md = (out / "tno_versions.md").read_text()
+    assert "; compiled (torch.compile); " in md and "| FD-TNN (RPE 3), causal | 1 x 512, d1 1536 |" in md
+
+
 def test_stacked_spectra_benchmark_counts_both_paths():
     """benchmarks/stacked_spectra.py: a preset's forward and backward with its layers' spectra computed together
     and with each layer computing its own, side by side: fewer operations together, both timed."""
