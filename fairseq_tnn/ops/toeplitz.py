@@ -89,11 +89,21 @@ def _half_weights(size: int, device, dtype) -> torch.Tensor:
 
 
 def _bin_factor(size: int, device, dtype, inverse: bool) -> torch.Tensor:
-    """w / size, or size / w with ``inverse`` (w: ``_half_weights``), built once per size and device (``fast.constant``)."""
+    """w / size, or 1 / w with ``inverse`` (w: ``_half_weights``; for an inverse FFT taken unscaled,
+    ``_unscaled_irfft``), built once per size and device (``fast.constant``)."""
     def make():
         w = _half_weights(size, device, dtype)
-        return size / w if inverse else w / size
+        return 1 / w if inverse else w / size
     return fast.constant(("bin-factor", size, dtype, inverse), device, make)
+
+
+def _unscaled_irfft(spectrum: torch.Tensor, size: int) -> torch.Tensor:
+    """irfft(spectrum, n=size) * size: the inverse FFT without its 1 / size, which the callers fold into a factor
+    they multiply by anyway (a spectrum of d x F values, a constant). On CUDA torch scales an inverse FFT's output in
+    a pass of its own over the whole output (``_fft_apply_normalization``: one kernel reading and writing the
+    batch-sized real buffer, 28 of them in a graphed causal TNN update on an H200); unscaled (``norm="forward"``
+    for the inverse) there is none. On the CPU pocketfft scales inside the transform either way."""
+    return torch.fft.irfft(spectrum, n=size, norm="forward")
 
 
 class KernelRfft(torch.autograd.Function):
@@ -102,7 +112,7 @@ class KernelRfft(torch.autograd.Function):
     Backward: d/dk_t of Re <Kbar, K> is Re sum_m Kbar_m e^{+2 pi i m t / size}
     (torch's convention: the gradient of a complex tensor is dL/dRe + i dL/dIm),
     which is size * irfft(Kbar / w) with w the bin multiplicities: one real
-    inverse FFT instead of torch's complex one.
+    inverse FFT, unscaled, instead of torch's complex one.
     """
 
     @staticmethod
@@ -114,7 +124,7 @@ class KernelRfft(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         size = ctx.size
-        gk = torch.fft.irfft(grad * _bin_factor(size, grad.device, grad.real.dtype, inverse=True), n=size)[..., : ctx.length]
+        gk = _unscaled_irfft(grad * _bin_factor(size, grad.device, grad.real.dtype, inverse=True), size)[..., : ctx.length]
         return gk, None
 
 
@@ -148,7 +158,7 @@ class SpectralConv(torch.autograd.Function):
         ctx.spectrum_shape = spectrum.shape
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, spectrum)
         xf = torch.fft.rfft(x.to(ct), n=size)  # (..., size//2+1)
-        y = torch.fft.irfft(xf.mul_(spectrum), n=size)[..., :n]
+        y = _unscaled_irfft(xf.mul_(spectrum * (1.0 / size)), size)[..., :n]  # the 1 / size on the d x F spectrum
         return y.to(x.dtype) if x.dtype != ct else y.contiguous()
 
     @staticmethod
@@ -169,7 +179,7 @@ class SpectralConv(torch.autograd.Function):
             # conj_physical, not the lazy conj() view (a spectrum's worth of values, 1/batch of gf's): a tensor with
             # the conjugate bit cannot cross torch.compile's nested regions (invoke_subgraph has no kernel at
             # DispatchKey.Conjugate), which the stack's CUDA graphs compile each layer as (models/compile.py)
-            gx = torch.fft.irfft(gf.mul_(spectrum.conj_physical()), n=size)[..., :n].to(grad.dtype)
+            gx = _unscaled_irfft(gf.mul_(spectrum.conj_physical().mul_(1.0 / size)), size)[..., :n].to(grad.dtype)
         return gx, gs, None
 
 
@@ -194,11 +204,11 @@ def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.T
         gs = torch.view_as_complex(torch.stack([(xr * gr + xi * gi).sum_to_size(ctx.spectrum_shape) * w,
                                                 (xr * gi - xi * gr).sum_to_size(ctx.spectrum_shape) * w], dim=-1))
     if ctx.needs_input_grad[0]:
-        s = torch.view_as_real(spectrum)
+        s = torch.view_as_real(spectrum) * (1.0 / size)  # the inverse FFT's 1 / size (``_unscaled_irfft``)
         sr, si = s[..., 0], s[..., 1]
         # G * conj(S) = (gr sr + gi si) + i (gi sr - gr si)
         product = torch.view_as_complex(torch.stack([gr * sr + gi * si, gi * sr - gr * si], dim=-1))
-        gx = torch.fft.irfft(product, n=size)[..., :n].to(grad_dtype)
+        gx = _unscaled_irfft(product, size)[..., :n].to(grad_dtype)
     return gx, gs, None
 
 

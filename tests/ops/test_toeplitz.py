@@ -203,3 +203,30 @@ def test_spectral_conv_compiled_backward_is_torchs_without_complex_kernels(spec_
     for a, b in zip(torch.autograd.grad(y, inputs, cot), torch.autograd.grad(y_ref, inputs, cot)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert backward_ops and set(backward_ops) <= {"_fft_r2c.default", "view_as_complex.default"}, backward_ops
+
+
+def test_inverse_ffts_are_unscaled_their_factor_on_the_spectrum(device):
+    """Every inverse FFT of the Toeplitz product, forward and backward (the kernel's gradient included), asks torch for
+    no scaling: on CUDA torch scales an inverse FFT's output in a kernel of its own, a pass over the whole batch-sized
+    output; the 1 / size is folded into the spectrum or a constant instead. The product is unchanged."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class InverseFfts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.norms = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten._fft_c2r:
+                self.norms.append(args[2])  # normalization: 0 none, 1 by sqrt(n), 2 by n
+            return func(*args, **(kwargs or {}))
+
+    x, pos, neg = _inputs(7, 3, torch.float64, causal=False, device=device)
+    with InverseFfts() as mode:
+        y = toeplitz_fft(x, pos, neg)
+        grads = torch.autograd.grad(y.square().sum(), (x, pos, neg))
+    assert len(mode.norms) == 3 and set(mode.norms) == {0}, mode.norms  # forward, the input's and the kernel's gradients
+    y_ref = toeplitz_ref(x, pos, neg)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, torch.autograd.grad(y_ref.square().sum(), (x, pos, neg))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
