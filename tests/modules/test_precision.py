@@ -325,3 +325,17 @@ def test_fairseq_train_with_fairseqs_bf16_learns_and_its_checkpoint_scores(data_
                    "--tokens-per-sample", 128, "--batch-size", 4, "--num-workers", 0])
         ppl = re.search(r"Loss \(base 2\): [0-9.]+, Perplexity: ([0-9.]+)", out)
         assert ppl and math.isfinite(float(ppl.group(1))), out[-2000:]
+
+
+def test_fairseq_train_with_memory_efficient_bf16_trains_without_a_master_copy(data_bin, tmp_path):
+    """fairseq's --memory-efficient-bf16 (bf16 weights, no fp32 master copy: MemoryEfficientFP16Optimizer) leaves --tpu
+    off too, says so, and trains: finite losses over a few updates."""
+    import re
+
+    from helpers import NO_LR_SCHEDULE, lm_train_cmd, run
+    log = run(lm_train_cmd(data_bin, "--memory-efficient-bf16", arch="tnn_lm_tiny", tokens_per_sample=64, max_update=10,
+                           log_interval=5, save_dir=tmp_path / "ck", no_save=True, **NO_LR_SCHEDULE))
+    assert "--bf16 without torch_xla: bf16 weights without a master copy (--memory-efficient-bf16) on the CPU" in log, \
+        log[-3000:]
+    losses = [float(x) for x in re.findall(r"train_inner \| .*?loss=([0-9.]+)", log)]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), log[-3000:]
