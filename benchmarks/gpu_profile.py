@@ -97,7 +97,7 @@ GRAPHS_DEFAULT = COMPILED_DEFAULT[:8]
 # 1.1x of fp16)
 BF16_DEFAULT = ["causal/512/tnn6"]
 # how the rows of another precision than the run's are labelled
-PRECISION_LABELS = {"bf16": "bf16", "bf16w": "bf16 weights", "amp": "amp"}
+PRECISION_LABELS = {"bf16": "bf16", "bf16w": "bf16 weights", "amp": "amp", "fp16host": "fairseq's overflow check"}
 KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
         "masked": ["tnn6", "tnn3", "fd3", "ski", "bound_identity"]}
 # the TNOs whose floor is measured, per section: the layer of this configuration
@@ -377,7 +377,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
 
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
         log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = (),
-        bf16w_ids: List[str] = ()) -> Dict:
+        bf16w_ids: List[str] = (), host_ids: List[str] = ()) -> Dict:
     import fairseq_tnn
     fairseq_tnn.register()
     result = {"groups": [], "bandwidth_gbs": None}
@@ -408,11 +408,11 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
         # it ran in, before the next configuration (so that the first ones of the lists, the targets', get every
         # mode); a configuration that fails is reported
         runs = []
-        for c in list(dict.fromkeys([*compiled_ids, *graphs_ids, *bf16_ids, *bf16w_ids, *amp_ids])):
+        for c in list(dict.fromkeys([*compiled_ids, *graphs_ids, *host_ids, *bf16_ids, *bf16w_ids, *amp_ids])):
             modes = [True] if c in compiled_ids else []
             modes += [tr.GRAPHS] if c in graphs_ids else []
             runs += [(c, how, precision) for how in modes]
-            for other, ids in (("bf16", bf16_ids), ("bf16w", bf16w_ids), ("amp", amp_ids)):
+            for other, ids in (("fp16host", host_ids), ("bf16", bf16_ids), ("bf16w", bf16w_ids), ("amp", amp_ids)):
                 if c in ids:
                     runs += [(c, how, other) for how in [False, *modes]]
         for cid, how, prec in runs:
@@ -512,6 +512,9 @@ def targets(result) -> List[Dict]:
                 if c["compiled"] == compiled and c.get("precision") in ("bf16", "bf16w") and other and other is not c:
                     add(f"{shape}: {c['label']} vs {other['precision']}, {mode} update time",
                         c["update_ms"] / other["update_ms"], 1.1, higher=False)
+                if c["compiled"] == compiled and c.get("precision") == "fp16host" and other and other is not c:
+                    add(f"{shape}: {tr.LABELS[c['key']]} update time with fairseq's overflow check over the device's, "
+                        f"{mode}", c["update_ms"] / other["update_ms"], 1.0)
                 if c["compiled"] == compiled and "compile_s" in c:
                     add(f"{shape}: {c['label']} compile time, s", c["compile_s"], 30.0, higher=False)
                 if c["compiled"] == compiled and c.get("floor") and c.get("precision") == main:
@@ -677,6 +680,10 @@ def main(argv=None):
                    help="configurations measured again with fairseq's --bf16 (bf16 weights, FP16Optimizer's fp32 master "
                         "copy, no loss scaler; fairseq_tnn/patches/bf16.py), eager and in each compiled mode they were "
                         "measured in, as --bf16 does with --bf16-autocast (default: none)")
+    p.add_argument("--host-overflow", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
+                   help="configurations measured again with --fp16's overflow checked on the host as fairseq does "
+                        "(without fairseq_tnn/patches/device_overflow.py), eager and in each compiled mode they were "
+                        "measured in, right after those (--precision fp16 on CUDA; default: none)")
     p.add_argument("--no-stack-regions", action="store_true",
                    help="compile the stack's CUDA graphs with every layer's operations in the one graph, as before "
                         "each layer became a region compiled once (fairseq_tnn.models.compile.STACK_REGIONS): the "
@@ -704,6 +711,9 @@ def main(argv=None):
     if a.amp and (precision != "fp16" or a.device != "cuda"):
         p.error(f"--amp: fairseq's --amp trains on a GPU, and these rows compare it with --fp16 (here --device "
                 f"{a.device}, --precision {precision})")
+    if a.host_overflow and (precision != "fp16" or a.device != "cuda"):
+        p.error(f"--host-overflow: these rows compare fairseq's --fp16 overflow check with the device's, on a GPU (here "
+                f"--device {a.device}, --precision {precision})")
     if graphs and a.device == "cpu":
         p.error("--graphs: CUDA graphs need --device cuda (fairseq-train refuses --tnn-cuda-graphs without a GPU)")
     if a.no_stack_regions and not graphs:
@@ -716,6 +726,7 @@ def main(argv=None):
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
             "graphs": graphs, "bf16": bf16, "bf16_weights": a.bf16_weights, "amp": a.amp,
+            "host_overflow": a.host_overflow,
             "stack_regions": compiling.STACK_REGIONS,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
@@ -727,7 +738,7 @@ def main(argv=None):
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
-                 lambda m: print(m, flush=True), graphs, bf16, a.amp, a.bf16_weights)
+                 lambda m: print(m, flush=True), graphs, bf16, a.amp, a.bf16_weights, a.host_overflow)
     write(result)
     print(markdown(result))
     return result

@@ -98,7 +98,8 @@ GRAPHS = "graphs"
 # bf16 autocast (the recipe's PRECISION=bf16); bf16 weights with fp32 master weights (fairseq's own --bf16, which the
 # plugin trains off a TPU: fairseq_tnn/patches/bf16.py); fp16 autocast with torch's gradient scaler; fp32.
 PRECISION_OPTIONS = {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "bf16w": ["--bf16"], "amp": ["--amp"],
-                     "fp32": []}
+                     "fp32": [], "fp16host": ["--fp16"]}
+# fp16host: --fp16 with fairseq's overflow check on the host, as without the plugin's device_overflow patch
 
 
 def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled,
@@ -146,7 +147,11 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
         if compiled and bound == "fixed":
             torch._dynamo.reset()
             compile_layers(layers)
-    return Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    trainer = Trainer(cfg, task, model, task.build_criterion(cfg.criterion))
+    if precision == "fp16host":
+        from fairseq_tnn.patches import device_overflow
+        setattr(trainer, device_overflow.HOST_CHECK, True)
+    return trainer
 
 
 def synthetic_sample(section: str, n: int, batch: int, vocab: int, seed: int = 0, device: str = "cpu") -> Dict:

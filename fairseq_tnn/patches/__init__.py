@@ -11,8 +11,8 @@ the code and both fingerprints, and the fix is skipped or still applied, as its 
 again changes nothing. Each fix's module says why in full; tests/reliability/test_patches.py checks the
 fingerprints against the installed fairseq.
 """
-from . import (atomic_save, bf16, broadcast_unpickle, checkpoint_loader, config_snapshot, fp16_syncs, masked_positions,
-               multi_tensor_optim, numpy2_compat_long, progress_bar_log_file, seed, stop_prefetch_at_exit,
+from . import (atomic_save, bf16, broadcast_unpickle, checkpoint_loader, config_snapshot, device_overflow, fp16_syncs,
+               masked_positions, multi_tensor_optim, numpy2_compat_long, progress_bar_log_file, seed, stop_prefetch_at_exit,
                update_stats)
 from .base import Patch
 
@@ -245,6 +245,62 @@ PATCHES = (
         on_mismatch="apply",  # it only hands the state_dict the config itself
         replaces="fairseq.trainer:Trainer.state_dict",
         replacement=config_snapshot.state_dict,
+    ),
+    Patch(
+        name="fp16-overflow-on-device",
+        why="--fp16 waits for the GPU after every backward: fairseq compares the gradient norm with the clipping "
+            "threshold and checks it for an overflow on the host (4 reads), and the GPU then idles while the host "
+            "launches the step, counts the update and prepares the next; the comparisons are made on the device, "
+            "the overflow flag copied to the host behind an event, and train_step handed a finite stand-in norm",
+        versions=f"{FAIRSEQ}; torch >= 2.4 (_fused_adam_'s found_inf); any numpy",
+        checks="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin.clip_grad_norm",
+        fingerprint="bd2445a2d1276398",
+        on_mismatch="skip",
+        replaces="fairseq.trainer:Trainer.clip_grad_norm",
+        replacement=device_overflow.clip_grad_norm,
+    ),
+    Patch(
+        name="fp16-step-skipped-on-device",
+        why="the step of an update whose overflow the device decides: fused Adam skips it on the device where the "
+            "flag is set, and the loss scaler's update waits until the host has read the flag",
+        versions=f"{FAIRSEQ}; torch >= 2.4 (_fused_adam_'s found_inf); any numpy",
+        checks="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin.step",
+        fingerprint="508a962ec5251a88",
+        on_mismatch="skip",
+        replaces="fairseq.optim.fp16_optimizer:_FP16OptimizerMixin.step",
+        replacement=device_overflow.step,
+    ),
+    Patch(
+        name="overflow-known-before-an-update",
+        why="the overflow flag of the update before is read as train_step begins (or as it ends, where fairseq-train "
+            "logs, saves, validates or stops after it), and then fairseq's own bookkeeping done: the scaler's update "
+            "and the statistics, or the overflow's (the count, the learning rate and Adam's steps as they were)",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.trainer:Trainer.train_step",
+        fingerprint="7f333d0bca617fa1",
+        on_mismatch="skip",  # it relies on train_step counting and logging an update whose norm it finds finite
+        replaces="fairseq.trainer:Trainer.train_step",
+        replacement=device_overflow.train_step,
+    ),
+    Patch(
+        name="overflow-known-before-validation",
+        why="a validation starts with the pending overflow flag read (its step, the weights it scores)",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.trainer:Trainer.begin_valid_epoch",
+        fingerprint="0755959d2b480954",
+        on_mismatch="apply",  # it only reads the flag first
+        replaces="fairseq.trainer:Trainer.begin_valid_epoch",
+        replacement=device_overflow.learn_first,
+    ),
+    Patch(
+        name="overflow-known-before-a-save",
+        why="a checkpoint holds the update count, loss scale and Adam steps with the pending overflow flag read",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.trainer:Trainer.state_dict",
+        fingerprint="5a784fb31d5f0ab1",
+        on_mismatch="apply",  # it only reads the flag first
+        replaces="fairseq.trainer:Trainer.state_dict",
+        replacement=device_overflow.learn_first,
     ),
 )
 

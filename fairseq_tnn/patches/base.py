@@ -34,11 +34,26 @@ def owner_and_name(path: str):
     return owner, name
 
 
-def resolve(path: str):
-    """The object at ``"module:qualname"``; for one a patch replaced, fairseq's original (a classmethod's function)."""
+def replacements(obj):
+    """The patches' replacements stacked on one fairseq object, outermost first (``obj`` itself, if a patch bound
+    it, then the one it wrapped ...), and beneath them fairseq's original as the last item."""
+    while getattr(obj, MARK, None):
+        yield obj
+        obj = getattr(obj, ORIGINAL)
+    yield obj
+
+
+def bound(path: str, patch: str) -> bool:
+    """Whether the patch named ``patch`` has replaced the object at ``"module:qualname"`` (among any stacked there)."""
     owner, name = owner_and_name(path)
-    obj = getattr(owner, name)
-    obj = getattr(obj, ORIGINAL, obj) if getattr(obj, MARK, None) else obj
+    return any(getattr(obj, MARK, None) == patch for obj in replacements(getattr(owner, name, None)))
+
+
+def resolve(path: str):
+    """The object at ``"module:qualname"``; for one patches replaced, fairseq's original (a classmethod's
+    function), however many patches are stacked on it."""
+    owner, name = owner_and_name(path)
+    *_, obj = replacements(getattr(owner, name))
     return obj.__func__ if isinstance(obj, classmethod) else obj
 
 
@@ -60,10 +75,10 @@ class Patch:
 
     ``checks``: the fairseq code (``"module:qualname"``) the fix was written against; ``fingerprint``: its
     :func:`fingerprint` in the fairseq release named in ``versions``. ``replaces``: what install() rebinds
-    to ``replacement(original)``; ``None`` for a fix that rebinds nothing of fairseq's, whose ``action``
-    then does it (idempotent itself). ``on_mismatch``: ``"skip"`` (fairseq's own code keeps running) or
-    ``"apply"`` (the fix does not depend on the code it checks). ``needed``: False where the fix has
-    nothing to do (e.g. numpy < 2 still has the alias).
+    to ``replacement(original)`` (two fixes of one object stack, the later one wrapping the earlier);
+    ``None`` for a fix that rebinds nothing of fairseq's, whose ``action`` then does it (idempotent itself).
+    ``on_mismatch``: ``"skip"`` (fairseq's own code keeps running) or ``"apply"`` (the fix does not depend on
+    the code it checks). ``needed``: False where the fix has nothing to do (e.g. numpy < 2 still has the alias).
     """
     name: str
     why: str
@@ -87,8 +102,7 @@ class Patch:
     def installed(self) -> bool:
         if self.replaces is None:
             return False  # an action is idempotent: installing it again changes nothing
-        owner, name = owner_and_name(self.replaces)
-        return getattr(getattr(owner, name, None), MARK, None) == self.name
+        return bound(self.replaces, self.name)
 
     def install(self) -> str:
         """Check and apply this fix; returns what happened: "installed", "already installed", "not needed",

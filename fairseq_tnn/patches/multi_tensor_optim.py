@@ -21,6 +21,11 @@ its forward and backward, and on a GPU each is a kernel launch the host must iss
   per device) instead of one norm and one copy per gradient; the clipping was already one ``_foreach_mul_``.
   With apex's ``multi_tensor_l2norm`` available, or one gradient (the flat fp16 master), fairseq's own code runs.
 
+Where ``--fp16``'s overflow is decided on the device (``device_overflow.py``), the step it hands over under
+:data:`FOUND_INF` holds the device's verdict: the kernel then skips the update on the device (torch's ``found_inf``),
+the weight decay is multiplied by zero, and the steps it counts are listed for the host to take back once it learns
+of the overflow.
+
 ``benchmarks/optimizer_step.py`` measures both side by side with fairseq's code; tests/reliability/
 test_multi_tensor_optim.py compares them with it.
 """
@@ -32,6 +37,9 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.float64)
 DEVICE_TYPES = ("cpu", "cuda")
 STATE_KEYS = frozenset(("step", "exp_avg", "exp_avg_sq"))
+# The Adam optimizer's attribute that holds, for one step, (found_inf, counted): a float32 tensor on the weights'
+# device, 1.0 where the gradients overflowed, and the list that collects the states whose step the update counted
+FOUND_INF = "fairseq_tnn_found_inf"
 
 
 def _fusable(opt, group) -> bool:
@@ -56,6 +64,7 @@ def _fusable(opt, group) -> bool:
 
 def _fused_group_step(opt, group) -> None:
     """fairseq's Adam update of one group (see the module docstring), one fused call per (device, dtype, step)."""
+    found_inf, counted = opt.__dict__.get(FOUND_INF, (None, None))
     beta1, beta2 = group["betas"]
     buckets: Dict[Tuple, Tuple[List, List, List, List]] = {}
     for p in group["params"]:
@@ -74,6 +83,8 @@ def _fused_group_step(opt, group) -> None:
                 if t.device != p.device or t.dtype != p.dtype:
                     state[key] = t.to(p)
         state["step"] += 1
+        if counted is not None:
+            counted.append(state)
         params, grads, avgs, sqs = buckets.setdefault((p.device, p.dtype, state["step"]), ([], [], [], []))
         params.append(p)
         grads.append(p.grad)
@@ -83,13 +94,15 @@ def _fused_group_step(opt, group) -> None:
         if group["weight_decay"] != 0:
             # fairseq's p + (-wd lr) p, before the update: the kernel's p (1 - lr wd) rounds 1 - lr wd to the
             # weights' precision, a bias of the decay that grows over the steps (1e-5 after 200 in fp32)
-            torch._foreach_add_(params, params, alpha=-group["weight_decay"] * group["lr"])
+            # (after an overflow found on the device, p + (-wd lr) 0: p * 1 is p, so the sum is the same otherwise)
+            decayed = params if found_inf is None else torch._foreach_mul(params, 1 - found_inf)
+            torch._foreach_add_(params, decayed, alpha=-group["weight_decay"] * group["lr"])
         bias_correction2 = 1 - beta2 ** step
         # the kernel reads the step (for its bias corrections) from a float32 tensor on the parameters' device
         steps = [torch.full((), float(step), dtype=torch.float32, device=device)] * len(params)
         torch._fused_adam_(params, grads, avgs, sqs, [], steps, lr=group["lr"], beta1=beta1, beta2=beta2,
                            weight_decay=0.0, eps=group["eps"] / math.sqrt(bias_correction2), amsgrad=False,
-                           maximize=False)
+                           maximize=False, found_inf=found_inf)
 
 
 def adam_step(original):

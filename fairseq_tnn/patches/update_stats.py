@@ -20,12 +20,16 @@ Neither read decides anything:
   keys and values (the aggregator no longer changes once the update is logged), read then instead of at once. Only a
   speed meter inside it would differ (its rate is taken when read); fairseq's is ``wps``, which is not returned.
 
-Validation (no gradient norm) and a TPU, SlowMo, or a norm that is not a tensor run fairseq's code.
+Validation (no gradient norm) and a TPU, SlowMo, or a norm that is not a tensor run fairseq's code. An update whose
+overflow the device decides (``device_overflow.py``) hands over :data:`~.device_overflow.NOT_YET_KNOWN` as its norm: its
+statistics are kept and logged here, with the norm, once the host knows there was no overflow.
 """
 from collections.abc import MutableMapping
 
 import torch
 from fairseq import metrics
+
+from . import device_overflow
 
 NOT_RETURNED = ("ppl", "wps", "wpb", "bsz")  # what fairseq drops from the metrics it returns
 
@@ -65,8 +69,27 @@ class UpdateStats(MutableMapping):
         return repr(self._read()) if self._values is not None else "UpdateStats(not read yet)"
 
 
+class StatsOnceKnown(UpdateStats):
+    """What ``train_step`` returns for an update whose overflow the device decides (``device_overflow.py``): its
+    statistics, read when first looked into, once the overflow is known (none, where it overflowed)."""
+
+    def __init__(self, trainer, pending):
+        super().__init__(None, None)
+        self._trainer, self._pending = trainer, pending
+
+    def _read(self) -> dict:
+        if self._values is None:
+            if self._pending.overflow is None:
+                device_overflow.learn(self._trainer)
+            self._values = dict(self._pending.logged or {})
+            self._trainer = self._pending = None
+        return self._values
+
+
 def reduce_and_log_stats(original):
     def _reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
+        if grad_norm is device_overflow.NOT_YET_KNOWN:
+            return StatsOnceKnown(self, device_overflow.keep_stats(self, logging_outputs, sample_size))
         if (not torch.is_tensor(grad_norm) or self.tpu
                 or self.cfg.distributed_training.ddp_backend == "slowmo"):
             return original(self, logging_outputs, sample_size, grad_norm)

@@ -34,7 +34,7 @@ def test_an_update_trains_as_fairseqs_reading_no_config_attribute(tmp_path, monk
     losses and the same parameters after every update (dropout included: the same per-update seeds), bit for bit;
     fairseq's reads the config through DictConfig's attributes dozens of times an update, the patched one, once the
     optimizer exists (its first update builds it), not once from the Trainer."""
-    assert getattr(Trainer.train_step, base.MARK) == "config-snapshot"
+    assert base.bound("fairseq.trainer:Trainer.train_step", "config-snapshot")
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     ours, theirs = small_trainer(tmp_path / "a"), small_trainer(tmp_path / "b")

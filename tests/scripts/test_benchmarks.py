@@ -609,6 +609,35 @@ def test_gpu_profile_amp_rows_are_fairseqs_amp_and_need_a_gpu(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+def test_gpu_profile_host_overflow_rows_keep_fairseqs_check_and_need_a_gpu(tmp_path, monkeypatch):
+    """--host-overflow rows train --fp16 with fairseq's overflow check on the host (the plugin's device decision off for
+    that trainer only), beside the run's own fp16 rows; the targets give the update time of the one over the other; the
+    profile refuses the rows off a GPU before any work, naming the option."""
+    import torch
+    import fairseq_tnn
+    from benchmarks import trainer as tr
+    from benchmarks.gpu_profile import targets
+    from fairseq_tnn.patches import device_overflow
+    fairseq_tnn.register()
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # FP16Optimizer's flat master copy on the CPU
+    data = tr._dictionary_dir(str(tmp_path), 100)
+    for precision, on_device in (("fp16", True), ("fp16host", False)):
+        trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 32, "cpu", precision, False, data, True, width=16)
+        assert trainer.train_step([tr.synthetic_sample("causal", 32, 2, 100)])["loss"] > 0
+        assert device_overflow.applies(trainer) == on_device
+    result = {"groups": [{"section": "causal", "n": 512, "batch": 8, "configs": [
+        {"key": "tnn6", "compiled": tr.GRAPHS, "update_ms": 10.0, "precision": "fp16"},
+        {"key": "tnn6", "compiled": tr.GRAPHS, "update_ms": 13.0, "precision": "fp16host"}]}]}
+    (row,) = [t for t in targets(result) if "overflow" in t["target"]]
+    assert row["target"] == ("causal 8 x 512: TNN (RPE 6) update time with fairseq's overflow check over the device's, "
+                             "compiled + CUDA graphs") and row["ratio"] == 1.3 and row["met"]
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--host-overflow",
+           "causal/32/tnn6", "--out", str(tmp_path / "p")]
+    code, log, _ = execute(cmd, command_env(), 120, merge=True)
+    assert code == 2 and "--host-overflow: these rows compare fairseq's --fp16 overflow check" in log, log[-2000:]
+    assert not (tmp_path / "p").exists()
+
+
 def test_gpu_profile_refuses_no_stack_regions_without_graphs(tmp_path):
     """--no-stack-regions (the stack's CUDA graphs without their per-layer regions, for a side-by-side run) applies to
     --graphs rows only: without any, the profile refuses it before any work, naming the option."""
