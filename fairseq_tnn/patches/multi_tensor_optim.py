@@ -37,7 +37,7 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.float64)
 DEVICE_TYPES = ("cpu", "cuda")
 STATE_KEYS = frozenset(("step", "exp_avg", "exp_avg_sq"))
-# The Adam optimizer's attribute that holds, for one step, (found_inf, counted): a float32 tensor on the weights'
+# The Adam optimizer's attribute that holds, for its next step, (found_inf, counted): a float32 tensor on the weights'
 # device, 1.0 where the gradients overflowed, and the list that collects the states whose step the update counted
 FOUND_INF = "fairseq_tnn_found_inf"
 
@@ -62,9 +62,9 @@ def _fusable(opt, group) -> bool:
     return True
 
 
-def _fused_group_step(opt, group) -> None:
-    """fairseq's Adam update of one group (see the module docstring), one fused call per (device, dtype, step)."""
-    found_inf, counted = opt.__dict__.get(FOUND_INF, (None, None))
+def _fused_group_step(opt, group, found_inf=None, counted=None) -> None:
+    """fairseq's Adam update of one group (see the module docstring), one fused call per (device, dtype, step);
+    ``found_inf`` and ``counted``: the device's verdict on the gradients (see :data:`FOUND_INF`)."""
     beta1, beta2 = group["betas"]
     buckets: Dict[Tuple, Tuple[List, List, List, List]] = {}
     for p in group["params"]:
@@ -107,12 +107,15 @@ def _fused_group_step(opt, group) -> None:
 
 def adam_step(original):
     def step(self, closure=None):
+        verdict = self.__dict__.pop(FOUND_INF, (None, None))
         if not all(_fusable(self, group) for group in self.param_groups):
+            if verdict[0] is not None:
+                raise RuntimeError("fairseq_tnn: an Adam step with the device's overflow verdict cannot be fused")
             return original(self, closure)
         loss = closure() if closure is not None else None
         with torch.no_grad():  # the weights themselves updated in place (fairseq's code goes through .data)
             for group in self.param_groups:
-                _fused_group_step(self, group)
+                _fused_group_step(self, group, *verdict)
         return loss
 
     return step

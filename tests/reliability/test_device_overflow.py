@@ -21,19 +21,30 @@ TIMED = {"ups", "wps", "update_ms", "max_rss_mb", "train_wall", "wall", "gb_free
 
 
 @pytest.fixture
-def fp16_on_the_cpu(monkeypatch):
+def on_the_cpu(monkeypatch):
+    monkeypatch.setattr(device_overflow, "ON", ("cuda", "cpu"))  # (on the CPU fairseq's check costs nothing)
+
+
+@pytest.fixture
+def fp16_on_the_cpu(monkeypatch, on_the_cpu):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # FP16Optimizer's flat master copy on the CPU
     # fairseq's overflow handler puts a zero norm on CUDA, which this CPU has not
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)
 
 
-def fp16_trainer(tmp_path, section="causal", arch="tnn_lm_wt103", device="cpu", compiled=False, on_device=True):
-    """A small model's Trainer under --fp16; ``on_device=False``: with fairseq's overflow check on the host (the
-    benchmarks' ``fp16host``)."""
+def fp16_trainer(tmp_path, section="causal", arch="tnn_lm_wt103", device="cpu", compiled=False, on_device=True,
+                 precision="fp16"):
+    """A small model's Trainer (``precision``: the benchmarks' fp16, bf16 (autocast), bf16w (fairseq's --bf16) or
+    fp32); ``on_device=False``: with fairseq's check of the norm on the host."""
     torch.manual_seed(0)
-    trainer = tr.build_trainer(section, arch, None, 32, device, "fp16" if on_device else "fp16host", compiled,
+    if compiled:
+        torch._dynamo.reset()  # each model compiles afresh (as benchmarks/gpu_profile.py does)
+    trainer = tr.build_trainer(section, arch, None, 32, device, precision, compiled,
                                tr._dictionary_dir(str(tmp_path), 64), True, width=16)
+    setattr(trainer, device_overflow.HOST_CHECK, not on_device)
     trainer.cfg.common.log_interval = 5  # before the first update, which snapshots the config
+    trainer.cfg.checkpoint.save_dir = str(tmp_path / "checkpoints")
+    (tmp_path / "checkpoints").mkdir(parents=True)  # (fairseq-train makes it)
     return trainer
 
 
@@ -55,29 +66,35 @@ def train(trainer, section, steps, on_device, device="cpu"):
             sample = tr.synthetic_sample(section, 32, 2, 64, seed=i, device=device)
             with metrics.aggregate("train_inner"):
                 out = trainer.train_step([sample])
-                if i == 0:
+                if i == 0 and getattr(trainer.optimizer, "scaler", None) is not None:
                     overflowing(trainer)
             results.append(out is None)
             weights.append(torch.cat([p.detach().float().reshape(-1) for p in trainer.model.parameters()]))
         assert (trainer.__dict__.get(PENDING) is not None) == on_device
         device_overflow.learn(trainer)
+        kind = "scaler" if getattr(trainer.optimizer, "scaler", None) else "error"
+        assert device_overflow.applies(trainer) == (kind if on_device else None)
         values = metrics.get_smoothed_values("train")
     return results, weights, {k: v for k, v in values.items() if k not in TIMED}
 
 
 def state(trainer):
-    scaler, adam = trainer.optimizer.scaler, trainer.optimizer.fp32_optimizer.optimizer
-    return {"num_updates": trainer.get_num_updates(), "lr": trainer.get_lr(), "loss_scale": scaler.loss_scale,
-            "scaler": (scaler._iter, scaler._last_overflow_iter, scaler._last_rescale_iter,
-                       scaler._overflows_since_rescale),
+    opt = trainer.optimizer
+    scaler, adam = getattr(opt, "scaler", None), device_overflow._adam(trainer)
+    masters = getattr(opt, "fp32_params", {})
+    masters = masters.values() if isinstance(masters, dict) else masters
+    return {"num_updates": trainer.get_num_updates(), "lr": trainer.get_lr(),
+            "loss_scale": scaler and scaler.loss_scale,
+            "scaler": scaler and (scaler._iter, scaler._last_overflow_iter, scaler._last_rescale_iter,
+                                  scaler._overflows_since_rescale),
             "adam_steps": [s["step"] for s in adam.state.values()],
-            "master": torch.cat([m.detach().reshape(-1) for m in trainer.optimizer.fp32_params.values()])}
+            "master": torch.cat([m.detach().reshape(-1) for m in masters] or [torch.zeros(0)])}
 
 
-def both(tmp_path, section, arch, steps, device="cpu", compiled=False):
+def both(tmp_path, section, arch, steps, device="cpu", compiled=False, precision="fp16"):
     runs = {}
     for on_device in (False, True):
-        trainer = fp16_trainer(tmp_path / str(on_device), section, arch, device, compiled, on_device)
+        trainer = fp16_trainer(tmp_path / str(on_device), section, arch, device, compiled, on_device, precision)
         runs[on_device] = (*train(trainer, section, steps, on_device, device), state(trainer))
     return runs[False], runs[True]
 
@@ -87,10 +104,12 @@ def test_updates_with_and_without_overflow_train_count_and_log_as_fairseqs(tmp_p
     assert_trains_as_fairseqs(*both(tmp_path, section, arch, 14))
 
 
-def assert_trains_as_fairseqs(host_run, device_run):
+def assert_trains_as_fairseqs(host_run, device_run, overflows=True):
     (host_none, host_w, host_logs, host), (dev_none, dev_w, dev_logs, dev) = host_run, device_run
-    overflows = host["scaler"][0] - host["num_updates"]
-    assert overflows >= 3 and host["num_updates"] >= 5, host  # both kinds of update happened
+    if overflows:
+        assert host["scaler"][0] - host["num_updates"] >= 3 and host["num_updates"] >= 5, host  # both kinds happened
+    else:
+        assert host["num_updates"] == len(host_w) and not any(host_none), host
     for i, (a, b) in enumerate(zip(host_w, dev_w)):
         assert torch.equal(a, b), f"the weights after update {i} differ"
     for key in ("num_updates", "lr", "loss_scale", "scaler", "adam_steps"):
@@ -99,7 +118,50 @@ def assert_trains_as_fairseqs(host_run, device_run):
     assert dev_logs == host_logs
     # where fairseq-train logs after the update (each 5th), train_step knew at once: None after an overflow there
     fifth = [i for i, none in enumerate(dev_none) if none]
-    assert fifth and set(fifth) <= {i for i, none in enumerate(host_none) if none}, (dev_none, host_none)
+    assert set(fifth) <= {i for i, none in enumerate(host_none) if none}, (dev_none, host_none)
+    assert bool(fifth) == overflows
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16w"])
+def test_without_a_loss_scaler_updates_train_count_and_log_as_fairseqs(tmp_path, monkeypatch, fp16_on_the_cpu,
+                                                                       precision):
+    """fp32, bf16 autocast and fairseq's --bf16 (FP16Optimizer without a loss scaler, its master copy flat as on
+    CUDA): train_step's check of the norm on the device, the same training and logs as fairseq's."""
+    from fairseq_tnn.patches import bf16
+    monkeypatch.setattr(bf16, "flat_bf16", lambda cfg, params: True)
+    assert_trains_as_fairseqs(*both(tmp_path, "causal", "tnn_lm_wt103", 7, precision=precision), overflows=False)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_non_finite_norm_stops_the_next_update_as_fairseqs_check_stops_its_own(tmp_path, monkeypatch, fp16_on_the_cpu,
+                                                                                 caplog, precision):
+    """A NaN in the forward, and so in the gradients: without a loss scaler, fairseq's train_step saves crash.pt, runs the update again under its
+    NanDetector and raises "gradients are Nan/Inf"; with the check on the device the update is skipped there and the
+    next one does all that, from the same weights, count and Adam state. With fp16's scaler a NaN is an overflow
+    instead, unless the scale is at --min-loss-scale: then fairseq's "Minimum loss scale reached" is raised the
+    same way."""
+    ends = {}
+    for on_device in (False, True):
+        trainer = fp16_trainer(tmp_path / str(on_device), on_device=on_device, precision=precision)
+        trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64)])
+        if precision == "fp16":
+            trainer.optimizer.scaler.min_loss_scale = 64.0  # the next overflow halves 128 to it
+        weights = [p.detach().clone() for p in trainer.model.parameters()]
+        poisoned = trainer.model.decoder.embed_tokens.register_forward_hook(lambda module, x, out: out * math.nan)
+        message = "gradients are Nan/Inf" if precision == "fp32" else "Minimum loss scale reached"
+        caplog.clear()
+        with pytest.raises(FloatingPointError, match=message):
+            trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64, seed=1)])
+            assert on_device  # fairseq's check raised in the update itself; on the device, in the next one
+            trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64, seed=2)])
+        poisoned.remove()
+        assert (tmp_path / str(on_device) / "checkpoints" / "crash.pt").is_file()
+        assert any("NaN detected" in r.getMessage() or "Inf detected" in r.getMessage() for r in caplog.records)
+        assert all(torch.equal(a, b.detach()) for a, b in zip(weights, trainer.model.parameters()))
+        ends[on_device] = state(trainer)
+    for key in ("num_updates", "lr", "loss_scale", "scaler", "adam_steps"):
+        assert ends[True][key] == ends[False][key], key
+    assert torch.equal(ends[True]["master"], ends[False]["master"])
 
 
 def test_an_update_reads_no_value_of_the_device(tmp_path, fp16_on_the_cpu):
@@ -137,17 +199,6 @@ def test_a_save_and_a_validation_read_the_pending_overflow_first(tmp_path, fp16_
     assert trainer.__dict__.get(PENDING) is None
 
 
-def test_the_minimum_loss_scale_stops_the_next_update_with_fairseqs_error(tmp_path, fp16_on_the_cpu):
-    trainer = fp16_trainer(tmp_path)
-    trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64)])
-    overflowing(trainer)
-    trainer.optimizer.scaler.min_loss_scale = 2.0 ** 16  # the first halving reaches it
-    trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64, seed=1)])
-    with pytest.raises(FloatingPointError, match="Minimum loss scale reached"):
-        trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64, seed=2)])
-    assert trainer.optimizer.scaler.loss_scale == 2.0 ** 17 and trainer.get_num_updates() == 1  # as fairseq leaves them
-
-
 def test_the_statistics_of_an_update_are_read_once_its_overflow_is_known(tmp_path, fp16_on_the_cpu):
     trainer = fp16_trainer(tmp_path)
     first = trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64)])
@@ -157,6 +208,14 @@ def test_the_statistics_of_an_update_are_read_once_its_overflow_is_known(tmp_pat
     overflowing(trainer)
     second = trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64, seed=1)])
     assert dict(second) == {} and trainer.get_num_updates() == 1  # overflowed: nothing logged, not counted
+
+
+def test_on_the_cpu_fairseqs_check_stays(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    for precision in ("fp16", "fp32"):
+        trainer = fp16_trainer(tmp_path / precision, precision=precision)
+        trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64)])
+        assert device_overflow.applies(trainer) is None and trainer.__dict__.get(PENDING) is None
 
 
 @pytest.mark.parametrize("option", ["--fp16-no-flatten-grads", "--memory-efficient-fp16"])
@@ -170,7 +229,7 @@ def test_other_fp16_set_ups_keep_fairseqs_host_check(tmp_path, monkeypatch, fp16
 def test_it_applies_only_with_the_rows_it_works_with(tmp_path, monkeypatch, fp16_on_the_cpu):
     trainer = fp16_trainer(tmp_path)
     trainer.train_step([tr.synthetic_sample("causal", 32, 2, 64)])
-    assert device_overflow.applies(trainer)
+    assert device_overflow.applies(trainer) == "scaler"
     from fairseq.optim.fp16_optimizer import _FP16OptimizerMixin
     from fairseq_tnn.patches import base
     fairseqs = base.resolve("fairseq.optim.fp16_optimizer:_FP16OptimizerMixin.step")
@@ -180,14 +239,19 @@ def test_it_applies_only_with_the_rows_it_works_with(tmp_path, monkeypatch, fp16
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("compiled", [False, tr.GRAPHS], ids=["eager", "cuda-graphs"])
-def test_on_cuda_an_update_makes_no_sync_and_trains_as_fairseqs(tmp_path, compiled):
-    """On a GPU, eager and with the stack's CUDA graphs (the recipe's default there): a steady fp16 update makes no
-    synchronising call (torch's sync debug mode, as benchmarks/gpu_profile.py counts them; fairseq's host check makes
-    four), and updates with and without overflow leave the weights, count, loss scale and logs of fairseq's check."""
+@pytest.mark.parametrize("precision,compiled", [("fp16", False), ("fp16", tr.GRAPHS), ("bf16", False),
+                                                ("bf16w", tr.GRAPHS)],
+                         ids=["fp16-eager", "fp16-cuda-graphs", "bf16-autocast-eager", "bf16-weights-cuda-graphs"])
+def test_on_cuda_an_update_makes_no_sync_and_trains_as_fairseqs(tmp_path, precision, compiled):
+    """On a GPU, eager and with the stack's CUDA graphs (the recipe's default there), fp16 and both bf16s: a steady
+    update makes no synchronising call (torch's sync debug mode, as benchmarks/gpu_profile.py counts them; fairseq's
+    check makes four under fp16, one otherwise), and updates (with and without overflow, under fp16) leave the
+    weights, count, loss scale and logs of fairseq's check."""
     from benchmarks.gpu_profile import host_syncs
-    assert_trains_as_fairseqs(*both(tmp_path, "causal", "tnn_lm_wt103", 14, "cuda", compiled))
-    trainer = fp16_trainer(tmp_path / "syncs", device="cuda", compiled=compiled)
+    scaler = precision == "fp16"
+    assert_trains_as_fairseqs(*both(tmp_path, "causal", "tnn_lm_wt103", 14 if scaler else 7, "cuda", compiled,
+                                    precision), overflows=scaler)
+    trainer = fp16_trainer(tmp_path / "syncs", device="cuda", compiled=compiled, precision=precision)
     samples = [tr.synthetic_sample("causal", 32, 2, 64, seed=i, device="cuda") for i in range(4)]
     for sample in samples[:3]:
         trainer.train_step([sample])

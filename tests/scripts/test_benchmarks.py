@@ -620,11 +620,12 @@ def test_gpu_profile_host_overflow_rows_keep_fairseqs_check_and_need_a_gpu(tmp_p
     from fairseq_tnn.patches import device_overflow
     fairseq_tnn.register()
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # FP16Optimizer's flat master copy on the CPU
+    monkeypatch.setattr(device_overflow, "ON", ("cuda", "cpu"))  # (the device's check is for CUDA)
     data = tr._dictionary_dir(str(tmp_path), 100)
-    for precision, on_device in (("fp16", True), ("fp16host", False)):
+    for precision, kind in (("fp16", "scaler"), ("fp16host", None)):
         trainer = tr.build_trainer("causal", "tnn_lm_wt103", None, 32, "cpu", precision, False, data, True, width=16)
         assert trainer.train_step([tr.synthetic_sample("causal", 32, 2, 100)])["loss"] > 0
-        assert device_overflow.applies(trainer) == on_device
+        assert device_overflow.applies(trainer) == kind
     result = {"groups": [{"section": "causal", "n": 512, "batch": 8, "configs": [
         {"key": "tnn6", "compiled": tr.GRAPHS, "update_ms": 10.0, "precision": "fp16"},
         {"key": "tnn6", "compiled": tr.GRAPHS, "update_ms": 13.0, "precision": "fp16host"}]}]}
