@@ -4,6 +4,7 @@ while the update reads no device value; the flag is read before the next update,
 after the update, before a save and before a validation. On the CPU, with FP16Optimizer's flat master copy keyed as
 fairseq's fp16 tests of it do (its device index faked); tests/gpu has the CUDA run, where the update makes no sync."""
 import math
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from fairseq import metrics
 
 from benchmarks import opcount
 from benchmarks import trainer as tr
+from helpers import command_env, execute, lm_train_cmd
 from fairseq_tnn import register
 from fairseq_tnn.patches import device_overflow
 from fairseq_tnn.patches.device_overflow import PENDING
@@ -257,3 +259,38 @@ def test_on_cuda_an_update_makes_no_sync_and_trains_as_fairseqs(tmp_path, precis
         trainer.train_step([sample])
     syncs = host_syncs(lambda: trainer.train_step([samples[3]]), torch.cuda.set_sync_debug_mode)
     assert syncs["count"] == 0, syncs
+
+
+TIMING_KEYS = re.compile(r'"(?:\w+_)?(?:wps|ups|wall|train_wall|update_ms|max_rss_mb|gb_free)": "[^"]*",? ?')
+
+
+@pytest.mark.slow
+def test_fairseq_train_logs_and_saves_what_it_does_with_fairseqs_check(data_bin, tmp_path, monkeypatch):
+    """fairseq-train (the tests' causal recipe, fp32 on the CPU; the check made on the device as on a GPU, opted in
+    here) over two short epochs of 68 updates with logs every 3 updates, a save and a validation every 5 and at each
+    epoch's end (so the first epoch ends with an update whose check the validation reads, its statistics logged into
+    the interval that goes on in the next epoch): the same json log lines, values and all (timings aside), and the
+    same last checkpoint as with fairseq's check."""
+    runs = {}
+    for on_device in (False, True):
+        with monkeypatch.context() as m:
+            if on_device:
+                m.setattr(device_overflow, "ON", ("cuda", "cpu"))
+            pending = []
+            learn = device_overflow.learn
+            m.setattr(device_overflow, "learn", lambda trainer: pending.append(learn(trainer)) or pending[-1])
+            save = tmp_path / str(on_device)
+            code, log, _ = execute(lm_train_cmd(data_bin, tokens_per_sample=32, batch_size=8, max_epoch=2,
+                                                train_subset="valid", valid_subset="test", max_valid_steps=2,
+                                                log_format="json", log_interval=3, save_interval_updates=5,
+                                                save_dir=save), command_env(), 600, merge=True)
+        assert code == 0, log[-3000:]
+        assert any(p is not None for p in pending) == on_device  # the updates were left to the device
+        records = [TIMING_KEYS.sub("", line[line.index("{"):]) for line in log.splitlines() if '{"' in line]
+        checkpoint = torch.load(save / "checkpoint_last.pt", weights_only=False)
+        runs[on_device] = records, checkpoint
+    (host_log, host_ck), (dev_log, dev_ck) = runs[False], runs[True]
+    assert len(host_log) >= 8 and dev_log == host_log, "\n".join(dev_log[:4] + ["..."] + host_log[:4])
+    assert dev_ck["optimizer_history"][-1]["num_updates"] == host_ck["optimizer_history"][-1]["num_updates"] > 4
+    for name, value in host_ck["model"].items():
+        assert torch.equal(dev_ck["model"][name], value), name
