@@ -72,7 +72,7 @@ from . import base, fp16_syncs, multi_tensor_optim
 from .config_snapshot import SNAPSHOT
 
 FAIRSEQ_LOGGER = logging.getLogger("fairseq.trainer")  # fairseq's note of an overflow, from where fairseq logs it
-PENDING = "fairseq_tnn_pending_update"  # the Trainer's attribute holding the update whose overflow is not yet known
+PENDING = "fairseq_tnn_pending_update"  # the Trainer's attribute holding the update whose flag is not yet read
 HOST_FLAG = "fairseq_tnn_overflow_flag"  # ... and its pinned host buffer and event, reused from update to update
 SCALER_WAITS = "fairseq_tnn_scaler_waits"  # FP16Optimizer's attribute: its next step leaves the scaler's update
 ON = ("cuda",)  # the devices whose updates leave the check to the device
@@ -85,7 +85,8 @@ NOT_YET_KNOWN = torch.zeros(())
 
 @dataclass
 class PendingUpdate:
-    """An update whose overflow the device has decided and the host not yet read."""
+    """An update whose check (an fp16 overflow, or a non-finite norm) the device has made and the host not yet
+    read."""
     norm: torch.Tensor  # the gradient norm, on the device (fairseq's: of the unscaled gradients)
     flag: torch.Tensor  # 1.0 where it overflowed, copied to the host (pinned memory on CUDA)
     event: Optional[torch.cuda.Event]  # recorded after that copy (None on the CPU, where the copy is done)
@@ -94,8 +95,8 @@ class PendingUpdate:
     counted: List[dict] = field(default_factory=list)  # Adam's states whose step the update counted
     stats: Optional[tuple] = None  # (logging_outputs, sample_size) for _reduce_and_log_stats once known
     logged: Optional[object] = None  # what _reduce_and_log_stats returned
-    overflow: Optional[bool] = None  # once read
-    scaler: bool = True  # an fp16 loss scaler's overflow (else train_step's non-finite norm)
+    overflow: Optional[bool] = None  # the flag, once read: the update was skipped
+    scaler: bool = True  # the check is an fp16 loss scaler's (else train_step's, a non-finite norm stops training)
     samples: Optional[list] = None  # the update's batches (for fairseq's NanDetector after a FloatingPointError)
 
 
