@@ -126,13 +126,17 @@ REST_PARTS = (("_set_seed", "seed"), ("zero_grad", "zero_grad"), ("_prepare_samp
               ("clip_grad_norm", "clip"), ("_reduce_and_log_stats", "logging"))
 
 
-def split_update(trainer, sample, device: str, n: int) -> Dict[str, float]:
+def split_update(trainer, sample, device: str, n: int, sync: bool = True) -> Dict[str, float]:
     """Mean ms (so that the parts add up to the total) of the training forward, the backward, the optimizer step and
     the rest of ``train_step``, from ``n`` updates with the device synchronised at each boundary: the criterion's
     forward, the optimizer's ``backward`` and ``step`` are wrapped for the time (on this trainer only). The rest is
     split further into the Trainer methods of :data:`REST_PARTS` (the seed, zeroing the gradients, moving the
     sample to the device, clipping with fp16's gradient copy and overflow check, the metrics) and the other, under
-    ``rest_parts``."""
+    ``rest_parts``.
+
+    ``sync=False``: the host's own time in each part instead, nothing synchronised inside the update (the device is
+    synchronised before each one, as between timed updates): ``total`` is then the host's time in ``train_step``,
+    and ``drain`` the wait for the device after it returned (about 0 where the host is the longer of the two)."""
     spent = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     parts = {name: 0.0 for _, name in REST_PARTS}
     criterion, optimizer = trainer.criterion, trainer.optimizer
@@ -143,12 +147,14 @@ def split_update(trainer, sample, device: str, n: int) -> Dict[str, float]:
         inner = getattr(obj, attr)
 
         def timed(*args, **kwargs):
-            _sync(device)
+            if sync:
+                _sync(device)
             t = time.perf_counter()
             try:
                 return inner(*args, **kwargs)
             finally:
-                _sync(device)
+                if sync:
+                    _sync(device)
                 into[phase] += (time.perf_counter() - t) * 1000.0
         setattr(obj, attr, timed)
 
@@ -160,9 +166,18 @@ def split_update(trainer, sample, device: str, n: int) -> Dict[str, float]:
             for d in (spent, parts):
                 for k in d:
                     d[k] = 0.0
-            total = _timed(lambda: trainer.train_step([sample]), device, 1)[0]
+            drain = {}
+            if sync:
+                total = _timed(lambda: trainer.train_step([sample]), device, 1)[0]
+            else:
+                _sync(device)
+                t = time.perf_counter()
+                trainer.train_step([sample])
+                total = (time.perf_counter() - t) * 1000.0
+                _sync(device)
+                drain = {"drain": (time.perf_counter() - t) * 1000.0 - total}
             rest = total - sum(spent.values())
-            rows.append({**spent, "rest": rest, "total": total,
+            rows.append({**spent, "rest": rest, "total": total, **drain,
                          "rest_parts": {**parts, "other": rest - sum(parts.values())}})
     finally:
         for obj, attr, _, _ in wrapped:
@@ -272,6 +287,54 @@ def host_syncs(update, set_mode) -> Dict:
     return {"count": sum(sites.values()), "sites": [{"where": k, "calls": v} for k, v in sites.most_common()]}
 
 
+HOST_FUNCTIONS = 20  # the host's Python functions listed per profiled configuration, by self and by cumulative time
+
+
+def _where(filename: str, line: int, func: str) -> str:
+    """A cProfile entry as ``path:line(function)``, the path relative to site-packages or the repository."""
+    path = filename.split("site-packages" + os.sep)[-1]
+    return f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{line}({func})"
+
+
+def host_python(update, device: str, n: int, out_dir: str, stem: str) -> Dict:
+    """Where the host's time goes in ``n`` calls of ``update()``, function by function (cProfile): the
+    :data:`HOST_FUNCTIONS` functions with the most self time and with the most cumulative time, per update (ms,
+    calls), with the total self time profiled. cProfile's own cost inflates Python-heavy code, so the shares are what
+    to read. Saved in ``out_dir`` to read later without the GPU: the raw statistics (``{stem}.pstats``, for
+    ``pstats.Stats``) and one torch.profiler trace of two more updates with Python stacks, the host's events and the
+    device's kernels on one timeline (``{stem}.trace.json.gz``, for Perfetto or chrome://tracing)."""
+    import cProfile
+    import gzip
+    import pstats
+    import shutil
+    from torch.profiler import ProfilerActivity, profile
+    prof = cProfile.Profile()
+    _sync(device)
+    prof.enable()
+    for _ in range(n):
+        update()
+    _sync(device)
+    prof.disable()
+    prof.dump_stats(os.path.join(out_dir, stem + ".pstats"))
+    rows = [{"where": _where(*k), "calls": nc / n, "self_ms": tt * 1000.0 / n, "cum_ms": ct * 1000.0 / n}
+            for k, (_, nc, tt, ct, _) in pstats.Stats(prof).stats.items()]
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    _sync(device)
+    with profile(activities=acts, with_stack=True) as traced:
+        for _ in range(2):
+            update()
+        _sync(device)
+    raw = os.path.join(out_dir, stem + ".trace.json")
+    traced.export_chrome_trace(raw)
+    with open(raw, "rb") as src, gzip.open(raw + ".gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(raw)
+    return {"updates": n, "self_ms": sum(r["self_ms"] for r in rows), "pstats": stem + ".pstats",
+            "trace": stem + ".trace.json.gz",
+            "by_self": sorted(rows, key=lambda r: -r["self_ms"])[:HOST_FUNCTIONS],
+            "by_cumulative": sorted(rows, key=lambda r: -r["cum_ms"])[:HOST_FUNCTIONS]}
+
+
 def _loss_scale(trainer) -> Optional[float]:
     """The dynamic fp16 loss scale: fairseq's (--fp16) or torch's gradient scaler's (--amp); None without one (bf16,
     fp32, or a scaler torch disabled)."""
@@ -305,9 +368,12 @@ MAX_WARMUP = 30  # updates at most, until fp16's loss scale stops falling
 
 
 def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device: str, precision: str, quick: bool,
-            data: str, timed: int, compiled, top: bool, floor_bw: Optional[float], log) -> Dict:
+            data: str, timed: int, compiled, top: bool, floor_bw: Optional[float], log,
+            host_dir: Optional[str] = None) -> Dict:
     """Every figure of one configuration, eager, compiled (True) or compiled with CUDA graphs (``tr.GRAPHS``; see
-    the module docstring). Under fp16 the warm-up runs until fairseq's loss scale stops falling (an update whose
+    the module docstring); with ``host_dir``, where the host's time goes too: each part of the update by the host's
+    own clock, nothing synchronised inside it (:func:`split_update`), and function by function
+    (:func:`host_python`, its files written to ``host_dir``). Under fp16 the warm-up runs until fairseq's loss scale stops falling (an update whose
     gradients overflow is skipped, optimizer step and all, and would time a cheaper update); the timed updates
     that still overflowed are counted."""
     from benchmarks.opcount import trainer_counts
@@ -358,6 +424,13 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     c["split_ms"] = split
     if device == "cuda":
         c["syncs"] = host_syncs(lambda: trainer.train_step([sample]), torch.cuda.set_sync_debug_mode)
+    if host_dir is not None:
+        host = split_update(trainer, sample, device, timed, sync=False)
+        c["host_rest_ms"] = host.pop("rest_parts")
+        c["host_split_ms"] = host
+        mode = {False: "eager", True: "compiled", tr.GRAPHS: "graphs"}[compiled]
+        c["host_python"] = host_python(lambda: trainer.train_step([sample]), device, timed, host_dir,
+                                       f"host-{section}-{n}-{key}-{mode}-{precision}")
     if not compiled:
         c["ops"] = {k: v for k, v in trainer_counts(trainer, sample).items() if not k.endswith("_ops")}
     if floor_bw is not None and compiled != tr.GRAPHS:  # eager and compiled layers (not the stack's graphs)
@@ -377,7 +450,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
 
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
         log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = (),
-        bf16w_ids: List[str] = (), host_ids: List[str] = ()) -> Dict:
+        bf16w_ids: List[str] = (), host_ids: List[str] = (), shapes: List[str] = (), host_profile_ids: List[str] = (),
+        host_dir: Optional[str] = None) -> Dict:
     import fairseq_tnn
     fairseq_tnn.register()
     result = {"groups": [], "bandwidth_gbs": None}
@@ -391,6 +465,8 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
         groups = tr.QUICK_GROUPS if quick else tr.FULL_GROUPS
         arch_of = {(s, k): (a, b) for s, configs in tr.CONFIGS.items() for k, a, _, b in configs}
         for section, n, batch in groups:  # eager: every configuration
+            if shapes and f"{section}/{n}" not in shapes:
+                continue
             g = {"section": section, "n": n, "batch": batch, "configs": []}
             result["groups"].append(g)
             for key in KEYS[section]:
@@ -401,8 +477,9 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 if top:
                     topped.add(key)
                 floor = bw if key in FLOOR_KEYS[section] else None
+                host = host_dir if f"{section}/{n}/{key}" in host_profile_ids else None
                 g["configs"].append(measure(key, arch, bound, section, n, batch, device, precision, quick, data, timed,
-                                            False, top, floor, log))
+                                            False, top, floor, log, host))
                 write(result)
         # while the compile budget lasts: each configuration compiled, then with CUDA graphs, then in bf16 in the modes
         # it ran in, before the next configuration (so that the first ones of the lists, the targets', get every
@@ -440,7 +517,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
             floor = bw if how is True and key in FLOOR_KEYS[section] and prec == precision else None
             try:
                 c = measure(key, arch, bound, section, g["n"], g["batch"], device, prec, quick, data, timed, how, top,
-                            floor, log)
+                            floor, log, host_dir if cid in host_profile_ids and prec == precision else None)
                 if prec != precision:
                     c["label"] += f" ({PRECISION_LABELS.get(prec, prec)})"
                 g["configs"].append(c)
@@ -552,6 +629,41 @@ def _syncs_table(groups) -> List[str]:
     return out
 
 
+def _host_tables(groups) -> List[str]:
+    """The markdown section of the configurations' host breakdown (``--host-profile``; none where none has one)."""
+    hosted = [(g, c) for g in groups for c in g["configs"] if c.get("host_split_ms")]
+    if not hosted:
+        return []
+    names = list(hosted[0][1]["host_rest_ms"])
+    out = ["", "## The host's time in an update", "",
+           f"Each part of the update by the host's own clock, ms (mean of the timed updates): nothing is synchronised "
+           "inside the update, so a part's time is the host's (its Python and launches), and drain is the wait for the "
+           "device after `train_step` returned (about 0 where the host is the longer of the two). The rest is split "
+           "as in the table above.", "",
+           "| shape | configuration | update ms | host ms | drain ms | forward | backward | optimizer | rest | "
+           + " | ".join(names) + " |", "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(names)]
+    for g, c in hosted:
+        h = c["host_split_ms"]
+        out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['update_ms']:.2f} | {h['total']:.2f} | "
+                   f"{h['drain']:.2f} | {h['forward']:.2f} | {h['backward']:.2f} | {h['optimizer']:.2f} | {h['rest']:.2f} | "
+                   + " | ".join(f"{c['host_rest_ms'][k]:.2f}" for k in names) + " |")
+    for g, c in hosted:
+        py = c["host_python"]
+        out += ["", f"### The host's Python in one {c['label']} update ({g['section']} {g['batch']} x {g['n']})", "",
+                f"cProfile over {py['updates']} updates ({py['self_ms']:.2f} ms of profiled self time per update, "
+                f"cProfile's own cost included); raw statistics `{py['pstats']}`, a trace of two updates with Python "
+                f"stacks `{py['trace']}`. By self time, then by cumulative time:", ""]
+        for by, what in (("by_self", "self"), ("by_cumulative", "cum")):
+            out += [f"| function | calls / update | self ms | cumulative ms |", "|---|---:|---:|---:|"]
+            for r in py[by]:
+                where = r["where"].replace("|", "/")
+                where = where if len(where) <= 100 else "..." + where[-97:]
+                out.append(f"| `{where}` | {r['calls']:.0f} | {r['self_ms']:.3f} | {r['cum_ms']:.3f} |")
+            out.append("")
+        out.pop()
+    return out
+
+
 def markdown(result) -> str:
     meta = result["meta"]
     unit = "kernels" if meta["device"] == "cuda" else "operators"
@@ -619,6 +731,7 @@ def markdown(result) -> str:
             out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['split_ms']['rest']:.2f} | "
                        + " | ".join(f"{c['rest_ms'][k]:.2f}" for k in names) + " |")
     out += _syncs_table(result["groups"])
+    out += _host_tables(result["groups"])
     for g in result["groups"]:
         for c in g["configs"]:
             if c.get("top_kernels"):
@@ -684,6 +797,14 @@ def main(argv=None):
                    help="configurations measured again with --fp16's overflow checked on the host as fairseq does "
                         "(without fairseq_tnn/patches/device_overflow.py), eager and in each compiled mode they were "
                         "measured in, right after those (--precision fp16 on CUDA; default: none)")
+    shapes = sorted({f"{s}/{n}" for s, n, _ in tr.FULL_GROUPS + tr.QUICK_GROUPS})
+    p.add_argument("--shapes", nargs="+", metavar="SECTION/N", choices=shapes,
+                   help=f"only the groups of these shapes (of {', '.join(shapes)}; default: every shape of the run)")
+    p.add_argument("--host-profile", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
+                   help="configurations whose host time is broken down too, in each mode they are measured in (the "
+                        "run's precision): each part of the update by the host's own clock with nothing synchronised "
+                        "inside it, and function by function (cProfile), with the raw statistics (.pstats) and a "
+                        "torch.profiler trace with Python stacks (.trace.json.gz) written to --out (default: none)")
     p.add_argument("--no-stack-regions", action="store_true",
                    help="compile the stack's CUDA graphs with every layer's operations in the one graph, as before "
                         "each layer became a region compiled once (fairseq_tnn.models.compile.STACK_REGIONS): the "
@@ -718,6 +839,10 @@ def main(argv=None):
         p.error("--graphs: CUDA graphs need --device cuda (fairseq-train refuses --tnn-cuda-graphs without a GPU)")
     if a.no_stack_regions and not graphs:
         p.error("--no-stack-regions: the regions are the stack's CUDA graphs' (--graphs names none here)")
+    groups = tr.QUICK_GROUPS if a.quick else tr.FULL_GROUPS
+    if a.shapes and not any(f"{s}/{n}" in a.shapes for s, n, _ in groups):
+        p.error(f"--shapes {' '.join(a.shapes)}: none of them is a shape of this run (of "
+                f"{', '.join(f'{s}/{n}' for s, n, _ in groups)}{' with --quick' if a.quick else ''})")
     refuse_overwrite(p, a, "gpu_profile.json")
     if a.no_stack_regions:
         compiling.STACK_REGIONS = False  # the stacks built from here on
@@ -726,7 +851,7 @@ def main(argv=None):
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
             "graphs": graphs, "bf16": bf16, "bf16_weights": a.bf16_weights, "amp": a.amp,
-            "host_overflow": a.host_overflow,
+            "host_overflow": a.host_overflow, "shapes": a.shapes or [], "host_profile": a.host_profile,
             "stack_regions": compiling.STACK_REGIONS,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
@@ -738,7 +863,8 @@ def main(argv=None):
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
-                 lambda m: print(m, flush=True), graphs, bf16, a.amp, a.bf16_weights, a.host_overflow)
+                 lambda m: print(m, flush=True), graphs, bf16, a.amp, a.bf16_weights, a.host_overflow, a.shapes or [],
+                 a.host_profile, a.out)
     write(result)
     print(markdown(result))
     return result
