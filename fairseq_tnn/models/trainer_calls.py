@@ -15,16 +15,20 @@ previous update's kernels waits for the next ones (docs/performance.md).
 class or in its own attributes instead of by a failing lookup. ``benchmarks/trainer_calls.py`` times both against
 fairseq's; tests/models/test_trainer_calls.py checks that they do what fairseq's do.
 """
-from typing import List
+import weakref
+from typing import Dict, List, Tuple
 
 from torch import nn
 
 NAME = "set_num_updates"
 
+# root module -> (its modules in pre-order, each module's children as its ``_modules`` held them when listed)
+_LISTED: "weakref.WeakKeyDictionary[nn.Module, Tuple[List[nn.Module], List[tuple]]]" = weakref.WeakKeyDictionary()
+# a module class -> whether it defines set_num_updates
+_CLASS_HAS: Dict[type, bool] = {}
 
-def modules_of(root: nn.Module) -> List[nn.Module]:
-    """``list(root.modules())`` (pre-order, each module once) without building the prefix strings of
-    ``named_modules``, which were half its time."""
+
+def _walk(root: nn.Module) -> List[nn.Module]:
     out, seen = [root], {id(root)}
 
     def visit(m):
@@ -37,18 +41,46 @@ def modules_of(root: nn.Module) -> List[nn.Module]:
     return out
 
 
+def modules_of(root: nn.Module) -> List[nn.Module]:
+    """``list(root.modules())`` (pre-order, each module once) without building the prefix strings of
+    ``named_modules``, which were half its time; the list is kept from the last call and given again where every
+    listed module's children (its ``_modules``, in order) are the same objects as when it was made. The tree of
+    modules is made of those children alone, so the list is the walk's, whatever changed it (an assignment, a
+    deletion, ``ModuleList.insert``, a write to ``_modules``); checking them is a flat loop, about half the walk's
+    time (0.05 against 0.10 ms for ``tnn_lm_wt103``'s 209 modules on the CI machine), three times an update."""
+    listed = _LISTED.get(root)
+    if listed is not None:
+        mods, children = listed
+        if all(tuple(m._modules.values()) == c for m, c in zip(mods, children)):
+            return mods
+    mods = _walk(root)
+    _LISTED[root] = (mods, [tuple(m._modules.values()) for m in mods])
+    return mods
+
+
+def _class_has(cls: type) -> bool:
+    has = _CLASS_HAS.get(cls)
+    if has is None:
+        has = _CLASS_HAS[cls] = hasattr(cls, NAME)
+    return has
+
+
 def _has_set_num_updates(m: nn.Module) -> bool:
     """``hasattr(m, "set_num_updates")`` without raising: the class, the instance, or a parameter, buffer or
     submodule of that name (where ``nn.Module.__getattr__`` would find it)."""
-    return (hasattr(type(m), NAME) or NAME in m.__dict__ or NAME in m._parameters or NAME in m._buffers
+    return (_class_has(type(m)) or NAME in m.__dict__ or NAME in m._parameters or NAME in m._buffers
             or NAME in m._modules)
 
 
 def pass_num_updates(root: nn.Module, num_updates: int) -> None:
     """fairseq's ``set_num_updates`` of ``root``: the call goes to each of its submodules (``root`` excepted) that has
-    the method, in ``root.modules()`` order."""
+    the method, in ``root.modules()`` order (:func:`_has_set_num_updates`, inlined: this runs at every update)."""
+    known = _CLASS_HAS
     for m in modules_of(root)[1:]:
-        if _has_set_num_updates(m):
+        has = known.get(type(m))
+        if has is None:
+            has = _class_has(type(m))
+        if has or NAME in m.__dict__ or NAME in m._parameters or NAME in m._buffers or NAME in m._modules:
             m.set_num_updates(num_updates)
 
 

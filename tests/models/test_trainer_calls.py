@@ -34,6 +34,37 @@ def test_modules_of_is_modules_in_order(arch):
     assert [id(m) for m in modules_of(model)] == [id(m) for m in model.modules()]
 
 
+def test_the_kept_list_of_modules_follows_every_change_of_the_tree():
+    """modules_of keeps its list between calls: after each way a tree can change (an assignment, a deletion,
+    ModuleList.insert, which writes _modules itself, a direct write to _modules, a module shared twice, a submodule's
+    own children replaced), it is still model.modules(), and set_num_updates reaches a module added that has one."""
+    told = []
+
+    class Counted(nn.Module):
+        def set_num_updates(self, n):
+            told.append((id(self), n))
+
+    model = build_arch("tnn_lm_tiny", 60)
+    layers = model.decoder.layers
+
+    def same():
+        return [id(m) for m in modules_of(model)] == [id(m) for m in model.modules()]
+    assert same() and modules_of(model) is modules_of(model)  # kept while nothing changes
+    changes = [lambda: setattr(model.decoder, "extra", Counted()),
+               lambda: delattr(model.decoder, "extra"),
+               lambda: layers.insert(0, Counted()),
+               lambda: layers._modules.__setitem__("0", nn.Linear(2, 2)),
+               lambda: setattr(model.decoder, "twice", layers[1]),
+               lambda: setattr(layers[1], "inner", Counted()),
+               lambda: layers[1]._modules.pop("inner")]
+    for i, change in enumerate(changes):
+        change()
+        assert same(), i
+    layers[2].inner = counted = Counted()
+    model.set_num_updates(7)
+    assert told == [(id(counted), 7)]
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_train_and_eval_set_every_flag_as_nn_module_does(arch):
     ours, theirs = twins(arch)
