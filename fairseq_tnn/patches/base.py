@@ -43,9 +43,15 @@ def replacements(obj):
     yield obj
 
 
+_OWNERS = {}  # path -> owner_and_name(path): modules and classes stay, what they hold is read at each call
+
+
 def bound(path: str, patch: str) -> bool:
     """Whether the patch named ``patch`` has replaced the object at ``"module:qualname"`` (among any stacked there)."""
-    owner, name = owner_and_name(path)
+    held = _OWNERS.get(path)
+    if held is None:
+        held = _OWNERS[path] = owner_and_name(path)
+    owner, name = held
     return any(getattr(obj, MARK, None) == patch for obj in replacements(getattr(owner, name, None)))
 
 

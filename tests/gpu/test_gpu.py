@@ -49,6 +49,19 @@ def test_fairseq_train_on_gpu(data_bin, tmp_path, arch, precision):
     assert len(losses) >= 2 and all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], log[-3000:]
 
 
+def test_the_logged_peak_is_torchs_max_memory_allocated():
+    """The plugin's gpu_peak_mb reads the allocator's nested statistics (fairseq_tnn/tasks/step_metrics.py): the same
+    number as torch.cuda.max_memory_allocated, before and after a reset and a larger allocation."""
+    from fairseq_tnn.tasks.step_metrics import peak_allocated
+    x = torch.empty(2 ** 22, device="cuda")
+    assert peak_allocated() == torch.cuda.max_memory_allocated() > 0
+    torch.cuda.reset_peak_memory_stats()
+    before = peak_allocated()
+    y = torch.empty(2 ** 24, device="cuda")
+    assert peak_allocated() == torch.cuda.max_memory_allocated() >= before + y.numel() * 4
+    del x, y
+
+
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)
 def test_compiled_equals_eager_on_gpu(arch):
     torch.manual_seed(0)

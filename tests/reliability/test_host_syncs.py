@@ -287,7 +287,8 @@ def test_update_time_on_cuda_is_read_one_update_later_without_a_device_sync(monk
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(a))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: None)
-    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: 3 * 2 ** 20)
+    monkeypatch.setattr(torch.cuda, "memory_stats_as_nested_dict",
+                        lambda *a: {"allocated_bytes": {"all": {"peak": 3 * 2 ** 20}}})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(FakeEvent, "log", [])
     task, logged = FakeTask(), []
