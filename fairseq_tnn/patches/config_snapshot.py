@@ -7,7 +7,8 @@ attribute of a ``DictConfig`` goes through OmegaConf's node lookup, interpolatio
 0.47 ms of a small model's update on the CI machine (``benchmarks/trainer_calls.py``, the config row), time in which a
 GPU that has finished the previous update's kernels waits for the next.
 
-During ``train_step`` the Trainer's ``cfg`` is a :class:`ConfigSnapshot` of it: the same values, resolved once, read as
+During ``train_step`` the Trainer's ``cfg`` is a :class:`ConfigSnapshot` of it (and its learning-rate scheduler's
+``cfg``, which ``step_update`` reads at every update, one of its own): the same values, resolved once, read as
 plain attributes; a key it does not hold (a missing value, a key the config does not have) and any method (``get``,
 ``keys`` ...) is read from the config itself, as before. The snapshot is taken at the first update after the
 optimizer and learning-rate scheduler exist (they are built from the config object itself) and kept while the
@@ -59,20 +60,39 @@ class ConfigSnapshot:
         return f"ConfigSnapshot({self.source!r})"
 
 
+def _snapshot_of(owner, cfg: DictConfig) -> ConfigSnapshot:
+    """The snapshot of ``cfg`` that ``owner`` keeps between updates, taken anew where its config is another object."""
+    snapshot = owner.__dict__.get(SNAPSHOT)
+    if snapshot is None or snapshot.source is not cfg:
+        snapshot = ConfigSnapshot(cfg)
+        owner.__dict__[SNAPSHOT] = snapshot
+    return snapshot
+
+
+def read(owner):
+    """What to read ``owner``'s config from outside its update too (the Trainer's, between updates): the snapshot it
+    keeps where that is of its config as it is now, else its config."""
+    cfg = owner.__dict__.get("cfg")
+    snapshot = owner.__dict__.get(SNAPSHOT)
+    return snapshot if snapshot is not None and snapshot.source is cfg else cfg
+
+
 def train_step(original):
     def train_step(self, samples, raise_oom=False):
         cfg = self.__dict__.get("cfg")
         if not isinstance(cfg, DictConfig) or self._optimizer is None or self._lr_scheduler is None:
             return original(self, samples, raise_oom)  # a snapshot already (a retry after OOM), or still building
-        snapshot = self.__dict__.get(SNAPSHOT)
-        if snapshot is None or snapshot.source is not cfg:
-            snapshot = ConfigSnapshot(cfg)
-            setattr(self, SNAPSHOT, snapshot)
-        self.cfg = snapshot
+        scheduler = self._lr_scheduler
+        scheduler_cfg = scheduler.__dict__.get("cfg")
+        self.cfg = _snapshot_of(self, cfg)
+        if isinstance(scheduler_cfg, DictConfig):  # its step_update reads it at every update
+            scheduler.cfg = _snapshot_of(scheduler, scheduler_cfg)
         try:
             return original(self, samples, raise_oom)
         finally:
             self.cfg = cfg
+            if isinstance(scheduler_cfg, DictConfig):
+                scheduler.cfg = scheduler_cfg
 
     return train_step
 

@@ -68,8 +68,7 @@ from fairseq.optim.adam import Adam, FairseqAdam
 from fairseq.optim.dynamic_loss_scaler import DynamicLossScaler
 from fairseq.optim.fp16_optimizer import FP16Optimizer
 
-from . import base, fp16_syncs, multi_tensor_optim
-from .config_snapshot import SNAPSHOT
+from . import base, config_snapshot, fp16_syncs, multi_tensor_optim
 
 FAIRSEQ_LOGGER = logging.getLogger("fairseq.trainer")  # fairseq's note of an overflow, from where fairseq logs it
 PENDING = "fairseq_tnn_pending_update"  # the Trainer's attribute holding the update whose flag is not yet read
@@ -127,7 +126,7 @@ def applies(trainer) -> Optional[str]:
         return None
     if not all(multi_tensor_optim._fusable(adam.optimizer, group) for group in adam.optimizer.param_groups):
         return None
-    cfg = trainer.cfg
+    cfg = config_snapshot.read(trainer)
     if (trainer.data_parallel_world_size != 1 or trainer.tpu or trainer.is_fsdp or trainer.quantizer is not None
             or cfg.common.amp or cfg.ema.store_ema or cfg.optimization.use_bmuf
             or cfg.distributed_training.ddp_backend == "slowmo"):
@@ -277,7 +276,7 @@ def keep_stats(trainer, logging_outputs, sample_size) -> PendingUpdate:
 
 def _acts_after(trainer, updates: int) -> bool:
     """Whether fairseq-train logs, saves, validates or stops after the update that makes the count ``updates``."""
-    cfg = trainer.__dict__.get(SNAPSHOT) or trainer.cfg
+    cfg = config_snapshot.read(trainer)
     save, validate, last = (cfg.checkpoint.save_interval_updates, cfg.dataset.validate_interval_updates,
                             cfg.optimization.max_update)
     return (updates % cfg.common.log_interval == 0 or (save > 0 and updates % save == 0)

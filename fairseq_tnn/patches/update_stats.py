@@ -29,7 +29,7 @@ from collections.abc import MutableMapping
 import torch
 from fairseq import metrics
 
-from . import device_overflow
+from . import config_snapshot, device_overflow
 
 NOT_RETURNED = ("ppl", "wps", "wpb", "bsz")  # what fairseq drops from the metrics it returns
 
@@ -90,13 +90,14 @@ def reduce_and_log_stats(original):
     def _reduce_and_log_stats(self, logging_outputs, sample_size, grad_norm=None):
         if grad_norm is device_overflow.NOT_YET_KNOWN:
             return StatsOnceKnown(self, device_overflow.keep_stats(self, logging_outputs, sample_size))
+        cfg = config_snapshot.read(self)  # called between updates too (device_overflow.py)
         if (not torch.is_tensor(grad_norm) or self.tpu
-                or self.cfg.distributed_training.ddp_backend == "slowmo"):
+                or cfg.distributed_training.ddp_backend == "slowmo"):
             return original(self, logging_outputs, sample_size, grad_norm)
         # train_step's isfinite check passed this norm (see above): logged as fairseq logs a finite one
         metrics.log_speed("ups", 1.0, priority=100, round=2)
         metrics.log_scalar("gnorm", grad_norm, priority=400, round=3)
-        clip_norm = self.cfg.optimization.clip_norm
+        clip_norm = cfg.optimization.clip_norm
         if clip_norm > 0:
             # fairseq's torch.where(norm > clip, new_tensor(100), new_tensor(0)), without its two tensors made from
             # host numbers: each such copy waits for the device (the fifth GPU run's host_syncs found them)
