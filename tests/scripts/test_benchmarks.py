@@ -488,6 +488,41 @@ def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
     assert "| causal 2 x 32 | bound: no token mixing compiled |" in md
 
 
+def test_gpu_profile_breaks_the_host_time_down_for_the_shapes_asked(tmp_path):
+    """gpu_profile.py --host-profile: the update's parts by the host's own clock (with the wait after it), and the
+    host's Python by function, with cProfile's raw statistics and a torch.profiler trace with Python stacks written
+    beside the results, readable later; --shapes runs only the groups named."""
+    import gzip
+    import pstats
+    out = tmp_path / "profile"
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--configs", "tnn6",
+           "--shapes", "causal/32", "--compiled", "--host-profile", "causal/32/tnn6", "--timed", "2", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 900, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "gpu_profile.json").read_text())
+    assert [g["section"] for g in result["groups"]] == ["causal"]
+    (c,) = result["groups"][0]["configs"]
+    host = c["host_split_ms"]
+    assert host["total"] > 0 and host["drain"] >= 0 and host["forward"] > 0 and host["backward"] > 0
+    assert host["rest"] == pytest.approx(host["total"] - host["forward"] - host["backward"] - host["optimizer"])
+    assert sum(c["host_rest_ms"].values()) == pytest.approx(host["rest"], abs=1e-6)
+    py = c["host_python"]
+    assert py["pstats"] == "host-causal-32-tnn6-eager-fp32.pstats" and py["updates"] == 2
+    assert py["by_self"] and py["by_self"][0]["self_ms"] >= py["by_self"][-1]["self_ms"]
+    # fairseq's train_step is among the functions of most cumulative time, as often as the updates profiled
+    assert any("fairseq/trainer.py" in r["where"] and r["where"].endswith("(train_step)") and r["calls"] == 1
+               for r in py["by_cumulative"]), py["by_cumulative"]
+    stats = pstats.Stats(str(out / py["pstats"]))
+    assert any(func == "train_step" for (_, _, func) in stats.stats)
+    trace = json.loads(gzip.open(out / py["trace"]).read())
+    assert any(e.get("cat") == "python_function" for e in trace["traceEvents"])
+    md = (out / "gpu_profile.md").read_text()
+    assert "## The host's time in an update" in md and "### The host's Python in one TNN (RPE 6) update" in md
+    code, log, _ = execute(cmd[:-2] + ["--shapes", "masked/2048", "--out", str(tmp_path / "none")], command_env(), 300,
+                           merge=True)
+    assert code == 2 and "--shapes masked/2048: none of them is a shape of this run" in log, log[-2000:]
+
+
 def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
     """benchmarks/tno_versions.py (issue 39: did the code or the harness make masked FD-TNN and SKI-TNN slower than
     at 23edccf?): the commit's TNOs, imported from git without registering anything, and the current ones, on the
