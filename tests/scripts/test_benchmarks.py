@@ -488,6 +488,7 @@ def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
     assert "| causal 2 x 32 | bound: no token mixing compiled |" in md
 
 
+@pytest.mark.slow
 def test_gpu_profile_breaks_the_host_time_down_for_the_shapes_asked(tmp_path):
     """gpu_profile.py --host-profile: the update's parts by the host's own clock (with the wait after it), and the
     host's Python by function, with cProfile's raw statistics and a torch.profiler trace with Python stacks written
