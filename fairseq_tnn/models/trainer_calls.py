@@ -15,15 +15,15 @@ previous update's kernels waits for the next ones (docs/performance.md).
 class or in its own attributes instead of by a failing lookup. ``benchmarks/trainer_calls.py`` times both against
 fairseq's; tests/models/test_trainer_calls.py checks that they do what fairseq's do.
 """
-import weakref
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 from torch import nn
 
 NAME = "set_num_updates"
 
-# root module -> (its modules in pre-order, each module's children as its ``_modules`` held them when listed)
-_LISTED: "weakref.WeakKeyDictionary[nn.Module, Tuple[List[nn.Module], List[tuple]]]" = weakref.WeakKeyDictionary()
+# the root module's attribute that keeps (its modules in pre-order, each one's children as its ``_modules`` held them
+# when listed): on the root itself, so that it goes with the root (a table keyed by the root would hold the root alive)
+LISTED = "_tnn_modules_listed"
 # a module class -> whether it defines set_num_updates
 _CLASS_HAS: Dict[type, bool] = {}
 
@@ -48,13 +48,13 @@ def modules_of(root: nn.Module) -> List[nn.Module]:
     modules is made of those children alone, so the list is the walk's, whatever changed it (an assignment, a
     deletion, ``ModuleList.insert``, a write to ``_modules``); checking them is a flat loop, about half the walk's
     time (0.05 against 0.10 ms for ``tnn_lm_wt103``'s 209 modules on the CI machine), three times an update."""
-    listed = _LISTED.get(root)
+    listed = root.__dict__.get(LISTED)
     if listed is not None:
         mods, children = listed
         if all(tuple(m._modules.values()) == c for m, c in zip(mods, children)):
             return mods
     mods = _walk(root)
-    _LISTED[root] = (mods, [tuple(m._modules.values()) for m in mods])
+    root.__dict__[LISTED] = (mods, [tuple(m._modules.values()) for m in mods])
     return mods
 
 

@@ -2,8 +2,10 @@
 at every update, do what nn.Module's and fairseq's do: the same training flags on every module from any mixed
 state, a submodule's own train() still called, the same modules told the number of updates in the same order, the
 same error for a mode that is not a bool; and they skip only work that changes nothing."""
+import gc
 import re
 import sys
+import weakref
 
 import pytest
 import torch
@@ -63,6 +65,11 @@ def test_the_kept_list_of_modules_follows_every_change_of_the_tree():
     layers[2].inner = counted = Counted()
     model.set_num_updates(7)
     assert told == [(id(counted), 7)]
+    # the list goes with the model: nothing else holds it alive
+    gone = weakref.ref(model)
+    del model, layers, same, changes
+    gc.collect()
+    assert gone() is None
 
 
 @pytest.mark.parametrize("arch", ARCHS)
