@@ -373,9 +373,9 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     """Every figure of one configuration, eager, compiled (True) or compiled with CUDA graphs (``tr.GRAPHS``; see
     the module docstring); with ``host_dir``, where the host's time goes too: each part of the update by the host's
     own clock, nothing synchronised inside it (:func:`split_update`), and function by function
-    (:func:`host_python`, its files written to ``host_dir``). Under fp16 the warm-up runs until fairseq's loss scale stops falling (an update whose
-    gradients overflow is skipped, optimizer step and all, and would time a cheaper update); the timed updates
-    that still overflowed are counted."""
+    (:func:`host_python`, its files written to ``host_dir``). Under fp16 the warm-up runs until fairseq's loss scale
+    stops falling (an update whose gradients overflow is skipped, optimizer step and all, and would time a cheaper
+    update); the timed updates that still overflowed are counted."""
     from benchmarks.opcount import trainer_counts
     sample = tr.synthetic_sample(section, n, batch, tr.QUICK_VOCAB if quick else tr.VOCAB, device=device)
     torch.manual_seed(1)
@@ -636,7 +636,7 @@ def _host_tables(groups) -> List[str]:
         return []
     names = list(hosted[0][1]["host_rest_ms"])
     out = ["", "## The host's time in an update", "",
-           f"Each part of the update by the host's own clock, ms (mean of the timed updates): nothing is synchronised "
+           "Each part of the update by the host's own clock, ms (mean of the timed updates): nothing is synchronised "
            "inside the update, so a part's time is the host's (its Python and launches), and drain is the wait for the "
            "device after `train_step` returned (about 0 where the host is the longer of the two). The rest is split "
            "as in the table above.", "",
@@ -653,8 +653,8 @@ def _host_tables(groups) -> List[str]:
                 f"cProfile over {py['updates']} updates ({py['self_ms']:.2f} ms of profiled self time per update, "
                 f"cProfile's own cost included); raw statistics `{py['pstats']}`, a trace of two updates with Python "
                 f"stacks `{py['trace']}`. By self time, then by cumulative time:", ""]
-        for by, what in (("by_self", "self"), ("by_cumulative", "cum")):
-            out += [f"| function | calls / update | self ms | cumulative ms |", "|---|---:|---:|---:|"]
+        for by in ("by_self", "by_cumulative"):
+            out += ["| function | calls / update | self ms | cumulative ms |", "|---|---:|---:|---:|"]
             for r in py[by]:
                 where = r["where"].replace("|", "/")
                 where = where if len(where) <= 100 else "..." + where[-97:]

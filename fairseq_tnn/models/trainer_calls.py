@@ -74,13 +74,9 @@ def _has_set_num_updates(m: nn.Module) -> bool:
 
 def pass_num_updates(root: nn.Module, num_updates: int) -> None:
     """fairseq's ``set_num_updates`` of ``root``: the call goes to each of its submodules (``root`` excepted) that has
-    the method, in ``root.modules()`` order (:func:`_has_set_num_updates`, inlined: this runs at every update)."""
-    known = _CLASS_HAS
+    the method, in ``root.modules()`` order."""
     for m in modules_of(root)[1:]:
-        has = known.get(type(m))
-        if has is None:
-            has = _class_has(type(m))
-        if has or NAME in m.__dict__ or NAME in m._parameters or NAME in m._buffers or NAME in m._modules:
+        if _has_set_num_updates(m):
             m.set_num_updates(num_updates)
 
 
