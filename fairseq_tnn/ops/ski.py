@@ -327,9 +327,14 @@ def depthwise_band(x: torch.Tensor, conv_weight: torch.Tensor) -> torch.Tensor:
     over the R rows, so that autograd sums their gradient over them). In conv_weight's dtype."""
     d, m = conv_weight.shape
     rows, n = x.shape[1], x.shape[-1]
-    taps = conv_weight[:, None, :].expand(d, rows, m).reshape(d * rows, 1, m)
-    y = F.conv1d(x.to(conv_weight.dtype).reshape(1, d * rows, n), taps, padding=(m - 1) // 2, groups=d * rows)
-    return y.view(d, rows, n)
+    dt = conv_weight.dtype
+    # fp16 on the CPU in float32, the result rounded to fp16: oneDNN's fp16 depthwise convolution never returned on an
+    # Intel Xeon with AMX (torch 2.13.0+cpu: its kernel generator loops; a 16-channel, 17-tap conv1d of 40 positions
+    # hung tests/ops/test_ski.py and .ci/run with it). bf16 and every GPU type run as they are.
+    compute = torch.float32 if dt == torch.float16 and x.device.type == "cpu" else dt
+    taps = conv_weight[:, None, :].expand(d, rows, m).reshape(d * rows, 1, m).to(compute)
+    y = F.conv1d(x.to(compute).reshape(1, d * rows, n), taps, padding=(m - 1) // 2, groups=d * rows)
+    return y.view(d, rows, n).to(dt)
 
 
 def ski_tno(x: torch.Tensor, conv_weight: torch.Tensor, knots: Optional[torch.Tensor], lam: float,
