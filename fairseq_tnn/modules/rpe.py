@@ -1,4 +1,5 @@
 """The relative positional encoder (RPE): an MLP from a scalar to d values."""
+import math
 from typing import Optional
 
 import torch
@@ -7,34 +8,38 @@ from torch import nn
 
 from ..ops import fast
 from ..ops.rpe import ACTIVATIONS as FAST_ACTIVATIONS
-from ..ops.rpe import rpe_mlp, rpe_mlp_stacked, rpe_params
+from ..ops.rpe import rpe_mlp, rpe_mlp_packed, rpe_params
 from ..ops.toeplitz import autocast_off
 from .activations import get_activation
 from .norm import build_norm
 
 
-def _one_copy(tensors, shapes, dt: torch.dtype) -> list:
-    """``tensors`` flattened into one concatenated copy in ``dt`` (one operation, and one for the gradients back),
-    viewed as ``shapes`` in turn (each the total size of one or more of them)."""
-    flat = torch.cat([t.reshape(-1) for t in tensors]).to(dt)
-    return [v.view(shape) for v, shape in zip(flat.split([torch.Size(shape).numel() for shape in shapes]), shapes)]
+class PackedLinear(nn.Module):
+    """One of an ``Rpe``'s Linear layers, its ``weight`` and ``bias`` views of the RPE's one parameter (``Rpe.packed``),
+    made at each access, so that they follow it through device moves, casts and loads. It holds no parameter of its
+    own: the RPE saves and loads its weights under this module's names (``weight``, ``bias``), as an ``nn.Linear``'s."""
 
+    def __init__(self, owner: "Rpe", slot: int, in_features: int, out_features: int):
+        super().__init__()
+        object.__setattr__(self, "_owner", owner)  # a plain reference: the RPE holds this module, not the reverse
+        self.slot, self.in_features, self.out_features = slot, in_features, out_features
 
-def _in_dtype(params, dt: torch.dtype):
-    """``params`` in ``dt``: as they are, or (16-bit weights set directly) all cast in one operation, and their
-    gradients back in one, instead of one per weight (16 for RPE 6)."""
-    if all(p.dtype == dt for p in params):
-        return params
-    return _one_copy(params, [p.shape for p in params], dt)
+    @property
+    def weight(self) -> torch.Tensor:
+        return self._owner.packed_view(self.slot)
 
+    @property
+    def bias(self) -> torch.Tensor:
+        return self._owner.packed_view(self.slot + 1)
 
-def _stacked_params(rpes, dt: torch.dtype) -> list:
-    """Each parameter of ``rpes`` (``rpe_params`` order) in ``dt`` with a leading dimension of len(rpes), all made by
-    one copy (``_one_copy``): the flattened weights concatenated kind by kind, each kind's block viewed (L, *shape) (a
-    ``torch.stack`` per kind took one operation each, 16 for RPE 6). The backward hands each RPE's parameter its
-    gradient as a view."""
-    kinds = list(zip(*(rpe_params(r) for r in rpes)))
-    return _one_copy([w for ws in kinds for w in ws], [(len(ws), *ws[0].shape) for ws in kinds], dt)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        """Nothing: the RPE loads this module's keys into its packed parameter (``Rpe._load_from_state_dict``)."""
 
 
 class Rpe(nn.Module):
@@ -48,10 +53,75 @@ class Rpe(nn.Module):
         super().__init__()
         self.activation, self.norm_type = activation, norm_type
         self.act = get_activation(activation)
+        # nn.Linear's initialisation, drawn in the order it always was; then the Linears' weights packed
         self.proj = nn.Linear(in_dim, hidden)
         self.norms = nn.ModuleList(build_norm(norm_type, hidden) for _ in range(layers + 1))
         self.linears = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(layers))
         self.out = nn.Linear(hidden, out_dim)
+        self._pack()
+
+    def _pack(self) -> None:
+        """The Linears' weights and biases as one parameter, ``packed``: flattened one after another in the order
+        ``rpe_mlp`` takes them (proj, then each hidden Linear, then out; weight before bias), and each Linear a
+        ``PackedLinear`` of views into it. One tensor instead of 2 (layers + 2) is what autograd, the optimizer and
+        a compiled graph see: for a causal wt103 stack, 7 where there were 112 (RPE 6), which a CUDA-graphed update
+        checks, hands to autograd and accumulates one by one (docs/performance.md). The state_dict keeps the
+        Linears' names (``_save_to_state_dict``), so checkpoints are the same as without the packing."""
+        linears = [("proj", self.proj)] + [(f"linears.{i}", m) for i, m in enumerate(self.linears)] + [("out", self.out)]
+        self._names = tuple(f"{name}.{kind}" for name, _ in linears for kind in ("weight", "bias"))
+        self._shapes = tuple(tuple(p.shape) for _, m in linears for p in (m.weight, m.bias))
+        self._sizes = tuple(math.prod(shape) for shape in self._shapes)
+        self._offsets = tuple(sum(self._sizes[:i]) for i in range(len(self._sizes)))
+        self.packed = nn.Parameter(torch.cat([p.detach().reshape(-1) for _, m in linears for p in (m.weight, m.bias)]))
+        self.proj = PackedLinear(self, 0, self.proj.in_features, self.proj.out_features)
+        self.linears = nn.ModuleList(PackedLinear(self, 2 + 2 * i, m.in_features, m.out_features)
+                                     for i, m in enumerate(self.linears))
+        self.out = PackedLinear(self, len(self._names) - 2, self.out.in_features, self.out.out_features)
+
+    def packed_view(self, slot: int) -> torch.Tensor:
+        """The weight or bias ``slot`` (``_names``' order) as a view of ``packed``."""
+        return self.packed.narrow(0, self._offsets[slot], self._sizes[slot]).view(self._shapes[slot])
+
+    def unpacked(self, packed: Optional[torch.Tensor] = None) -> list:
+        """Every weight and bias of the Linears (``_names``' order) as views of ``packed`` (default: ``self.packed``),
+        made by one split (whose backward is one concatenation)."""
+        packed = self.packed if packed is None else packed
+        return [v.view(shape) for v, shape in zip(packed.split(self._sizes), self._shapes)]
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        if prefix + "packed" not in destination:  # not packed (the tests' stand-in for the layout before packing)
+            return
+        packed = destination.pop(prefix + "packed")
+        for name, view in zip(self._names, self.unpacked(packed)):
+            destination[prefix + name] = view
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Each Linear's ``weight`` and ``bias``, under the names an ``nn.Linear`` child would have, copied into its
+        place in ``packed``; missing, unexpected and wrongly sized keys reported as ``nn.Module`` reports them."""
+        if "packed" not in self._parameters:
+            return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                                 unexpected_keys, error_msgs)
+        for hook in self._load_state_dict_pre_hooks.values():
+            hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        with torch.no_grad():
+            for name, view in zip(self._names, self.unpacked(self.packed.detach())):
+                key = prefix + name
+                if key not in state_dict:
+                    if strict:
+                        missing_keys.append(key)
+                    continue
+                value = state_dict[key]
+                if not isinstance(value, torch.Tensor) or value.shape != view.shape:
+                    error_msgs.append(f"size mismatch for {key}: copying a param with shape "
+                                      f"{getattr(value, 'shape', type(value).__name__)} from checkpoint, the shape "
+                                      f"in current model is {view.shape}.")
+                    continue
+                view.copy_(value)
+        if strict:
+            unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)
+                                   and key[len(prefix):].split(".", 1)[0] not in self._modules)
 
     def _apply(self, fn, recurse=True):
         """A cast of the model to a 16-bit float (fairseq's ``model.half()`` under ``--fp16``, ``.to(torch.bfloat16)``)
@@ -85,7 +155,7 @@ class Rpe(nn.Module):
     # 2048: the model would give distinct lags the same kernel value. The MLP is tiny (m x hidden).
     # The helpers below run inside the caller's autocast-free region.
     def _dtype(self) -> torch.dtype:
-        return torch.promote_types(self.proj.weight.dtype, torch.float32)
+        return torch.promote_types(self.packed.dtype, torch.float32)
 
     def _linear(self, h: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
         dt = self._dtype()
@@ -114,14 +184,15 @@ class Rpe(nn.Module):
             return self.channel_major_ref(t, scale)
         eps, dt = self.norms[0].eps, self._dtype()
         with autocast_off(t.device.type):
-            params = _in_dtype(rpe_params(self), dt)
-            return rpe_mlp(t, scale, params, self.activation, self.norm_type, eps, len(self.linears), dt)
+            if self.norm_type == "layernorm":  # the norms' weights beside the packed ones
+                return rpe_mlp(t, scale, rpe_params(self), self.activation, self.norm_type, eps, len(self.linears), dt)
+            return rpe_mlp_packed(t, scale, self.packed.unsqueeze(0), self._shapes, self.activation, self.norm_type,
+                                  eps, len(self.linears), dt).squeeze(0)
 
     def _shape(self) -> tuple:
         """What two RPEs must share to be evaluated as one batched MLP: every setting and weight's shape, the
         dtype they compute in, the device."""
-        return (self.activation, self.norm_type, self.norms[0].eps, self._dtype(), self.proj.weight.device,
-                tuple(p.shape for p in rpe_params(self)))
+        return (self.activation, self.norm_type, self.norms[0].eps, self._dtype(), self.packed.device, self._shapes)
 
     @staticmethod
     def stackable(rpes) -> bool:
@@ -136,13 +207,13 @@ class Rpe(nn.Module):
     @staticmethod
     def stacked_channel_major(rpes, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(L, out_dim, m): ``channel_major(t, scale)`` of each of the L ``rpes`` (``stackable``), as one batched
-        MLP (``ops.rpe.rpe_mlp_stacked``): their weights stacked (one operation, ``_stacked_params``), then the
-        operations of one RPE."""
+        MLP (``ops.rpe.rpe_mlp_packed``): their packed weights stacked (one operation; its backward hands each RPE its
+        row of the gradient as a view), then the operations of one RPE."""
         first = rpes[0]
         eps, dt = first.norms[0].eps, first._dtype()
         with autocast_off(t.device.type):
-            return rpe_mlp_stacked(t, scale, _stacked_params(rpes, dt), first.activation, first.norm_type,
-                                   eps, len(first.linears), dt)
+            return rpe_mlp_packed(t, scale, torch.stack([r.packed for r in rpes]), first._shapes, first.activation,
+                                  first.norm_type, eps, len(first.linears), dt)
 
     def channel_major_ref(self, t: torch.Tensor, scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``channel_major`` by the plain operations, differentiated by autograd.

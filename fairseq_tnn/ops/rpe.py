@@ -21,6 +21,7 @@ in one operation (and their gradients back in one) before calling it.
 gradients. Everything computes in ``dtype`` (float32 at least, see ``modules/rpe.py``); gradients are
 returned in it too, and autograd casts them to each parameter's dtype.
 """
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -63,12 +64,14 @@ def _unpack(params: Sequence[torch.Tensor], layers: int, layernorm: bool):
 
 def rpe_params(rpe) -> List[torch.Tensor]:
     """The parameters of a ``modules.rpe.Rpe`` in the order ``rpe_mlp`` takes them: proj, then per hidden
-    layer its norm's (LayerNorm only) and its Linear's, then the last norm's and the output Linear's."""
-    layernorm = isinstance(rpe.norms[0], torch.nn.LayerNorm)
-    out = [rpe.proj.weight, rpe.proj.bias]
-    for norm, linear in zip(rpe.norms, rpe.linears):
-        out += ([norm.weight, norm.bias] if layernorm else []) + [linear.weight, linear.bias]
-    out += ([rpe.norms[-1].weight, rpe.norms[-1].bias] if layernorm else []) + [rpe.out.weight, rpe.out.bias]
+    layer its norm's (LayerNorm only) and its Linear's, then the last norm's and the output Linear's. The Linears'
+    are views of the RPE's packed parameter (``Rpe.unpacked``), which holds them in this order."""
+    linears = rpe.unpacked()
+    if not isinstance(rpe.norms[0], torch.nn.LayerNorm):
+        return linears
+    out = linears[:2]
+    for i, norm in enumerate(rpe.norms):
+        out += [norm.weight, norm.bias] + linears[2 + 2 * i: 4 + 2 * i]
     return out
 
 
@@ -77,14 +80,21 @@ class RpeMlp(torch.autograd.Function):
     leading dimension of L (one layer's RPE: L = 1); see the module docstring. Every GEMM is one batched GEMM
     over the L MLPs, every other operation one operation on all of them, so that evaluating a model's layers'
     RPEs together costs the operations of one. ``config``: (activation, norm type, norm eps, hidden layers,
-    dtype); a LayerNorm's parameters are taken for L = 1 only."""
+    dtype, shapes); a LayerNorm's parameters are taken for L = 1 only. ``shapes`` None: ``params`` are the
+    parameters, each (L, *shape), and each gets its gradient; otherwise ``params`` is one (L, P) tensor, each row the
+    parameters of ``shapes`` flattened one after another (``rpe_mlp_packed``), and its gradient is one (L, P) tensor."""
 
     @staticmethod
     def forward(ctx, t: torch.Tensor, scale: Optional[torch.Tensor], config: Tuple, *params: torch.Tensor):
-        activation, norm_type, eps, layers, dt = config
+        activation, norm_type, eps, layers, dt, shapes = config
         act = ACTIVATIONS[activation][0]
         layernorm = norm_type == "layernorm"
-        ps = [p.to(dt) for p in params]
+        if shapes is None:
+            ps = [p.to(dt) for p in params]
+        else:  # views of the rows, no copy (each block's last dimension is contiguous)
+            (packed,) = params
+            blocks = packed.to(dt).split([math.prod(shape) for shape in shapes], dim=1)
+            ps = [block.view(packed.shape[0], *shape) for block, shape in zip(blocks, shapes)]
         proj, hidden, final, (w_out, b_out) = _unpack(ps, layers, layernorm)
         stacked = w_out.shape[0]
         if layernorm and stacked != 1:
@@ -126,7 +136,7 @@ class RpeMlp(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad: torch.Tensor):
-        activation, norm_type, eps, layers, dt = ctx.config
+        activation, norm_type, eps, layers, dt, shapes = ctx.config
         act_backward = ACTIVATIONS[activation][1]
         layernorm = norm_type == "layernorm"
         saved = ctx.saved_tensors
@@ -169,6 +179,8 @@ class RpeMlp(torch.autograd.Function):
             else:
                 grads += [gh.sum(1), torch.bmm(gh.transpose(1, 2), x0)]  # proj's b, w
         grads.reverse()
+        if shapes is not None:  # the packed rows' gradient, in one operation
+            return None, None, None, torch.cat([g.reshape(g.shape[0], -1) for g in grads], dim=1)
         return (None, None, None, *grads)
 
 
@@ -184,7 +196,16 @@ def rpe_mlp_stacked(t: torch.Tensor, scale: Optional[torch.Tensor], params: Sequ
                     norm_type: str, eps: float, layers: int, dtype: torch.dtype) -> torch.Tensor:
     """(L, d, m): L RPE MLPs of one shape at the same positions, each of ``params`` (``rpe_params``' order) the L
     MLPs' parameter stacked along a new first dimension, in the operations of one MLP (``RpeMlp``)."""
-    return RpeMlp.apply(t, scale, (activation, norm_type, float(eps), layers, dtype), *params)
+    return RpeMlp.apply(t, scale, (activation, norm_type, float(eps), layers, dtype, None), *params)
+
+
+def rpe_mlp_packed(t: torch.Tensor, scale: Optional[torch.Tensor], packed: torch.Tensor, shapes: Sequence[tuple],
+                   activation: str, norm_type: str, eps: float, layers: int, dtype: torch.dtype) -> torch.Tensor:
+    """(L, d, m): ``rpe_mlp_stacked`` of L RPE MLPs whose parameters are the rows of ``packed`` (L, P), each row the
+    parameters of ``shapes`` (``rpe_params``' order, RMS norms: no norm weights) flattened one after another, as
+    ``modules.rpe.Rpe.packed`` holds them. The backward returns the rows' gradient as one (L, P) tensor: autograd and
+    a compiled graph see one tensor per RPE, not one per weight."""
+    return RpeMlp.apply(t, scale, (activation, norm_type, float(eps), layers, dtype, tuple(map(tuple, shapes))), packed)
 
 
 def rpe_mlp_ref(t: torch.Tensor, scale: Optional[torch.Tensor], params: Sequence[torch.Tensor], activation: str,

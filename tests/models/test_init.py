@@ -9,13 +9,15 @@ from torch import nn
 from benchmarks.ski_diagnostics import model_init_scales
 from fairseq_tnn.models.build import build_arch
 from fairseq_tnn.models.tnn_mlm import init_like_roberta
+from fairseq_tnn.modules.rpe import PackedLinear, Rpe
 
 MASKED = ["tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"]
 WIDE = dict(encoder_embed_dim=256, glu_dim=256)  # weights large enough for their std to be measured
 
 
 def linears(model):
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    """Every Linear, the RPEs' (views of their packed parameter) included."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, (nn.Linear, PackedLinear))]
 
 
 @pytest.mark.parametrize("arch", MASKED)
@@ -36,17 +38,23 @@ def test_a_new_masked_model_follows_robertas_scheme(arch):
     assert not model.encoder.lm_head.bias.any()
 
 
-def test_the_draws_are_fairseqs_init_bert_params():
-    """Same seed, same values as fairseq's own function (on the CPU, where it draws)."""
+def test_the_draws_are_fairseqs_init_bert_params(monkeypatch):
+    """Same seed, same values as fairseq's own function (on the CPU, where it draws) on the authors' layout, where the
+    RPE's Linears are ``nn.Linear`` modules (here: the RPEs left unpacked, ``Rpe._pack``)."""
     torch.manual_seed(0)
     ours = build_arch("tnn_mlm_tiny", 100)
-    theirs = build_arch("tnn_mlm_tiny", 100)
+    with monkeypatch.context() as patch:
+        patch.setattr(Rpe, "_pack", lambda self: None)
+        theirs = build_arch("tnn_mlm_tiny", 100)
+    assert any(isinstance(m, nn.Linear) and ".rpe." in name for name, m in theirs.named_modules())
     torch.manual_seed(1)
     ours.apply(init_like_roberta)
     torch.manual_seed(1)
     theirs.apply(init_bert_params)
-    for (name, a), b in zip(ours.state_dict().items(), theirs.state_dict().values()):
-        assert torch.equal(a, b), name
+    ours, theirs = ours.state_dict(), theirs.state_dict()
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        assert torch.equal(ours[name], theirs[name]), name
 
 
 def test_a_causal_model_keeps_pytorchs_defaults():

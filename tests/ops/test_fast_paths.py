@@ -28,7 +28,16 @@ def _rpe(activation, norm_type, layers, device, dtype=torch.float64):
 
 def _grads(fn, rpe, g):
     y = fn()
-    return y, torch.autograd.grad(y, list(rpe.parameters()), g)
+    return y, by_weight(rpe, torch.autograd.grad(y, list(rpe.parameters()), g))
+
+
+def by_weight(rpe, grads):
+    """[(name, gradient)] of ``rpe.parameters()``' ``grads``, the packed parameter's split into each Linear's weight
+    and bias (``Rpe.unpacked``), so that a weight whose gradient is wrong is named."""
+    out = []
+    for (name, _), grad in zip(rpe.named_parameters(), grads):
+        out += list(zip(rpe._names, rpe.unpacked(grad))) if name == "packed" else [(name, grad)]
+    return out
 
 
 def test_every_activation_has_a_fast_path():
@@ -48,9 +57,10 @@ def test_rpe_mlp_matches_reference(activation, norm_type, scaled, layers, device
     with fast.references():
         y_ref, gs_ref = _grads(lambda: rpe.channel_major(t, scale), rpe, g)
     assert y.shape == (6, t.shape[0])
-    assert_on(device, y, *gs)
+    assert_on(device, y, *(gr for _, gr in gs))
     assert_close_rel(y, y_ref, 1e-12)
-    for name, a, b in zip([n for n, _ in rpe.named_parameters()], gs, gs_ref):
+    assert len(gs) == 2 * (layers + 2) + (2 * (layers + 1) if norm_type == "layernorm" else 0)
+    for (name, a), (_, b) in zip(gs, gs_ref):
         assert_close_rel(a, b, 1e-11, name)
     # the functions themselves, as the module calls them
     args = (t, scale, rpe_params(rpe), activation, norm_type, rpe.norms[0].eps, layers, torch.float64)
@@ -68,9 +78,9 @@ def test_rpe_mlp_gradient_at_a_zero_row_is_finite():
     _, gs = _grads(lambda: rpe.channel_major(t), rpe, g)
     with fast.references():
         _, gs_ref = _grads(lambda: rpe.channel_major(t), rpe, g)
-    for a, b in zip(gs, gs_ref):
-        assert torch.isfinite(a).all()
-        assert_close_rel(a, b, 1e-11)
+    for (name, a), (_, b) in zip(gs, gs_ref):
+        assert torch.isfinite(a).all(), name
+        assert_close_rel(a, b, 1e-11, name)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -108,9 +118,9 @@ def test_rpe_mlp_compiled_gives_every_weight_its_gradient(scaled, device):
     out = {}
     for name, fn in (("eager", kernel), ("compiled", torch.compile(kernel, fullgraph=True))):
         y = fn(40)
-        out[name] = (y, torch.autograd.grad((y * g).sum(), list(rpe.parameters())))
+        out[name] = (y, by_weight(rpe, torch.autograd.grad((y * g).sum(), list(rpe.parameters()))))
     assert_close_rel(out["compiled"][0], out["eager"][0], 1e-5)
-    for (pname, _), a, b in zip(rpe.named_parameters(), out["compiled"][1], out["eager"][1]):
+    for (pname, a), (_, b) in zip(out["compiled"][1], out["eager"][1]):
         assert_close_rel(a, b, 1e-4, pname)
 
 

@@ -2,6 +2,7 @@
 its verdicts on the targets, on synthetic measurements at the target lengths."""
 import importlib
 import json
+import re
 import sys
 
 import pytest
@@ -813,3 +814,16 @@ def test_gpu_profile_measures_fairseqs_bf16_beside_the_runs_precision(tmp_path):
     target = next(t for t in result["targets"] if "TNN (RPE 3) (bf16 weights) vs fp32, eager update time" in t["target"])
     assert target["bound"] == 1.1 and target["ratio"] == bf16["update_ms"] / ours["update_ms"]
     assert "| causal 2 x 32 | TNN (RPE 3) (bf16 weights) |" in (out / "gpu_profile.md").read_text()
+
+
+@pytest.mark.runs_doc(r'^python benchmarks/stack_step\.py')
+def test_stack_step_times_each_tree_in_its_own_process(tmp_path):
+    """benchmarks/stack_step.py: a stack's step at a tiny shape for each tree given, alternated; the stack's parameter
+    tensors counted (the causal wt103 stack: 63, each RPE one packed tensor); a folder without the package refused."""
+    code, out, err = execute([sys.executable, ROOT / "benchmarks/stack_step.py", "--trees", ".", ROOT, "--modes",
+                              "eager", "--steps", 2, "--width", 16, "--tokens", 8, "--rounds", 2], command_env(), 300)
+    assert code == 0, err[-3000:]
+    assert out.count("eager: 63 tensors") == 4, out
+    assert re.search(r"\| \S+ \| eager \| 63 \| [0-9.]+ \| [0-9.]+ \|", out), out
+    code, _, err = execute([sys.executable, ROOT / "benchmarks/stack_step.py", "--trees", tmp_path], command_env(), 60)
+    assert code == 2 and "holds no fairseq_tnn package" in err, err

@@ -86,16 +86,18 @@ def test_train_dry_run_masked_knobs(data_bin, tmp_path):
 
 @pytest.mark.parametrize("env,present,absent", [
     ({}, ["--fp16", "--tnn-compile", "--tnn-cuda-graphs"], ["--bf16-autocast", "--bf16", "--cpu"]),
-    ({"PRECISION": "bf16"}, ["--bf16-autocast", "--tnn-compile", "--tnn-cuda-graphs"], ["--fp16", "--bf16"]),
+    ({"PRECISION": "bf16"}, ["--bf16", "--tnn-compile", "--tnn-cuda-graphs"], ["--fp16", "--bf16-autocast"]),
+    ({"PRECISION": "bf16-autocast"}, ["--bf16-autocast", "--tnn-compile", "--tnn-cuda-graphs"], ["--fp16", "--bf16"]),
     ({"PRECISION": "fp32", "TNN_COMPILE": "0"}, [], ["--fp16", "--bf16-autocast", "--tnn-compile", "--tnn-cuda-graphs"]),
     ({"CUDA_GRAPHS": "0"}, ["--fp16", "--tnn-compile"], ["--tnn-cuda-graphs"]),
     ({"TNN_COMPILE": "strict"}, ["--fp16", "--tnn-compile", "--tnn-cuda-graphs"], []),
-    ({"CPU": "1", "PRECISION": "bf16", "TNN_COMPILE": "1"}, ["--bf16-autocast", "--tnn-compile", "--cpu"],
-     ["--fp16", "--tnn-cuda-graphs"]),
+    ({"CPU": "1", "PRECISION": "bf16", "TNN_COMPILE": "1"}, ["--bf16", "--tnn-compile", "--cpu"],
+     ["--fp16", "--tnn-cuda-graphs", "--bf16-autocast"]),
+    ({"CPU": "1", "PRECISION": "bf16-autocast"}, ["--bf16-autocast", "--cpu"], ["--fp16", "--bf16", "--tnn-compile"]),
 ])
 def test_train_dry_run_precision_and_compile(data_bin, tmp_path, env, present, absent):
-    """GPU recipe: fp16 and compiled layers trained as CUDA graphs by default; PRECISION=bf16 is the plugin's bf16
-    autocast (fairseq's --bf16 means TPU); TNN_COMPILE switches compilation either way, and the graphs with it unless
+    """GPU recipe: fp16 and compiled layers trained as CUDA graphs by default; PRECISION=bf16 is fairseq's --bf16
+    (bf16 weights, an fp32 master copy), bf16-autocast the plugin's --bf16-autocast; TNN_COMPILE switches compilation either way, and the graphs with it unless
     CUDA_GRAPHS says otherwise (CUDA_GRAPHS=1 is refused on the CPU and without compilation, below)."""
     f = flags(dry_train("tnn_lm_wt103", data_bin, NPROC="1", SAVE_ROOT=str(tmp_path), **env))
     for flag in present:
@@ -159,10 +161,10 @@ def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_pa
     ({"NPROC": "1", "BATCH_PER_GPU": "0"}, "SEQS_PER_UPDATE (128), BATCH_PER_GPU (0) and the number of processes (1) "
                                            "must be positive integers"),
     ({"NPROC": "x"}, "NPROC must be a positive integer"),
-    ({"NPROC": "1", "PRECISION": "fp8"}, "PRECISION must be fp16, bf16 or fp32, not 'fp8'"),
+    ({"NPROC": "1", "PRECISION": "fp8"}, "PRECISION must be fp16, bf16, bf16-autocast or fp32, not 'fp8'"),
     ({"NPROC": "1", "TNN_COMPILE": "yes"}, "TNN_COMPILE must be 0 or 1 (--tnn-compile), or strict (--tnn-compile "
                                            "strict), not 'yes'"),
-    ({"CPU": "1", "PRECISION": "fp16"}, "CPU=1 trains in fp32 or bf16 (PRECISION=fp32 or bf16), not fp16"),
+    ({"CPU": "1", "PRECISION": "fp16"}, "CPU=1 trains in fp32 or bf16 (PRECISION=fp32, bf16 or bf16-autocast), not fp16"),
     ({"CPU": "1", "CUDA_GRAPHS": "1"}, "CUDA_GRAPHS=1 runs the compiled layers as CUDA graphs on a GPU: it needs "
                                        "TNN_COMPILE=1 or strict and a GPU (here TNN_COMPILE=0, CPU=1); set CUDA_GRAPHS=0"),
     ({"NPROC": "1", "CUDA_GRAPHS": "yes"}, "CUDA_GRAPHS must be 0 or 1 (--tnn-cuda-graphs), not 'yes'"),

@@ -54,7 +54,7 @@ class TnnTno(SpectralTno):
         return k.to(fft_dtype(k))
 
     def _dtype(self) -> torch.dtype:
-        return torch.promote_types(self.rpe.proj.weight.dtype, torch.float32)
+        return torch.promote_types(self.rpe.packed.dtype, torch.float32)
 
     def _lags_and_scale(self, lags: torch.Tensor, weights: Optional[torch.Tensor]):
         """The lags in the RPE's dtype and the scale (m,) of each: lambda^|lag| times ``weights`` (None: 1)."""
