@@ -12,8 +12,8 @@ again changes nothing. Each fix's module says why in full; tests/reliability/tes
 fingerprints against the installed fairseq.
 """
 from . import (atomic_save, bf16, broadcast_unpickle, checkpoint_loader, config_snapshot, device_overflow, fp16_syncs,
-               masked_positions, multi_tensor_optim, numpy2_compat_long, progress_bar_log_file, seed, stop_prefetch_at_exit,
-               update_stats)
+               masked_positions, multi_tensor_optim, numpy2_compat_long, packed_state, progress_bar_log_file, seed,
+               stop_prefetch_at_exit, update_stats)
 from .base import Patch
 
 FAIRSEQ = "fairseq 0.12.3.1 (fairseq-fixed)"
@@ -55,6 +55,18 @@ PATCHES = (
         on_mismatch="skip",  # it relies on how load_checkpoint picks checkpoint_last.pt and --restore-file
         replaces="fairseq.checkpoint_utils:load_checkpoint",
         replacement=checkpoint_loader.resume_from_readable,
+    ),
+    Patch(
+        name="packed-optimizer-state",
+        why="a checkpoint written before the RPEs' weights were packed (fairseq_tnn 2026-11-28) keeps an optimizer "
+            "state per RPE weight where fairseq's state is per parameter tensor, which torch refuses to load into "
+            "the packed model; the states of each RPE's weights are merged into its packed parameter's",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.trainer:Trainer._build_optimizer",
+        fingerprint="a2c97f3400ed3161",
+        on_mismatch="apply",  # it only wraps the built optimizer's load_state_dict, whatever builds it
+        replaces="fairseq.trainer:Trainer._build_optimizer",
+        replacement=packed_state.build_optimizer,
     ),
     Patch(
         name="atomic-checkpoint-copies",

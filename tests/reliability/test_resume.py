@@ -304,3 +304,44 @@ def test_when_no_checkpoint_can_be_read_the_run_stops_naming_each_and_changes_no
                      r"again", log), log[-3000:]
     assert "num_updates=1," not in log
     assert {p.name: sha(p) for p in save_dir.iterdir()} == before
+
+
+def per_weight_optimizer_state(state, sizes):
+    """A packed model's optimizer state in the layout before the packing: each RPE's packed entry split into one per
+    weight (``sizes``: ``packed_sizes``), as a checkpoint of the plugin before 2026-11-28 holds it."""
+    (group,) = state["param_groups"]
+    out, ids = {}, []
+    for k, s in enumerate(sizes):
+        entry = state["state"].get(k)
+        for i in range(len(s) if s else 1):
+            if entry is not None:
+                out[len(ids)] = entry if s is None else {
+                    key: v.split(list(s))[i].clone() if isinstance(v, torch.Tensor) and v.dim() > 0 else v
+                    for key, v in entry.items()}
+            ids.append(len(ids))
+    return {**state, "state": out, "param_groups": [{**group, "params": ids}]}
+
+
+def test_a_checkpoint_from_before_the_rpe_packing_resumes_as_if_uninterrupted(corpus, uninterrupted, tmp_path):
+    """A checkpoint whose optimizer state lists each RPE weight apart (fp32 Adam keeps one state per parameter tensor;
+    the plugin before the RPEs' weights were packed had 2 (layers + 2) tensors per RPE) resumes: the states are merged
+    into the packed parameters' (fairseq_tnn/patches/packed_state.py), and every later update and the final
+    parameters are the uninterrupted run's, bit for bit. Without the merge torch refused the load."""
+    from fairseq_tnn.models.build import build_arch
+    from fairseq_tnn.patches.packed_state import packed_sizes
+    reference_dir, reference = uninterrupted["causal"]
+    checkpoint = torch.load(reference_dir / "checkpoint_2_9.pt", map_location="cpu", weights_only=False)
+    model = build_arch("tnn_lm_tiny", 100)
+    sizes = packed_sizes(model, list(model.parameters()))
+    packed = checkpoint["last_optimizer_state"]
+    assert sum(1 for s in sizes if s) == 2 and len(packed["param_groups"][0]["params"]) == len(sizes)
+    checkpoint["last_optimizer_state"] = per_weight_optimizer_state(packed, sizes)
+    assert len(checkpoint["last_optimizer_state"]["param_groups"][0]["params"]) == sum(len(s) if s else 1 for s in sizes)
+    save_dir = tmp_path / "resumed"
+    save_dir.mkdir()
+    torch.save(checkpoint, save_dir / "checkpoint_last.pt")
+    log = run(train_cmd("causal", corpus, save_dir))
+    assert "states merged into" in log and re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 2 @ 9 updates\)",
+                                                     log), log[-3000:]
+    assert_continues(reference, log, 9)
+    assert_same_parameters(parameters(save_dir), parameters(reference_dir))
