@@ -13,8 +13,9 @@ a LayerNorm: ``native_layer_norm_backward``). Its forward takes 5 per layer inst
 norm's denominator in one ``add`` with ``alpha``), and the per-position scale multiplies the (d, m)
 output once instead of being folded into a concatenated GEMM operand (two operations instead of five).
 One causal TNN TNO of the paper's width (RPE 6) went from 58 to 44 operations forward and from 141
-to 80 backward (benchmarks/opcount.py). Under --fp16, ``Rpe.channel_major`` casts all the weights to fp32
-in one operation (and their gradients back in one) before calling it.
+to 80 backward (benchmarks/opcount.py). ``Rpe`` hands it its weights packed in one tensor (``rpe_mlp_packed``):
+a cast to the computing dtype, where the weights are in another, is one operation inside the operator, and their
+gradient comes back as one tensor.
 
 ``rpe_mlp`` runs it; ``rpe_mlp_ref`` is the reference (autograd through the plain operations, what
 ``Rpe.channel_major`` computed before), and tests/ops/test_fast_paths.py compares the two, forward and

@@ -56,7 +56,7 @@ def packed_state(state: Dict, sizes: List[Optional[tuple]]) -> Optional[Dict]:
     if not groups or len(groups) != 1 or not any(sizes):
         return None
     old = groups[0]["params"]
-    if len(old) != sum(len(s) if s else 1 for s in sizes) or len(old) == len(sizes):
+    if len(old) != sum(len(s) if s else 1 for s in sizes):
         return None
     states, new_states, j = state.get("state", {}), {}, 0
     for k, s in enumerate(sizes):
@@ -83,8 +83,7 @@ def merges_packed_state(trainer, optimizer) -> None:
     def load_state_dict(state_dict, optimizer_overrides=None):
         params = [p for p in list(trainer.model.parameters()) + list(trainer.criterion.parameters()) if p.requires_grad]
         sizes = packed_sizes(trainer.model, params)
-        # FP16Optimizer keeps its loss scale beside the fp32 optimizer's state, in the same dict
-        merged = packed_state(state_dict, sizes)
+        merged = packed_state(state_dict, sizes)  # keeps the dict's other keys (FP16Optimizer's loss scale)
         if merged is not None:
             logger.info("the checkpoint's optimizer state lists each RPE weight apart (written before the RPEs' "
                         "weights were packed): %d states merged into %d", len(state_dict["param_groups"][0]["params"]),
