@@ -1,17 +1,23 @@
-"""The host's cost of a stack's parameters: one training step (forward and backward) of a wt103 preset's layer stack
-at a tiny shape, where the arithmetic is small and what remains is per-operation and per-tensor work, for one or
-more source trees side by side, each in its own process, the trees alternated round by round.
+"""The host's cost of a stack's parameters, and the time to compile its graphs: one training step (forward and
+backward) of a wt103 preset's layer stack at a tiny shape, where the arithmetic is small and what remains is
+per-operation and per-tensor work, for one or more source trees side by side, each in its own process, the trees
+alternated round by round.
 
     python benchmarks/stack_step.py                                     # this checkout, eager and compiled
     mkdir -p /tmp/old && git archive bd203d5 fairseq_tnn | tar -x -C /tmp/old
     python benchmarks/stack_step.py --trees /tmp/old . --rounds 3      # before and after, alternated
+    python benchmarks/stack_step.py --modes compiled one-graph --arch fd_tnn_lm_wt103   # the regions' compile time
 
-A tree is a folder holding a ``fairseq_tnn`` package (``.``: this checkout), imported by PYTHONPATH. The step is the
-stack's ``run_layers`` eagerly, or ``torch.compile(_stack_forward)`` as ``--tnn-cuda-graphs`` compiles the stack
-(inductor; on the CPU without CUDA graphs), on a random input of 1 x ``--tokens`` x ``--width``, its sum's backward,
-the gradients set to None before each step as fairseq's optimizers leave them. It prints, per tree, mode and round,
-the parameter tensors of the stack and the median and least of ``--steps`` steps after a warm-up (ms), and then the
-median over the rounds. One thread; the machine's load moves every figure, so compare within one run.
+A tree is a folder holding a ``fairseq_tnn`` package (``.``: this checkout), imported by PYTHONPATH (put first on the
+PYTHONPATH the children inherit, so another torch can follow it there). The step is the stack's ``run_layers``
+eagerly, or ``torch.compile(_stack_forward)`` as ``--tnn-cuda-graphs`` compiles the stack (inductor; on the CPU without
+CUDA graphs): ``compiled`` with each layer a region where the torch has them (``STACK_REGIONS``), ``one-graph`` with
+every layer's operations in the stack's graph. The input is random, 1 x ``--tokens`` x ``--width``, the loss its sum,
+the gradients set to None before each step as fairseq's optimizers leave them. It prints, per tree, mode and round, the
+parameter tensors of the stack, the first step's seconds (compiled: the compile, with inductor's caches off,
+``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``), the largest relative difference of the output and of any gradient from the
+eager stack's, and the median and least of ``--steps`` steps after a warm-up (ms); then the median over the rounds.
+One thread; the machine's load moves every figure, so compare within one run.
 """
 import argparse
 import json
@@ -24,43 +30,60 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def one(arch: str, mode: str, width: int, tokens: int, steps: int) -> dict:
+def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int = 0) -> dict:
     """The measurement in this process, with whatever ``fairseq_tnn`` PYTHONPATH gives."""
+    import copy
     import torch
     torch.set_num_threads(1)
     from fairseq_tnn.models.build import build_arch
-    from fairseq_tnn.models.compile import STACK_REGIONS, _stack_forward, run_layers
+    from fairseq_tnn.models import compile as compiling
     torch.manual_seed(0)
     causal = "_lm" in arch
-    dims = {"decoder_embed_dim" if causal else "encoder_embed_dim": width, "glu_dim": width, "dropout": 0.0}
+    side = "decoder" if causal else "encoder"
+    dims = {f"{side}_embed_dim": width, "glu_dim": width, "dropout": 0.0, **({f"{side}_layers": layers_n} if layers_n else {})}
     model = build_arch(arch, 100, **dims)
-    layers = (model.decoder if causal else model.encoder).layers
+    layers = getattr(model, side).layers
+    eager = copy.deepcopy(layers)
     params = list(layers.parameters())
     x0 = torch.randn(1, tokens, width)
-    compiled = torch.compile(_stack_forward) if mode == "compiled" else None
+    regions = mode == "compiled" and getattr(compiling, "STACK_REGIONS", False)
+    compiled = torch.compile(compiling._stack_forward) if mode != "eager" else None
 
-    def step():
-        for p in params:
+    def step(stack=layers):
+        for p in stack.parameters():
             p.grad = None
         x = x0.clone().requires_grad_()
-        y = compiled(layers, x, None, None, STACK_REGIONS) if compiled else run_layers(layers, x)
-        y.sum().backward()
+        y = compiled(stack, x, None, None, regions) if compiled and stack is layers else compiling.run_layers(stack, x)
+        y.square().sum().backward()
+        return y
 
-    for _ in range(6):  # the first compiles
+    start = time.perf_counter()
+    y = step()
+    first = time.perf_counter() - start
+    y_ref = step(eager)
+    rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))  # noqa: E731
+    diffs = {"output": rel(y.detach(), y_ref.detach()),
+             "gradient": max(rel(p.grad, q.grad) for p, q in zip(params, eager.parameters()) if q.grad is not None)}
+    for _ in range(5):
         step()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)
-    return {"tensors": len(params), "median_ms": statistics.median(times), "least_ms": min(times)}
+    return {"tensors": len(params), "layers": len(layers), "first_s": first, "regions": bool(regions),
+            "torch": torch.__version__, **{f"{k}_rel_diff": v for k, v in diffs.items()},
+            "median_ms": statistics.median(times), "least_ms": min(times)}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trees", nargs="+", default=["."], help="folders holding a fairseq_tnn package (default: .)")
     p.add_argument("--arch", default="tnn_lm_wt103", help="a wt103 preset (default tnn_lm_wt103)")
-    p.add_argument("--modes", nargs="+", choices=["eager", "compiled"], default=["eager", "compiled"])
+    p.add_argument("--modes", nargs="+", choices=["eager", "compiled", "one-graph"], default=["eager", "compiled"],
+                   help="eager; compiled: the stack's graph with each layer a region where the torch has them; "
+                        "one-graph: every layer's operations in the stack's graph (default: eager compiled)")
+    p.add_argument("--layers", type=int, default=0, help="layers of the stack (default 0: the preset's)")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--steps", type=int, default=60)
@@ -70,8 +93,10 @@ def main(argv=None) -> int:
     for name in ("width", "tokens", "steps", "rounds"):
         if getattr(a, name) < 1:
             p.error(f"--{name}={getattr(a, name)} is invalid: must be an integer >= 1")
+    if a.layers < 0:
+        p.error(f"--layers={a.layers} is invalid: must be an integer >= 1, or 0 for the preset's")
     if a.one:
-        print(json.dumps(one(a.arch, a.modes[0], a.width, a.tokens, a.steps)))
+        print(json.dumps(one(a.arch, a.modes[0], a.width, a.tokens, a.steps, a.layers)))
         return 0
     trees = [os.path.abspath(t) for t in a.trees]
     for tree in trees:
@@ -82,22 +107,26 @@ def main(argv=None) -> int:
         for tree in trees:
             for mode in a.modes:
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")]),
-                           OMP_NUM_THREADS="1")
+                           OMP_NUM_THREADS="1", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
                 out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "stack_step.py"), "--one",
                                       "--arch", a.arch, "--modes", mode, "--width", str(a.width), "--tokens",
-                                      str(a.tokens), "--steps", str(a.steps)], env=env, capture_output=True, text=True,
+                                      str(a.tokens), "--steps", str(a.steps), "--layers", str(a.layers)], env=env, capture_output=True, text=True,
                                      cwd=tree)
                 if out.returncode != 0:
                     print(out.stdout[-2000:], out.stderr[-3000:], file=sys.stderr)
                     return out.returncode
                 res = json.loads(out.stdout.strip().splitlines()[-1])
                 results.setdefault((tree, mode), []).append(res)
-                print(f"round {r} {tree} {mode}: {res['tensors']} tensors, median {res['median_ms']:.2f} ms, "
-                      f"least {res['least_ms']:.2f} ms", flush=True)
-    print(f"\n| tree | mode | tensors | median over {a.rounds} round(s), ms | least, ms |\n|---|---|---:|---:|---:|")
+                print(f"round {r} {tree} {mode}: {res['tensors']} tensors, {res['layers']} layers, first step "
+                      f"{res['first_s']:.1f} s, rel. diff output {res['output_rel_diff']:.1e} gradient "
+                      f"{res['gradient_rel_diff']:.1e}, median {res['median_ms']:.2f} ms, least {res['least_ms']:.2f} ms "
+                      f"(torch {res['torch']}{', regions' if res['regions'] else ''})", flush=True)
+    print(f"\n| tree | mode | tensors | first step (compile), s: median | largest rel. diff from eager | "
+          f"step: median over {a.rounds} round(s), ms | least, ms |\n|---|---|---:|---:|---:|---:|---:|")
     for (tree, mode), rs in results.items():
-        print(f"| {tree} | {mode} | {rs[0]['tensors']} | {statistics.median(x['median_ms'] for x in rs):.2f} | "
-              f"{min(x['least_ms'] for x in rs):.2f} |")
+        diff = max(max(x["output_rel_diff"], x["gradient_rel_diff"]) for x in rs)
+        print(f"| {tree} | {mode} | {rs[0]['tensors']} | {statistics.median(x['first_s'] for x in rs):.1f} | "
+              f"{diff:.1e} | {statistics.median(x['median_ms'] for x in rs):.2f} | {min(x['least_ms'] for x in rs):.2f} |")
     return 0
 
 

@@ -225,20 +225,30 @@ def _layer_forward(layer: nn.Module, x: torch.Tensor, pad_mask: Optional[torch.T
     return type(layer).forward(layer, x, pad_mask, kernel_length, spectrum)
 
 
-# Each layer of the stack's graphs as a region that inductor compiles once and stamps out for every layer alike
+# Each layer of the stack's graphs as one region that inductor compiles once and stamps out for every layer alike
 # (torch.compiler.nested_compile_region: dynamo traces each call and reuses the region's compiled code where the
 # call's inputs match, its shapes, dtypes, strides and guards; a layer that differs gets a region of its own, so
 # reuse is never wrong). Without it the stack's graph holds every layer's operations and inductor lowers, fuses and
 # generates code for each, so the compile time grows with the depth: 35 s for causal TNN's 7 layers on an H200, 49 s
 # for masked TNN's 12 (the sixth GPU run). On the CPU (torch 2.13, the wt103 presets at width 64) the regions took
 # the stack's compile from 55-82 s to 37-47 s, a 12-layer stack in the time of a 7-layer one (docs/performance.md).
-# On only where torch reuses regions by their inputs and guards, which its ``reuse_hash_fn`` argument marks (2.13): 2.11
-# compares each layer's traced graph instead, and finds the layers' regions unlike (the spectra are views at
-# different storage offsets) or, given copies, fails on the autograd.Functions' graphs nested in the region
-# (``KeyError: example_value``), so there the stack compiles as before.
-STACK_REGIONS = ("reuse_hash_fn" in inspect.signature(torch.compiler.nested_compile_region).parameters
-                 if hasattr(torch.compiler, "nested_compile_region") else False)
+# torch 2.13 matches a region by its inputs and guards (``reuse_hash_fn`` marks it); torch 2.11, the GPU machines',
+# compares each call's traced graph with the ones before instead, input metadata included, and could not compare
+# graphs nested in a region's (an autograd.Function's, under torch.compile: the layers' FFT convolution is a custom
+# operator there and their norm plain operations, ops/toeplitz.py and modules/norm.py). There the stack's spectra,
+# views of one tensor at different storage offsets, are handed to the regions as copies (``REGION_INPUT_COPIES``),
+# or every layer would differ from the one before.
+STACK_REGIONS = hasattr(torch.compiler, "nested_compile_region")
+REGION_INPUT_COPIES = STACK_REGIONS and "reuse_hash_fn" not in inspect.signature(
+    torch.compiler.nested_compile_region).parameters
 _layer_region = torch.compiler.nested_compile_region(_layer_forward) if STACK_REGIONS else _layer_forward
+
+
+def _own_storage(spectrum):
+    """A layer's spectrum argument with its tensors copied, each into storage of its own (``REGION_INPUT_COPIES``)."""
+    if isinstance(spectrum, torch.Tensor):
+        return spectrum.clone()
+    return type(spectrum)(_own_storage(part) for part in spectrum) if isinstance(spectrum, tuple) else spectrum
 
 
 def _stack_forward(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
@@ -248,6 +258,8 @@ def _stack_forward(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[to
     compiles a graph for each value)."""
     layer_call = _layer_region if regions else _layer_forward
     for layer, spectrum in zip(layers, layer_spectra(layers, x.shape[1], kernel_length, x.device)):
+        if regions and REGION_INPUT_COPIES:
+            spectrum = _own_storage(spectrum)
         x = layer_call(layer, x, pad_mask, kernel_length, spectrum)
     return x
 

@@ -42,10 +42,19 @@ def references():
 
 
 def compiling() -> bool:
-    """Whether torch.compile is tracing the code that asks (``torch.compiler.is_compiling``; False on a torch
-    without it)."""
+    """Whether torch.compile is tracing the code that asks: dynamo (``torch.compiler.is_compiling``; False on a torch
+    without it), or AOT autograd, which traces the backward of a custom operator (``ops/toeplitz.py``,
+    ``spectral_conv``) with fake tensors under a proxy mode, outside dynamo. Either way the tensors are not real, so
+    ``constant`` must not cache them, and the operators take the paths written for the compiler."""
     compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+    if compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling():
+        return True
+    return any(torch._C._get_dispatch_mode(key) is not None for key in _TRACING_MODES)
+
+
+# The dispatch modes AOT autograd traces under (``torch._C._TorchDispatchModeKey``: FAKE and PROXY, torch >= 2.1)
+_TRACING_MODES = tuple(getattr(torch._C._TorchDispatchModeKey, name) for name in ("FAKE", "PROXY")
+                       if hasattr(getattr(torch._C, "_TorchDispatchModeKey", None), name))
 
 
 def constant(key: Hashable, device, make: Callable[[], torch.Tensor]):

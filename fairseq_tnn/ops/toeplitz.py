@@ -152,14 +152,10 @@ class SpectralConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
-        n = x.shape[-1]
-        ct = spectrum.real.dtype
-        ctx.size, ctx.n = size, n
+        ctx.size, ctx.n = size, x.shape[-1]
         ctx.spectrum_shape = spectrum.shape
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, spectrum)
-        xf = torch.fft.rfft(x.to(ct), n=size)  # (..., size//2+1)
-        y = _unscaled_irfft(xf.mul_(spectrum * (1.0 / size)), size)[..., :n]  # the 1 / size on the d x F spectrum
-        return y.to(x.dtype) if x.dtype != ct else y.contiguous()
+        return _spectral_product(x, spectrum, size)
 
     @staticmethod
     @once_differentiable
@@ -169,22 +165,60 @@ class SpectralConv(torch.autograd.Function):
         ct = spectrum.real.dtype
         gf = torch.fft.rfft(grad.to(ct), n=size)
         gx = gs = None
-        if fast.compiling():
-            return _compiled_backward(ctx, x, spectrum, gf, grad.dtype)
         if ctx.needs_input_grad[1]:
             xf = torch.fft.rfft(x.to(ct), n=size)
             gs = _reduce_conj_product(xf, gf, ctx.spectrum_shape)
             gs = gs * _bin_factor(size, gs.device, ct, inverse=False)
         if ctx.needs_input_grad[0]:
-            # conj_physical, not the lazy conj() view (a spectrum's worth of values, 1/batch of gf's): a tensor with
-            # the conjugate bit cannot cross torch.compile's nested regions (invoke_subgraph has no kernel at
-            # DispatchKey.Conjugate), which the stack's CUDA graphs compile each layer as (models/compile.py)
+            # a conjugate copy of the spectrum (a spectrum's worth of values, 1/batch of gf's) scaled in place
             gx = _unscaled_irfft(gf.mul_(spectrum.conj_physical().mul_(1.0 / size)), size)[..., :n].to(grad.dtype)
         return gx, gs, None
 
 
+def _spectral_product(x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
+    """``SpectralConv``'s forward: irfft(rfft(x, size) * spectrum, size)[..., :n], compact, in x's dtype."""
+    n, ct = x.shape[-1], spectrum.real.dtype
+    xf = torch.fft.rfft(x.to(ct), n=size)  # (..., size//2+1)
+    y = _unscaled_irfft(xf.mul_(spectrum * (1.0 / size)), size)[..., :n]  # the 1 / size on the d x F spectrum
+    return y.to(x.dtype) if x.dtype != ct else y.contiguous()
+
+
+# ``SpectralConv`` as torch.compile sees it: one custom operator whose backward, the same as the Function's
+# (``_compiled_backward``), AOT autograd traces into the compiled backward, where inductor fuses its products. Not the
+# autograd.Function itself: dynamo traces a Function's forward and backward into graphs nested in the caller's, and
+# under torch 2.11 those of a Function that saves tensors carry inputs without metadata, on which dynamo's comparison
+# of two regions fails (``KeyError: example_value``), so that the layers of a stack could not share one compiled
+# region (models/compile.py, ``STACK_REGIONS``). The operator's forward runs as eagerly (three kernels and the FFTs);
+# the Function's, traced, let inductor fuse the cast of x into the kernel that made it.
+@torch.library.custom_op("fairseq_tnn::spectral_conv", mutates_args=())
+def spectral_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
+    """``SpectralConv.apply(x, spectrum, size)`` as a custom operator, for torch.compile's graphs (``fft_conv``)."""
+    return _spectral_product(x, spectrum, size)
+
+
+@spectral_conv.register_fake
+def _spectral_conv_fake(x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _spectral_conv_setup(ctx, inputs, output) -> None:
+    x, spectrum, size = inputs
+    ctx.size, ctx.n, ctx.spectrum_shape = size, x.shape[-1], spectrum.shape
+    ctx.save_for_backward(x, spectrum)
+
+
+def _spectral_conv_backward(ctx, grad: torch.Tensor):
+    x, spectrum = ctx.saved_tensors
+    gf = torch.fft.rfft(grad.to(spectrum.real.dtype), n=ctx.size)
+    return _compiled_backward(ctx, x, spectrum, gf, grad.dtype)
+
+
+spectral_conv.register_autograd(_spectral_conv_backward, setup_context=_spectral_conv_setup)
+
+
 def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.Tensor, grad_dtype: torch.dtype):
-    """``SpectralConv.backward`` as torch.compile traces it, from gf = rfft(dL/dy): the same gradients, with the
+    """The backward of ``spectral_conv``, ``SpectralConv`` as torch.compile's graphs call it, from gf = rfft(dL/dy):
+    ``SpectralConv.backward``'s gradients, with the
     complex products written on the real and imaginary parts (``torch.view_as_real``). Inductor generates no code
     for complex tensors: each complex operation of the eager backward (the conjugate, the product, the batch sum, the
     product with the conjugate spectrum) is a kernel of its own that reads and writes batch-sized complex buffers
@@ -317,10 +351,11 @@ def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "
     check_layout(layout)
     cdt = torch.complex128 if fft_dtype(x) == torch.float64 else torch.complex64
     spec = spectrum.to(cdt)
+    conv = spectral_conv if fast.compiling() else SpectralConv.apply  # the same function and gradients
     if layout == "bnd":  # spectrum (d, F) broadcasts over the leading dims of x^T (..., d, n)
-        return SpectralConv.apply(x.transpose(-1, -2), spec.t(), size).transpose(-1, -2)
+        return conv(x.transpose(-1, -2), spec.t(), size).transpose(-1, -2)
     spec = spec.reshape(spec.shape[0], *([1] * (x.dim() - 2)), spec.shape[-1])  # (d, 1.., F)
-    return SpectralConv.apply(x, spec, size)
+    return conv(x, spec, size)
 
 
 def toeplitz_fft(x: torch.Tensor, pos: torch.Tensor, neg: Optional[torch.Tensor] = None,

@@ -483,7 +483,10 @@ def test_cuda_graphs_train_the_whole_stack_as_one_compiled_function(arch, monkey
     for the whole stack, spectra included, once per forward, each call beginning a graph step, and no layer's own
     compiled forward; output and every parameter's gradient are the eager model's, over updates of one micro-batch and
     of two (gradients accumulated), the masked model with padding. Evaluation, and a loop that asks for every layer's
-    output, call the layers one by one."""
+    output, call the layers one by one. SKI's band is computed as on a GPU (``BAND_METHOD``), where the stack's graphs
+    run: its CPU GEMM's autograd.Function keeps torch 2.11 from compiling the stack's layers as regions."""
+    from fairseq_tnn.ops import ski
+    monkeypatch.setitem(ski.BAND_METHOD, "cpu", ski.BAND_METHOD["cuda"])
     torch._dynamo.reset()
     torch.manual_seed(0)
     eager = build_arch(arch, 50, dropout=0.0)
@@ -553,10 +556,15 @@ def region_calls(arch, layers=3, pad=False):
 
 @pytest.mark.skipif(not compiling.STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_the_stacks_graphs_compile_identical_layers_as_one_region(kind):
+def test_the_stacks_graphs_compile_identical_layers_as_one_region(kind, monkeypatch):
     """--tnn-cuda-graphs compiles the stack's forward as one function (``_stack_forward``), each layer in it a region
     compiled once and stamped out for each identical layer (``STACK_REGIONS``), so that the compile time does not grow
-    with the depth: three layers make three calls of one subgraph, for every kind of TNO and with padding."""
+    with the depth: three layers make three calls of one subgraph, for every kind of TNO and with padding, under each
+    torch that has regions (2.11 compares the regions' graphs: ``REGION_INPUT_COPIES``). SKI's band is computed as on
+    a GPU, the only device the stack's graphs run on (``BAND_METHOD``; on the CPU its banded GEMM is an
+    autograd.Function, whose graphs torch 2.11 cannot compare)."""
+    from fairseq_tnn.ops import ski
+    monkeypatch.setitem(ski.BAND_METHOD, "cpu", ski.BAND_METHOD["cuda"])
     arch = KINDS[kind]
     for pad in [False] + ([True] if "mlm" in arch else []):
         calls = region_calls(arch, pad=pad)

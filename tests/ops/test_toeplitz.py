@@ -171,13 +171,14 @@ def test_bad_layout_is_refused():
 @pytest.mark.parametrize("wanted", ["both", "input", "spectrum"])
 @pytest.mark.parametrize("spec_shape,x_shape", [((3, 1, 9), (3, 2, 5)), ((3, 9), (2, 3, 5)), ((1, 9), (4, 5))])
 def test_spectral_conv_compiled_backward_is_torchs_without_complex_kernels(spec_shape, x_shape, wanted):
-    """Compiled, SpectralConv's backward writes its complex products on the real and imaginary parts, which inductor
-    fuses (it generates no code for complex tensors: each complex operation was a kernel of its own): its backward
-    graph holds no complex operation but the FFTs and the views between real and complex, and its gradients are
-    autograd's (every broadcast of the spectrum, with either gradient alone)."""
+    """Compiled, SpectralConv is the custom operator ``spectral_conv``, whose backward writes its complex products on
+    the real and imaginary parts, which inductor fuses (it generates no code for complex tensors: each complex
+    operation was a kernel of its own): its backward graph holds no complex operation but the FFTs and the views
+    between real and complex, and its gradients are autograd's (every broadcast of the spectrum, with either gradient
+    alone)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    from fairseq_tnn.ops.toeplitz import SpectralConv
+    from fairseq_tnn.ops.toeplitz import spectral_conv
     size, n = 16, x_shape[-1]
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*x_shape, dtype=torch.float64, generator=g, requires_grad=wanted in ("both", "input"))
@@ -196,13 +197,50 @@ def test_spectral_conv_compiled_backward_is_torchs_without_complex_kernels(spec_
         return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: g, bw_compiler=record)
 
     torch._dynamo.reset()  # one lambda's code object for every parametrization: each compiles afresh
-    y = torch.compile(lambda a, s: SpectralConv.apply(a, s, size), backend=backend, fullgraph=True)(x, spec)
+    y = torch.compile(lambda a, s: spectral_conv(a, s, size), backend=backend, fullgraph=True)(x, spec)
     y_ref = torch.fft.irfft(torch.fft.rfft(x, n=size) * spec, n=size)[..., :n]
     torch.testing.assert_close(y, y_ref)
     inputs = [t for t in (x, spec) if t.requires_grad]
     for a, b in zip(torch.autograd.grad(y, inputs, cot), torch.autograd.grad(y_ref, inputs, cot)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     assert backward_ops and set(backward_ops) <= {"_fft_r2c.default", "view_as_complex.default"}, backward_ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_spectral_conv_operator_is_the_function(dtype):
+    """``spectral_conv``, the custom operator torch.compile's graphs call for SpectralConv (``fft_conv`` under
+    compile), computes SpectralConv's output and gradients, in x's dtype, with its fake implementation and autograd
+    registration consistent (``torch.library.opcheck``); an fp16 x where fp16 FFTs run only in float32 anyway."""
+    from fairseq_tnn.ops.toeplitz import SpectralConv, spectral_conv
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 7, generator=g).to(dtype).requires_grad_()
+    spec = torch.randn(3, 1, 9, dtype=torch.complex64, generator=g, requires_grad=True)
+    cot = torch.randn(3, 2, 7, generator=g).to(dtype)
+    y, y_ref = spectral_conv(x, spec, 16), SpectralConv.apply(x, spec, 16)
+    assert y.dtype == dtype and y.shape == x.shape and y.is_contiguous()
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+    for a, b in zip(torch.autograd.grad(y, (x, spec), cot), torch.autograd.grad(y_ref, (x, spec), cot)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    if dtype == torch.float32:
+        torch.library.opcheck(spectral_conv, (x, spec, 16))
+
+
+def test_fft_conv_calls_the_operator_under_compile():
+    """Under torch.compile ``fft_conv`` hands the product to ``spectral_conv`` (one node of dynamo's graph, where the
+    autograd.Function would nest its forward and backward graphs), eagerly to SpectralConv; both compute the same."""
+    from fairseq_tnn.ops.toeplitz import fft_conv
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op in ("call_function", "get_attr"))
+        return gm
+
+    x = torch.randn(3, 2, 7, requires_grad=True)
+    spec = torch.randn(3, 9, dtype=torch.complex64, requires_grad=True)
+    torch._dynamo.reset()
+    y = torch.compile(lambda a, s: fft_conv(a, s, 16, layout="dbn"), backend=backend, fullgraph=True)(x, spec)
+    assert "fairseq_tnn.spectral_conv.default" in seen and not any("body" in t for t in seen), seen
+    torch.testing.assert_close(y, fft_conv(x, spec, 16, layout="dbn"))
 
 
 def test_inverse_ffts_are_unscaled_their_factor_on_the_spectrum(device):
