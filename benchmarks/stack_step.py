@@ -12,8 +12,8 @@ A tree is a folder holding a ``fairseq_tnn`` package (``.``: this checkout), imp
 PYTHONPATH the children inherit, so another torch can follow it there). The step is the stack's ``run_layers``
 eagerly, or ``torch.compile(_stack_forward)`` as ``--tnn-cuda-graphs`` compiles the stack (inductor; on the CPU without
 CUDA graphs): ``compiled`` with each layer a region where the torch has them (``STACK_REGIONS``), ``one-graph`` with
-every layer's operations in the stack's graph. The input is random, 1 x ``--tokens`` x ``--width``, the loss its sum,
-the gradients set to None before each step as fairseq's optimizers leave them. It prints, per tree, mode and round, the
+every layer's operations in the stack's graph. The input and the output's gradient are random, 1 x ``--tokens`` x
+``--width``, the parameters' gradients set to None before each step as fairseq's optimizers leave them. It prints, per tree, mode and round, the
 parameter tensors of the stack, the first step's seconds (compiled: the compile, with inductor's caches off,
 ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``), the largest relative difference of the output and of any gradient from the
 eager stack's, and the median and least of ``--steps`` steps after a warm-up (ms); then the median over the rounds.
@@ -45,7 +45,7 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
     layers = getattr(model, side).layers
     eager = copy.deepcopy(layers)
     params = list(layers.parameters())
-    x0 = torch.randn(1, tokens, width)
+    x0, g0 = torch.randn(1, tokens, width), torch.randn(1, tokens, width)
     regions = mode == "compiled" and getattr(compiling, "STACK_REGIONS", False)
     compiled = torch.compile(compiling._stack_forward) if mode != "eager" else None
 
@@ -54,7 +54,9 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
             p.grad = None
         x = x0.clone().requires_grad_()
         y = compiled(stack, x, None, None, regions) if compiled and stack is layers else compiling.run_layers(stack, x)
-        y.square().sum().backward()
+        # a random gradient (a post-norm stack's sum of squares is a constant), a copy: the compiled backward of
+        # torch 2.11's and 2.13's regions overwrites the gradient it is handed (docs/performance.md)
+        y.backward(g0.clone())
         return y
 
     start = time.perf_counter()

@@ -106,7 +106,8 @@ def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
     """A 2-layer stack compiled with --tnn-cuda-graphs against the same eager stack, training mode, through the
     models' loop (``run_layers``): outputs, input gradients and parameter gradients, over updates of one micro-batch
     and of two (gradients accumulated, as --update-freq 2 does, where the first micro-batch's gradients must survive
-    the second's graph replays); the whole stack's forward one graph, its backward another."""
+    the second's graph replays); the whole stack's forward one graph, its backward another, each layer a region of it
+    where the torch has them (``STACK_REGIONS``: compiling them did not fail over to one graph of every layer)."""
     torch.manual_seed(0)
     model = build_arch(arch, 1000, dropout=0.0, **small(arch)).cuda()
     stack = model.decoder if arch in CAUSAL else model.encoder
@@ -125,13 +126,19 @@ def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
             assert rel(yg, ye) < 1e-5, ("output", update, float(rel(yg, ye)))
             g = torch.randn_like(ye)
             ye.backward(g)
+            g_handed = g.clone()
             yg.backward(g)
+            # the graphs leave their input and the gradient they are handed as they were: inductor's code for a
+            # region's backward overwrites the region's inputs where it no longer needs them, the stack's output
+            # gradient among them (torch 2.11 and 2.13, CPU); here the graph's own copy of it takes that
+            assert torch.equal(g, g_handed) and torch.equal(xg.detach(), x), update
             assert rel(xg.grad, xe.grad) < 1e-5, ("input gradient", update, float(rel(xg.grad, xe.grad)))
         # parameter gradients sum over every position and the batch, in another order on the GPU than eagerly: 1e-4
         # (a stale or overwritten gradient is off by order 1)
         for (name, pe), pg in zip(eager.named_parameters(), graphs.parameters()):
             assert rel(pg.grad, pe.grad) < 1e-4, (name, update, float(rel(pg.grad, pe.grad)))
     assert all(is_compiled(layer) for layer in graphs)
+    assert graphs[0].forward.stack.regions == STACK_REGIONS
 
 
 @pytest.mark.skipif(not STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
