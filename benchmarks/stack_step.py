@@ -13,11 +13,11 @@ PYTHONPATH the children inherit, so another torch can follow it there). The step
 eagerly, or ``torch.compile(_stack_forward)`` as ``--tnn-cuda-graphs`` compiles the stack (inductor; on the CPU without
 CUDA graphs): ``compiled`` with each layer a region where the torch has them (``STACK_REGIONS``), ``one-graph`` with
 every layer's operations in the stack's graph. The input and the output's gradient are random, 1 x ``--tokens`` x
-``--width``, the parameters' gradients set to None before each step as fairseq's optimizers leave them. It prints, per tree, mode and round, the
-parameter tensors of the stack, the first step's seconds (compiled: the compile, with inductor's caches off,
-``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``), the largest relative difference of the output and of any gradient from the
-eager stack's, and the median and least of ``--steps`` steps after a warm-up (ms); then the median over the rounds.
-One thread; the machine's load moves every figure, so compare within one run.
+``--width``, the parameters' gradients set to None before each step as fairseq's optimizers leave them. It prints,
+per tree, mode and round, the parameter tensors of the stack, the first step's seconds (compiled: the compile, with
+inductor's caches off, ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``), the largest relative difference of the output and
+of any gradient from the eager stack's, and the median and least of ``--steps`` steps after a warm-up (ms); then the
+median over the rounds. One thread; the machine's load moves every figure, so compare within one run.
 """
 import argparse
 import json
@@ -40,7 +40,9 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
     torch.manual_seed(0)
     causal = "_lm" in arch
     side = "decoder" if causal else "encoder"
-    dims = {f"{side}_embed_dim": width, "glu_dim": width, "dropout": 0.0, **({f"{side}_layers": layers_n} if layers_n else {})}
+    dims = {f"{side}_embed_dim": width, "glu_dim": width, "dropout": 0.0}
+    if layers_n:
+        dims[f"{side}_layers"] = layers_n
     model = build_arch(arch, 100, **dims)
     layers = getattr(model, side).layers
     eager = copy.deepcopy(layers)
@@ -112,8 +114,8 @@ def main(argv=None) -> int:
                            OMP_NUM_THREADS="1", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
                 out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "stack_step.py"), "--one",
                                       "--arch", a.arch, "--modes", mode, "--width", str(a.width), "--tokens",
-                                      str(a.tokens), "--steps", str(a.steps), "--layers", str(a.layers)], env=env, capture_output=True, text=True,
-                                     cwd=tree)
+                                      str(a.tokens), "--steps", str(a.steps), "--layers", str(a.layers)],
+                                     env=env, capture_output=True, text=True, cwd=tree)
                 if out.returncode != 0:
                     print(out.stdout[-2000:], out.stderr[-3000:], file=sys.stderr)
                     return out.returncode

@@ -218,11 +218,11 @@ spectral_conv.register_autograd(_spectral_conv_backward, setup_context=_spectral
 
 def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.Tensor, grad_dtype: torch.dtype):
     """The backward of ``spectral_conv``, ``SpectralConv`` as torch.compile's graphs call it, from gf = rfft(dL/dy):
-    ``SpectralConv.backward``'s gradients, with the
-    complex products written on the real and imaginary parts (``torch.view_as_real``). Inductor generates no code
-    for complex tensors: each complex operation of the eager backward (the conjugate, the product, the batch sum, the
-    product with the conjugate spectrum) is a kernel of its own that reads and writes batch-sized complex buffers
-    (the graphed causal TNN update ran 14 conjugate kernels and 7 complex products on an H200, docs/performance.md).
+    ``SpectralConv.backward``'s gradients, with the complex products written on the real and imaginary parts
+    (``torch.view_as_real``). Inductor generates no code for complex tensors: each complex operation of the eager
+    backward (the conjugate, the product, the batch sum, the product with the conjugate spectrum) is a kernel of its
+    own that reads and writes batch-sized complex buffers (the graphed causal TNN update ran 14 conjugate kernels and
+    7 complex products on an H200, docs/performance.md).
     On the real parts inductor fuses them: dL/dS in one reduction that reads X and G once, G * conj(S) in one
     elementwise kernel. In eager mode the real form would dispatch six operations for each complex one."""
     size, n = ctx.size, ctx.n
