@@ -268,3 +268,42 @@ def test_inverse_ffts_are_unscaled_their_factor_on_the_spectrum(device):
     torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
     for a, b in zip(grads, torch.autograd.grad(y_ref.square().sum(), (x, pos, neg))):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("layout", ["bnd", "dbn"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_are_cast_and_padded_in_one_pass(dtype, layout, device):
+    """A half-precision x is copied, cast, into a zeroed float32 buffer for its FFT (``padded_rfft``), forward and in
+    both FFTs of the backward, instead of cast and then padded by torch (``constant_pad_nd``). Output and gradients
+    equal the reference's (``fast.references()``: a cast, then the padding) to the bit."""
+    import contextlib
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fairseq_tnn.ops import fast
+
+    class Pads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func.overloadpacket is torch.ops.aten.constant_pad_nd
+            return func(*args, **(kwargs or {}))
+
+    x, pos, neg = _inputs(37, 3, torch.float32, causal=False, device=device)
+    if layout == "dbn":  # x (d, b, n), kernels (d, n) and (d, n - 1)
+        x, pos, neg = (t.detach().movedim(-1, 0).contiguous().requires_grad_() for t in (x, pos, neg))
+    x = x.detach().to(dtype).requires_grad_()
+    results = []
+    for context in (contextlib.nullcontext, fast.references):
+        with context(), Pads() as pads:
+            y = toeplitz_fft(x, pos, neg, layout=layout)
+            grads = torch.autograd.grad(y.float().square().sum(), (x, pos, neg))
+        assert_on(device, y, *grads)
+        results.append((y, grads, pads.count))
+    (y, grads, count), (y_ref, grads_ref, count_ref) = results
+    assert torch.equal(y, y_ref)
+    for a, b in zip(grads, grads_ref):
+        assert torch.equal(a, b)
+    assert (count, count_ref) == (0, 3)  # the reference pads x forward, and the output's gradient and x backward
