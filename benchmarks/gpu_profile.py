@@ -41,13 +41,14 @@ updates were timed (0 unless something recompiles at every step), for the config
 ``--graphs``, each compiled and then with CUDA graphs before the next one, as long as ``--compile-budget`` seconds
 of compiling are left (a cold compile
 took 12-52 s on an H200, a warm one, from inductor's cache, 4-9 s). A configuration that fails is reported and
-the run goes on. The configurations of ``--bf16`` are measured again in bf16 (``--bf16-autocast``: fp32 weights,
-bf16 autocast) right after their compiled runs, eager and in each compiled mode they were measured in, each against
-the same mode in the run's precision (the issue's target: within 1.1x of fp16's update time); those of ``--amp``
-likewise with fairseq's ``--amp`` (fp32 weights, fp16 autocast, torch's gradient scaler) instead of its
-FP16Optimizer (fp16 weights, fp32 master copy), which the issue named as a candidate; those of ``--bf16-weights``
-with fairseq's own ``--bf16`` as the plugin trains it off a TPU (bf16 weights and FP16Optimizer's fp32 master copy,
-no loss scaler: ``fairseq_tnn/patches/bf16.py``), against the same 1.1x.
+the run goes on. The configurations of ``--bf16-weights`` are measured again with fairseq's own ``--bf16``, as the
+recipe's ``PRECISION=bf16`` trains (bf16 weights and FP16Optimizer's fp32 master copy, no loss scaler:
+``fairseq_tnn/patches/bf16.py``), right after their compiled runs, eager and in each compiled mode they were measured
+in, each against the same mode in the run's precision (the issue's target: within 1.1x of fp16's update time; by
+default TNN causal on CUDA in fp16); those of ``--bf16`` likewise in bf16 autocast (``--bf16-autocast``: fp32
+weights, the recipe's ``PRECISION=bf16-autocast``), and those of ``--amp`` with fairseq's ``--amp`` (fp32 weights,
+fp16 autocast, torch's gradient scaler) instead of its FP16Optimizer (fp16 weights, fp32 master copy), which the
+issue named as a candidate, against the same 1.1x.
 
 The floor of the mixing: for each TNO at each shape, the least bytes its forward and backward must move (the
 input and output forward, the output gradient, the saved input and the input gradient backward: 5 x d1 x b x
@@ -93,11 +94,11 @@ COMPILED_DEFAULT = ["causal/512/tnn6", "causal/512/fd3", "causal/512/bound_ident
 QUICK_COMPILED_DEFAULT: List[str] = []
 # compiled with CUDA graphs (--tnn-cuda-graphs), each right after its compiled run: the same configurations
 GRAPHS_DEFAULT = COMPILED_DEFAULT[:8]
-# measured again in bf16 (--bf16-autocast) in each mode the main precision measured them (issue 39: bf16 within
-# 1.1x of fp16)
+# measured again in bf16 as the recipe's PRECISION=bf16 trains (fairseq's --bf16: --bf16-weights) in each mode the
+# main precision measured them (issue 39: bf16 within 1.1x of fp16); bf16 autocast (--bf16) on request only
 BF16_DEFAULT = ["causal/512/tnn6"]
 # how the rows of another precision than the run's are labelled
-PRECISION_LABELS = {"bf16": "bf16", "bf16w": "bf16 weights", "amp": "amp", "fp16host": "fairseq's overflow check"}
+PRECISION_LABELS = {"bf16": "bf16 autocast", "bf16w": "bf16 weights", "amp": "amp", "fp16host": "fairseq's overflow check"}
 KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
         "masked": ["tnn6", "tnn3", "fd3", "ski", "bound_identity"]}
 # the TNOs whose floor is measured, per section: the layer of this configuration
@@ -783,16 +784,17 @@ def main(argv=None):
                         "its --compiled run, while the budget lasts (default: "
                         f"{' '.join(GRAPHS_DEFAULT)}; on the CPU or with --quick: none; none: --graphs with no value)")
     p.add_argument("--bf16", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
-                   help="configurations measured again in bf16 (--bf16-autocast), eager and in each compiled mode "
-                        "they were measured in, right after those (default on CUDA in fp16: "
-                        f"{' '.join(BF16_DEFAULT)}; none: --bf16 with no value)")
+                   help="configurations measured again in bf16 autocast (--bf16-autocast: fp32 weights), eager and "
+                        "in each compiled mode they were measured in, right after those (default: none; the recipe's "
+                        "PRECISION=bf16 is --bf16-weights)")
     p.add_argument("--amp", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
                    help="configurations measured again with fairseq's --amp (fp32 weights, fp16 autocast, torch's "
                         "gradient scaler) instead of --fp16's FP16Optimizer, as --bf16 does (default: none)")
-    p.add_argument("--bf16-weights", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
-                   help="configurations measured again with fairseq's --bf16 (bf16 weights, FP16Optimizer's fp32 master "
-                        "copy, no loss scaler; fairseq_tnn/patches/bf16.py), eager and in each compiled mode they were "
-                        "measured in, as --bf16 does with --bf16-autocast (default: none)")
+    p.add_argument("--bf16-weights", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
+                   help="configurations measured again with fairseq's --bf16, as the recipe's PRECISION=bf16 trains "
+                        "(bf16 weights, FP16Optimizer's fp32 master copy, no loss scaler; fairseq_tnn/patches/bf16.py), "
+                        "eager and in each compiled mode they were measured in, right after those (default on CUDA in "
+                        f"fp16: {' '.join(BF16_DEFAULT)}; none: --bf16-weights with no value)")
     p.add_argument("--host-overflow", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)), default=[],
                    help="configurations measured again with --fp16's overflow checked on the host as fairseq does "
                         "(without fairseq_tnn/patches/device_overflow.py), eager and in each compiled mode they were "
@@ -825,8 +827,9 @@ def main(argv=None):
         p.error(f"--compile-budget={a.compile_budget} must be >= 0")
     compiled = a.compiled if a.compiled is not None else (QUICK_COMPILED_DEFAULT if a.quick else COMPILED_DEFAULT)
     graphs = a.graphs if a.graphs is not None else ([] if a.quick or a.device == "cpu" else GRAPHS_DEFAULT)
-    bf16 = a.bf16 if a.bf16 is not None else (BF16_DEFAULT if a.device == "cuda" and precision == "fp16"
-                                               and not a.quick else [])
+    bf16 = a.bf16 or []
+    bf16_weights = a.bf16_weights if a.bf16_weights is not None else (
+        BF16_DEFAULT if a.device == "cuda" and precision == "fp16" and not a.quick else [])
     if bf16 and precision == "bf16":
         p.error("--bf16: the run's precision is bf16 already; these rows compare another precision with bf16")
     if a.amp and (precision != "fp16" or a.device != "cuda"):
@@ -850,7 +853,7 @@ def main(argv=None):
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
-            "graphs": graphs, "bf16": bf16, "bf16_weights": a.bf16_weights, "amp": a.amp,
+            "graphs": graphs, "bf16": bf16, "bf16_weights": bf16_weights, "amp": a.amp,
             "host_overflow": a.host_overflow, "shapes": a.shapes or [], "host_profile": a.host_profile,
             "stack_regions": compiling.STACK_REGIONS,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -863,7 +866,7 @@ def main(argv=None):
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
-                 lambda m: print(m, flush=True), graphs, bf16, a.amp, a.bf16_weights, a.host_overflow, a.shapes or [],
+                 lambda m: print(m, flush=True), graphs, bf16, a.amp, bf16_weights, a.host_overflow, a.shapes or [],
                  a.host_profile, a.out)
     write(result)
     print(markdown(result))
