@@ -123,6 +123,103 @@ def padded_rfft(x: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.fft.rfft(buf)
 
 
+# The device types on which the Toeplitz product transforms two real rows as one complex row (``pair_dim``). On a GPU
+# the product is bound by the bytes it moves, and torch copies the input of every complex-to-real inverse FFT before
+# cuFFT runs it (cuFFT may overwrite it): a pass that reads and writes the whole batch-sized spectrum, 16 bytes per
+# element of x, in the forward and in the input's gradient. Two real rows x_a, x_b taken as z = x_a + i x_b go
+# through complex-to-complex FFTs of the same size, which move the same bytes as the real ones over twice the rows
+# and whose inverse needs no copy: ifft(fft(z) K) = y_a + i y_b for the kernel's two-sided spectrum K (real kernel,
+# Hermitian K). On the CPU pocketfft's real transforms are the cheaper (the paired forward and backward took 1.10-1.36x
+# their time, docs/performance.md), so the CPU keeps them.
+PAIRED_FFT_DEVICES = frozenset({"cuda"})
+# Where the rows are paired: in code torch.compile traces (the compiled backward, where inductor fuses the packing,
+# the two-sided spectrum and the Hermitian part into its kernels) and in a forward a CUDA graph records (the stack's
+# graphs replay its kernels, not its operations); eagerly too only with this on (the tests). An eager forward and
+# backward dispatch 17 more operations a TNO paired (the packing, the two-sided spectrum, the Hermitian part), and an
+# eager update on a GPU is bound by the host's dispatch, not by the bytes.
+PAIR_EAGERLY = False
+
+
+def pair_dim(x: torch.Tensor, spectrum_shape) -> Optional[int]:
+    """The dimension of x (..., n) whose rows ``spectral_conv`` pairs (even and odd entries, as real and imaginary
+    parts of one complex row): the last one of even size along which the spectrum broadcasts (size 1 or absent in
+    ``spectrum_shape``), on a device of ``PAIRED_FFT_DEVICES`` with the fast paths on, where ``PAIR_EAGERLY`` says;
+    None: the rows go through real FFTs one by one."""
+    if x.device.type not in PAIRED_FFT_DEVICES or not fast.enabled():
+        return None
+    if not (PAIR_EAGERLY or fast.compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return None
+    offset = x.dim() - len(spectrum_shape)
+    for i in range(x.dim() - 2, -1, -1):
+        broadcast = i < offset or spectrum_shape[i - offset] == 1
+        if broadcast and x.shape[i] % 2 == 0:
+            return i
+    return None
+
+
+def pack_pairs(x: torch.Tensor, dim: int, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """fft of the rows of x (..., n) paired along ``dim`` (of size 2h): z = x[2j] + i x[2j+1] zero-padded to ``size``,
+    z of x's shape with h for 2h along ``dim`` and ``size`` for n, complex of the real ``dtype``. x is copied, cast and
+    interleaved, into a zeroed buffer in one pass (under torch.compile: cast and padded, which inductor fuses)."""
+    n = x.shape[-1]
+    pairs = x.unflatten(dim, (x.shape[dim] // 2, 2)).movedim(dim + 1, -1)  # (..., h, ..., n, 2)
+    if fast.compiling():
+        buf = torch.nn.functional.pad(pairs.to(dtype), (0, 0, 0, size - n))
+    else:
+        buf = torch.zeros((*pairs.shape[:-2], size, 2), dtype=dtype, device=x.device)
+        buf[..., :n, :].copy_(pairs)
+    return torch.fft.fft(torch.view_as_complex(buf))
+
+
+def unpack_pairs(y: torch.Tensor, dim: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The inverse of ``pack_pairs``' pairing: the first n entries of the real and imaginary parts of y (..., size),
+    as the even and odd rows along ``dim`` of a compact real tensor in ``dtype``."""
+    parts = torch.view_as_real(y)[..., :n, :].movedim(-1, dim + 1)  # (..., h, 2, ..., n)
+    if fast.compiling():
+        return parts.to(dtype).flatten(dim, dim + 1)
+    out = torch.empty(parts.shape, dtype=dtype, device=y.device)
+    out.copy_(parts)
+    return out.flatten(dim, dim + 1)
+
+
+def _two_sided_factors(size: int, device, dtype) -> torch.Tensor:
+    """For ``two_sided``: the factors (size, 2) of each bin's real and imaginary parts, (1, 1); (1, -1) past size / 2,
+    where the bin is the conjugate of bin size - f; (1, 0) at the bins the inverse real FFT takes as real (0, and
+    size / 2 for an even size)."""
+    def make():
+        factors = torch.ones(size, 2, device=device, dtype=dtype)
+        factors[size // 2 + 1:, 1] = -1.0
+        factors[0, 1] = 0.0
+        if size % 2 == 0:
+            factors[size // 2, 1] = 0.0
+        return factors
+    return fast.constant(("two-sided", size, dtype), device, make)
+
+
+def two_sided(spectrum: torch.Tensor, size: int) -> torch.Tensor:
+    """The full spectrum (..., size) that multiplies the rows' spectra as ``irfft(rfft(x) * spectrum)`` does with the
+    one-sided ``spectrum`` (..., size // 2 + 1), a Hermitian one: bin f > size / 2 is conj(bin size - f), and the bins
+    the inverse real FFT takes as real (0, and size / 2 for an even size) lose their imaginary parts, as it ignores
+    them (a spectrum made as one, FD-TNN's bidirectional response, can have them). Three operations on the spectrum's
+    real view."""
+    parts = torch.view_as_real(spectrum.resolve_conj())  # (..., size // 2 + 1, 2)
+    mirrored = parts[..., 1:(size + 1) // 2, :].flip(-2)  # bins size // 2 + 1 .. size - 1, before conjugation
+    factors = _two_sided_factors(size, spectrum.device, spectrum.real.dtype)
+    return torch.view_as_complex(torch.cat([parts, mirrored], dim=-2) * factors)
+
+
+def one_sided_hermitian(p: torch.Tensor, size: int) -> torch.Tensor:
+    """Bins 0 .. size // 2 of (p[f] + conj(p[-f])) / 2 for p (..., size): summed over the pairs of rows, with
+    p = conj(Z) G the products of two packed rows' spectra (``pack_pairs``), sum_rows conj(X) G of the rows one by one
+    (the real rows' spectra are (Z[f] + conj(Z[-f])) / 2 and (Z[f] - conj(Z[-f])) / 2i)."""
+    parts = torch.view_as_real(p)  # (..., size, 2)
+    mirrored = torch.cat([parts[..., :1, :], parts[..., (size + 1) // 2:, :].flip(-2)], dim=-2)  # bins -f, f <= size / 2
+    halves = fast.constant(("hermitian-halves", p.real.dtype), p.device,
+                           lambda: torch.tensor([0.5, -0.5], device=p.device, dtype=p.real.dtype))
+    # (p[f] + conj(p[-f])) / 2 on real parts: (re[f] + re[-f]) / 2, (im[f] - im[-f]) / 2
+    return torch.view_as_complex(parts[..., : size // 2 + 1, :] * 0.5 + mirrored * halves)
+
+
 class KernelRfft(torch.autograd.Function):
     """rfft(k, n=size) along the last dim, k (..., L) real with L <= size.
 
@@ -180,23 +277,36 @@ class SpectralConv(torch.autograd.Function):
         x, spectrum = ctx.saved_tensors
         size, n = ctx.size, ctx.n
         ct = spectrum.real.dtype
-        gf = padded_rfft(grad, size, ct)
+        dim = pair_dim(grad, ctx.spectrum_shape)
+        gf = padded_rfft(grad, size, ct) if dim is None else pack_pairs(grad, dim, size, ct)
         gx = gs = None
         if ctx.needs_input_grad[1]:
-            xf = padded_rfft(x, size, ct)
-            gs = _reduce_conj_product(xf, gf, ctx.spectrum_shape)
+            if dim is None:
+                gs = _reduce_conj_product(padded_rfft(x, size, ct), gf, ctx.spectrum_shape)
+            else:  # the pairs' products summed, then their Hermitian part: the rows' sum
+                full_shape = (*ctx.spectrum_shape[:-1], size)
+                gs = one_sided_hermitian(_reduce_conj_product(pack_pairs(x, dim, size, ct), gf, full_shape), size)
             gs = gs * _bin_factor(size, gs.device, ct, inverse=False)
         if ctx.needs_input_grad[0]:
             # a conjugate copy of the spectrum (a spectrum's worth of values, 1/batch of gf's) scaled in place
-            gx = _unscaled_irfft(gf.mul_(spectrum.conj_physical().mul_(1.0 / size)), size)[..., :n].to(grad.dtype)
+            scaled = spectrum.conj_physical().mul_(1.0 / size)
+            if dim is None:
+                gx = _unscaled_irfft(gf.mul_(scaled), size)[..., :n].to(grad.dtype)
+            else:
+                gx = unpack_pairs(torch.fft.ifft(gf.mul_(two_sided(scaled, size)), norm="forward"), dim, n, grad.dtype)
         return gx, gs, None
 
 
 def _spectral_product(x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
     """``SpectralConv``'s forward: irfft(rfft(x, size) * spectrum, size)[..., :n], compact, in x's dtype."""
     n, ct = x.shape[-1], spectrum.real.dtype
+    scaled = spectrum * (1.0 / size)  # the inverse FFT's 1 / size on the d x F spectrum
+    dim = pair_dim(x, spectrum.shape)
+    if dim is not None:  # two rows in one complex FFT each way, no copy before the inverse (PAIRED_FFT_DEVICES)
+        z = pack_pairs(x, dim, size, ct)
+        return unpack_pairs(torch.fft.ifft(z.mul_(two_sided(scaled, size)), norm="forward"), dim, n, x.dtype)
     xf = padded_rfft(x, size, ct)  # (..., size//2+1)
-    y = _unscaled_irfft(xf.mul_(spectrum * (1.0 / size)), size)[..., :n]  # the 1 / size on the d x F spectrum
+    y = _unscaled_irfft(xf.mul_(scaled), size)[..., :n]
     return y.to(x.dtype) if x.dtype != ct else y.contiguous()
 
 
@@ -226,15 +336,19 @@ def _spectral_conv_setup(ctx, inputs, output) -> None:
 
 def _spectral_conv_backward(ctx, grad: torch.Tensor):
     x, spectrum = ctx.saved_tensors
-    gf = padded_rfft(grad, ctx.size, spectrum.real.dtype)
-    return _compiled_backward(ctx, x, spectrum, gf, grad.dtype)
+    dim = pair_dim(grad, ctx.spectrum_shape)
+    ct = spectrum.real.dtype
+    gf = padded_rfft(grad, ctx.size, ct) if dim is None else pack_pairs(grad, dim, ctx.size, ct)
+    return _compiled_backward(ctx, x, spectrum, gf, grad.dtype, dim)
 
 
 spectral_conv.register_autograd(_spectral_conv_backward, setup_context=_spectral_conv_setup)
 
 
-def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.Tensor, grad_dtype: torch.dtype):
-    """The backward of ``spectral_conv``, ``SpectralConv`` as torch.compile's graphs call it, from gf = rfft(dL/dy):
+def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.Tensor, grad_dtype: torch.dtype,
+                       dim: Optional[int] = None):
+    """The backward of ``spectral_conv``, ``SpectralConv`` as torch.compile's graphs call it, from gf = rfft(dL/dy)
+    (or, with ``dim``, the FFT of dL/dy's rows paired along it, ``pack_pairs``):
     ``SpectralConv.backward``'s gradients, with the complex products written on the real and imaginary parts
     (``torch.view_as_real``). Inductor generates no code for complex tensors: each complex operation of the eager
     backward (the conjugate, the product, the batch sum, the product with the conjugate spectrum) is a kernel of its
@@ -248,18 +362,26 @@ def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.T
     gr, gi = g[..., 0], g[..., 1]
     gx = gs = None
     if ctx.needs_input_grad[1]:
-        xr_xi = torch.view_as_real(padded_rfft(x, size, ct))
+        xf = padded_rfft(x, size, ct) if dim is None else pack_pairs(x, dim, size, ct)
+        xr_xi = torch.view_as_real(xf)
         xr, xi = xr_xi[..., 0], xr_xi[..., 1]
         w = _bin_factor(size, gf.device, ct, inverse=False)
-        # conj(X) * G = (xr gr + xi gi) + i (xr gi - xi gr), summed where the spectrum broadcasts, times w / size
-        gs = torch.view_as_complex(torch.stack([(xr * gr + xi * gi).sum_to_size(ctx.spectrum_shape) * w,
-                                                (xr * gi - xi * gr).sum_to_size(ctx.spectrum_shape) * w], dim=-1))
+        # conj(X) * G = (xr gr + xi gi) + i (xr gi - xi gr), summed where the spectrum broadcasts
+        shape = ctx.spectrum_shape if dim is None else (*ctx.spectrum_shape[:-1], size)
+        pr, pi = (xr * gr + xi * gi).sum_to_size(shape), (xr * gi - xi * gr).sum_to_size(shape)
+        if dim is not None:  # the Hermitian part of the pairs' products (``one_sided_hermitian``), on real parts
+            half, mirror = size // 2 + 1, torch.arange(size // 2 + 1, device=gf.device).neg().remainder(size)
+            pr, pi = (pr[..., :half] + pr[..., mirror]) * 0.5, (pi[..., :half] - pi[..., mirror]) * 0.5
+        gs = torch.view_as_complex(torch.stack([pr * w, pi * w], dim=-1))  # times w / size
     if ctx.needs_input_grad[0]:
-        s = torch.view_as_real(spectrum) * (1.0 / size)  # the inverse FFT's 1 / size (``_unscaled_irfft``)
-        sr, si = s[..., 0], s[..., 1]
+        s = torch.view_as_real(spectrum if dim is None else two_sided(spectrum, size)) * (1.0 / size)
+        sr, si = s[..., 0], s[..., 1]  # (the inverse FFT's 1 / size, as ``_unscaled_irfft``)
         # G * conj(S) = (gr sr + gi si) + i (gi sr - gr si)
         product = torch.view_as_complex(torch.stack([gr * sr + gi * si, gi * sr - gr * si], dim=-1))
-        gx = _unscaled_irfft(product, size)[..., :n].to(grad_dtype)
+        if dim is None:
+            gx = _unscaled_irfft(product, size)[..., :n].to(grad_dtype)
+        else:
+            gx = unpack_pairs(torch.fft.ifft(product, norm="forward"), dim, n, grad_dtype)
     return gx, gs, None
 
 

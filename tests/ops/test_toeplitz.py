@@ -10,6 +10,16 @@ from fairseq_tnn.ops.toeplitz import next_fast_len, toeplitz_dense, toeplitz_fft
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-9, atol=1e-9)}
 
 
+@pytest.fixture(params=[False, True], ids=["real", "paired"])
+def paired(request, monkeypatch):
+    """Both ways the product transforms its rows, on every device: one by one through real FFTs (the CPU's way), and
+    two rows as one complex row (``PAIRED_FFT_DEVICES``: a GPU's way, forced on the CPU too)."""
+    from fairseq_tnn.ops import toeplitz
+    monkeypatch.setattr(toeplitz, "PAIRED_FFT_DEVICES", frozenset({"cpu", "cuda"} if request.param else ()))
+    monkeypatch.setattr(toeplitz, "PAIR_EAGERLY", True)
+    return request.param
+
+
 def _inputs(n, d, dtype, causal, b=2, seed=0, device="cpu"):
     """x (b, n, d), pos (n, d), neg (n - 1, d) or None: leaves on device that require grad, drawn on CPU."""
     g = torch.Generator().manual_seed(seed)
@@ -22,7 +32,7 @@ def _inputs(n, d, dtype, causal, b=2, seed=0, device="cpu"):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 513, 1024, 4096])
-def test_fft_matches_dense_forward_and_gradients(n, causal, dtype, device):
+def test_fft_matches_dense_forward_and_gradients(n, causal, dtype, device, paired):
     d = 3 if n <= 1024 else 2
     x, pos, neg = _inputs(n, d, dtype, causal, device=device)
     leaves = [t for t in (x, pos, neg) if t is not None]
@@ -60,7 +70,7 @@ def test_causal_output_ignores_the_future(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_inputs_use_fp32_ffts(dtype, device):
+def test_half_inputs_use_fp32_ffts(dtype, device, paired):
     x, pos, neg = _inputs(300, 8, torch.float32, False, device=device)
     ref = toeplitz_ref(x.double(), pos.double(), neg.double())
     y = toeplitz_fft(x.to(dtype), pos.to(dtype), neg.to(dtype))
@@ -99,7 +109,7 @@ def test_bad_shapes_are_refused():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("n", [1, 2, 7, 64, 513])
-def test_channel_major_matches_dense_forward_and_gradients(n, causal, dtype, device):
+def test_channel_major_matches_dense_forward_and_gradients(n, causal, dtype, device, paired):
     x, pos, neg = _inputs(n, 3, dtype, causal, device=device)
     xt = x.detach().permute(2, 0, 1).contiguous().requires_grad_(True)  # (d, b, n)
     post = pos.detach().t().contiguous().requires_grad_(True)  # (d, n)
@@ -123,7 +133,7 @@ def test_channel_major_matches_dense_forward_and_gradients(n, causal, dtype, dev
         torch.testing.assert_close(a / s, b / s, **tol(TOL, dtype, device))
 
 
-def test_channel_major_takes_extra_batch_dims(device):
+def test_channel_major_takes_extra_batch_dims(device, paired):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(3, 2, 4, 10, generator=g, dtype=torch.float64)  # (d, b1, b2, n)
     pos, neg = torch.randn(3, 10, generator=g, dtype=torch.float64), torch.randn(3, 9, generator=g, dtype=torch.float64)
@@ -170,7 +180,7 @@ def test_bad_layout_is_refused():
 
 @pytest.mark.parametrize("wanted", ["both", "input", "spectrum"])
 @pytest.mark.parametrize("spec_shape,x_shape", [((3, 1, 9), (3, 2, 5)), ((3, 9), (2, 3, 5)), ((1, 9), (4, 5))])
-def test_spectral_conv_compiled_backward_is_torchs_without_complex_kernels(spec_shape, x_shape, wanted):
+def test_spectral_conv_compiled_backward_is_torchs_without_complex_kernels(spec_shape, x_shape, wanted, paired):
     """Compiled, SpectralConv is the custom operator ``spectral_conv``, whose backward writes its complex products on
     the real and imaginary parts, which inductor fuses (it generates no code for complex tensors: each complex
     operation was a kernel of its own): its backward graph holds no complex operation but the FFTs and the views
@@ -190,7 +200,7 @@ def test_spectral_conv_compiled_backward_is_torchs_without_complex_kernels(spec_
         for node in gm.graph.nodes:
             value = node.meta.get("val")
             if node.op == "call_function" and isinstance(value, torch.Tensor) and value.is_complex():
-                backward_ops.append(node.target.__name__)
+                backward_ops.append((node.target.__name__, value.numel()))
         return gm
 
     def backend(gm, example_inputs):
@@ -203,11 +213,16 @@ def test_spectral_conv_compiled_backward_is_torchs_without_complex_kernels(spec_
     inputs = [t for t in (x, spec) if t.requires_grad]
     for a, b in zip(torch.autograd.grad(y, inputs, cot), torch.autograd.grad(y_ref, inputs, cot)):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    assert backward_ops and set(backward_ops) <= {"_fft_r2c.default", "view_as_complex.default"}, backward_ops
+    # the FFTs (complex ones for paired rows) and the views; paired, also the two-sided spectrum made of the
+    # one-sided (``two_sided``), a spectrum's worth of values, no batch-sized complex product
+    batch_sized = {name for name, numel in backward_ops if numel > spec[..., :1].numel() * size}
+    assert backward_ops and batch_sized <= {"_fft_c2c.default" if paired else "_fft_r2c.default",
+                                            "view_as_complex.default"}, backward_ops
+    assert paired or {name for name, _ in backward_ops} <= {"_fft_r2c.default", "view_as_complex.default"}, backward_ops
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_spectral_conv_operator_is_the_function(dtype):
+def test_spectral_conv_operator_is_the_function(dtype, paired):
     """``spectral_conv``, the custom operator torch.compile's graphs call for SpectralConv (``fft_conv`` under
     compile), computes SpectralConv's output and gradients, in x's dtype, with its fake implementation and autograd
     registration consistent (``torch.library.opcheck``); an fp16 x where fp16 FFTs run only in float32 anyway."""
@@ -243,7 +258,7 @@ def test_fft_conv_calls_the_operator_under_compile():
     torch.testing.assert_close(y, fft_conv(x, spec, 16, layout="dbn"))
 
 
-def test_inverse_ffts_are_unscaled_their_factor_on_the_spectrum(device):
+def test_inverse_ffts_are_unscaled_their_factor_on_the_spectrum(device, paired):
     """Every inverse FFT of the Toeplitz product, forward and backward (the kernel's gradient included), asks torch for
     no scaling: on CUDA torch scales an inverse FFT's output in a kernel of its own, a pass over the whole batch-sized
     output; the 1 / size is folded into the spectrum or a constant instead. The product is unchanged."""
@@ -255,7 +270,8 @@ def test_inverse_ffts_are_unscaled_their_factor_on_the_spectrum(device):
             self.norms = []
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket is torch.ops.aten._fft_c2r:
+            inverse_c2c = func.overloadpacket is torch.ops.aten._fft_c2c and not args[3]  # (paired rows)
+            if func.overloadpacket is torch.ops.aten._fft_c2r or inverse_c2c:
                 self.norms.append(args[2])  # normalization: 0 none, 1 by sqrt(n), 2 by n
             return func(*args, **(kwargs or {}))
 
@@ -272,7 +288,7 @@ def test_inverse_ffts_are_unscaled_their_factor_on_the_spectrum(device):
 
 @pytest.mark.parametrize("layout", ["bnd", "dbn"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_half_inputs_are_cast_and_padded_in_one_pass(dtype, layout, device):
+def test_half_inputs_are_cast_and_padded_in_one_pass(dtype, layout, device, monkeypatch):
     """A half-precision x is copied, cast, into a zeroed float32 buffer for its FFT (``padded_rfft``), forward and in
     both FFTs of the backward, instead of cast and then padded by torch (``constant_pad_nd``). Output and gradients
     equal the reference's (``fast.references()``: a cast, then the padding) to the bit."""
@@ -280,7 +296,8 @@ def test_half_inputs_are_cast_and_padded_in_one_pass(dtype, layout, device):
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from fairseq_tnn.ops import fast
+    from fairseq_tnn.ops import fast, toeplitz
+    monkeypatch.setattr(toeplitz, "PAIRED_FFT_DEVICES", frozenset())  # the rows one by one, as the reference
 
     class Pads(TorchDispatchMode):
         def __init__(self):
@@ -307,3 +324,70 @@ def test_half_inputs_are_cast_and_padded_in_one_pass(dtype, layout, device):
     for a, b in zip(grads, grads_ref):
         assert torch.equal(a, b)
     assert (count, count_ref) == (0, 3)  # the reference pads x forward, and the output's gradient and x backward
+
+
+@pytest.mark.parametrize("batch,pairs", [((2,), True), ((4, 3), True), ((3,), False), ((1,), False)])
+def test_paired_rows_replace_the_copied_inverse_ffts(batch, pairs, device, monkeypatch):
+    """On a device of ``PAIRED_FFT_DEVICES`` (forced on the CPU here) the rows of an even batch dimension along which the
+    kernel broadcasts go through complex FFTs two at a time, forward and backward: no complex-to-real inverse FFT of
+    the activations (torch copies the input of each), only the kernel's gradient's; a batch with no even such
+    dimension goes through real FFTs. Output and gradients equal the dense product's (float64)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fairseq_tnn.ops import toeplitz
+    monkeypatch.setattr(toeplitz, "PAIRED_FFT_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(toeplitz, "PAIR_EAGERLY", True)
+
+    class Ffts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.c2r = self.c2c = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.c2r += func.overloadpacket is torch.ops.aten._fft_c2r
+            self.c2c += func.overloadpacket is torch.ops.aten._fft_c2c
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, *batch, 19, generator=g, dtype=torch.float64)  # (d, *batch, n)
+    pos, neg = torch.randn(5, 19, generator=g, dtype=torch.float64), torch.randn(5, 18, generator=g, dtype=torch.float64)
+    x, pos, neg = (t.requires_grad_() for t in on(device, x, pos, neg))
+    with Ffts() as ffts:
+        y = toeplitz_fft(x, pos, neg, layout="dbn")
+        grads = torch.autograd.grad(y, (x, pos, neg), torch.ones_like(y))
+    # forward: fft and ifft of the pairs; backward: those of the gradient, and the fft of x's pairs again
+    assert (ffts.c2r, ffts.c2c) == ((1, 5) if pairs else (3, 0)), (ffts.c2r, ffts.c2c)
+    y_ref = toeplitz_ref(x, pos, neg, layout="dbn")
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, torch.autograd.grad(y_ref, (x, pos, neg), torch.ones_like(y_ref))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_rows_are_paired_where_compiled_not_eagerly(monkeypatch):
+    """By default (``PAIR_EAGERLY`` off) an eager product transforms its rows one by one even on a device that pairs
+    them (an eager update on a GPU is bound by the host's dispatch, which pairing adds to), while the compiled backward
+    of ``spectral_conv`` pairs them (its complex-to-real inverse FFT, whose input torch copies, is gone)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from fairseq_tnn.ops import toeplitz
+    monkeypatch.setattr(toeplitz, "PAIRED_FFT_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(toeplitz, "PAIR_EAGERLY", False)  # the default
+    x = torch.randn(3, 2, 7, dtype=torch.float64, requires_grad=True)
+    spec = torch.randn(3, 1, 9, dtype=torch.complex128, requires_grad=True)
+    assert toeplitz.pair_dim(x, spec.shape) is None
+    backward_ffts = []
+
+    def record(gm, example_inputs):
+        backward_ffts.extend(str(n.target) for n in gm.graph.nodes if "fft" in str(n.target))
+        return gm
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: g, bw_compiler=record)
+
+    torch._dynamo.reset()
+    y = torch.compile(lambda a, s: toeplitz.spectral_conv(a, s, 16), backend=backend, fullgraph=True)(x, spec)
+    grads = torch.autograd.grad(y, (x, spec), torch.ones_like(y))
+    assert backward_ffts and all("_fft_c2c" in t for t in backward_ffts), backward_ffts
+    y_ref = torch.fft.irfft(torch.fft.rfft(x, n=16) * spec, n=16)[..., :7]
+    for a, b in zip(grads, torch.autograd.grad(y_ref, (x, spec), torch.ones_like(y_ref))):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
