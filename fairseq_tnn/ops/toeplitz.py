@@ -22,6 +22,10 @@ compare them, forward and gradients. FFTs always run in float32 (or float64)
 even under fp16/bf16 autocast: cuFFT's half precision only supports powers of
 two and its round-off is too large for long kernels.
 
+On a GPU, where the product is compiled or recorded into a CUDA graph, two rows go through one
+complex FFT each way (``pair_dim``, ``PAIRED_FFT_DEVICES``): the inverse is then complex-to-complex,
+whose input torch does not copy as it copies a complex-to-real one's.
+
 The FFT products have hand-written backward passes (``SpectralConv``,
 ``KernelRfft``): torch's generic rfft backward runs a full complex-to-complex
 FFT, about 4x the cost of the real one, and materialises zero-padded copies.
@@ -213,7 +217,8 @@ def one_sided_hermitian(p: torch.Tensor, size: int) -> torch.Tensor:
     p = conj(Z) G the products of two packed rows' spectra (``pack_pairs``), sum_rows conj(X) G of the rows one by one
     (the real rows' spectra are (Z[f] + conj(Z[-f])) / 2 and (Z[f] - conj(Z[-f])) / 2i)."""
     parts = torch.view_as_real(p)  # (..., size, 2)
-    mirrored = torch.cat([parts[..., :1, :], parts[..., (size + 1) // 2:, :].flip(-2)], dim=-2)  # bins -f, f <= size / 2
+    # bins -f mod size for f = 0 .. size // 2
+    mirrored = torch.cat([parts[..., :1, :], parts[..., (size + 1) // 2:, :].flip(-2)], dim=-2)
     halves = fast.constant(("hermitian-halves", p.real.dtype), p.device,
                            lambda: torch.tensor([0.5, -0.5], device=p.device, dtype=p.real.dtype))
     # (p[f] + conj(p[-f])) / 2 on real parts: (re[f] + re[-f]) / 2, (im[f] - im[-f]) / 2

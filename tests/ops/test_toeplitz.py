@@ -328,10 +328,10 @@ def test_half_inputs_are_cast_and_padded_in_one_pass(dtype, layout, device, monk
 
 @pytest.mark.parametrize("batch,pairs", [((2,), True), ((4, 3), True), ((3,), False), ((1,), False)])
 def test_paired_rows_replace_the_copied_inverse_ffts(batch, pairs, device, monkeypatch):
-    """On a device of ``PAIRED_FFT_DEVICES`` (forced on the CPU here) the rows of an even batch dimension along which the
-    kernel broadcasts go through complex FFTs two at a time, forward and backward: no complex-to-real inverse FFT of
-    the activations (torch copies the input of each), only the kernel's gradient's; a batch with no even such
-    dimension goes through real FFTs. Output and gradients equal the dense product's (float64)."""
+    """On a device of ``PAIRED_FFT_DEVICES`` (forced on the CPU here) the rows of an even batch dimension along
+    which the kernel broadcasts go through complex FFTs two at a time, forward and backward: no complex-to-real
+    inverse FFT of the activations (torch copies the input of each), only the kernel's gradient's; a batch with no
+    even such dimension goes through real FFTs. Output and gradients equal the dense product's (float64)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from fairseq_tnn.ops import toeplitz
@@ -350,7 +350,8 @@ def test_paired_rows_replace_the_copied_inverse_ffts(batch, pairs, device, monke
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, *batch, 19, generator=g, dtype=torch.float64)  # (d, *batch, n)
-    pos, neg = torch.randn(5, 19, generator=g, dtype=torch.float64), torch.randn(5, 18, generator=g, dtype=torch.float64)
+    pos = torch.randn(5, 19, generator=g, dtype=torch.float64)
+    neg = torch.randn(5, 18, generator=g, dtype=torch.float64)
     x, pos, neg = (t.requires_grad_() for t in on(device, x, pos, neg))
     with Ffts() as ffts:
         y = toeplitz_fft(x, pos, neg, layout="dbn")
