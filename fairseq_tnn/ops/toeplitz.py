@@ -186,29 +186,29 @@ def unpack_pairs(y: torch.Tensor, dim: int, n: int, dtype: torch.dtype) -> torch
     return out.flatten(dim, dim + 1)
 
 
-def _two_sided_factors(size: int, device, dtype) -> torch.Tensor:
+def _two_sided_factors(size: int, scale: float, device, dtype) -> torch.Tensor:
     """For ``two_sided``: the factors (size, 2) of each bin's real and imaginary parts, (1, 1); (1, -1) past size / 2,
     where the bin is the conjugate of bin size - f; (1, 0) at the bins the inverse real FFT takes as real (0, and
-    size / 2 for an even size)."""
+    size / 2 for an even size); each times ``scale``."""
     def make():
-        factors = torch.ones(size, 2, device=device, dtype=dtype)
-        factors[size // 2 + 1:, 1] = -1.0
+        factors = torch.full((size, 2), scale, device=device, dtype=dtype)
+        factors[size // 2 + 1:, 1] = -scale
         factors[0, 1] = 0.0
         if size % 2 == 0:
             factors[size // 2, 1] = 0.0
         return factors
-    return fast.constant(("two-sided", size, dtype), device, make)
+    return fast.constant(("two-sided", size, scale, dtype), device, make)
 
 
-def two_sided(spectrum: torch.Tensor, size: int) -> torch.Tensor:
+def two_sided(spectrum: torch.Tensor, size: int, scale: float = 1.0) -> torch.Tensor:
     """The full spectrum (..., size) that multiplies the rows' spectra as ``irfft(rfft(x) * spectrum)`` does with the
     one-sided ``spectrum`` (..., size // 2 + 1), a Hermitian one: bin f > size / 2 is conj(bin size - f), and the bins
     the inverse real FFT takes as real (0, and size / 2 for an even size) lose their imaginary parts, as it ignores
-    them (a spectrum made as one, FD-TNN's bidirectional response, can have them). Three operations on the spectrum's
-    real view."""
+    them (a spectrum made as one, FD-TNN's bidirectional response, can have them); times ``scale``. Three operations on
+    the spectrum's real view."""
     parts = torch.view_as_real(spectrum.resolve_conj())  # (..., size // 2 + 1, 2)
     mirrored = parts[..., 1:(size + 1) // 2, :].flip(-2)  # bins size // 2 + 1 .. size - 1, before conjugation
-    factors = _two_sided_factors(size, spectrum.device, spectrum.real.dtype)
+    factors = _two_sided_factors(size, scale, spectrum.device, spectrum.real.dtype)
     return torch.view_as_complex(torch.cat([parts, mirrored], dim=-2) * factors)
 
 
@@ -305,13 +305,13 @@ class SpectralConv(torch.autograd.Function):
 def _spectral_product(x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
     """``SpectralConv``'s forward: irfft(rfft(x, size) * spectrum, size)[..., :n], compact, in x's dtype."""
     n, ct = x.shape[-1], spectrum.real.dtype
-    scaled = spectrum * (1.0 / size)  # the inverse FFT's 1 / size on the d x F spectrum
     dim = pair_dim(x, spectrum.shape)
     if dim is not None:  # two rows in one complex FFT each way, no copy before the inverse (PAIRED_FFT_DEVICES)
         z = pack_pairs(x, dim, size, ct)
-        return unpack_pairs(torch.fft.ifft(z.mul_(two_sided(scaled, size)), norm="forward"), dim, n, x.dtype)
+        full = two_sided(spectrum, size, 1.0 / size)  # the inverse FFT's 1 / size on the d x size spectrum
+        return unpack_pairs(torch.fft.ifft(z.mul_(full), norm="forward"), dim, n, x.dtype)
     xf = padded_rfft(x, size, ct)  # (..., size//2+1)
-    y = _unscaled_irfft(xf.mul_(scaled), size)[..., :n]
+    y = _unscaled_irfft(xf.mul_(spectrum * (1.0 / size)), size)[..., :n]  # the 1 / size on the d x F spectrum
     return y.to(x.dtype) if x.dtype != ct else y.contiguous()
 
 
@@ -379,8 +379,10 @@ def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.T
             pr, pi = (pr[..., :half] + pr[..., mirror]) * 0.5, (pi[..., :half] - pi[..., mirror]) * 0.5
         gs = torch.view_as_complex(torch.stack([pr * w, pi * w], dim=-1))  # times w / size
     if ctx.needs_input_grad[0]:
-        s = torch.view_as_real(spectrum if dim is None else two_sided(spectrum, size)) * (1.0 / size)
-        sr, si = s[..., 0], s[..., 1]  # (the inverse FFT's 1 / size, as ``_unscaled_irfft``)
+        # the inverse FFT's 1 / size (as ``_unscaled_irfft``)
+        s = torch.view_as_real(spectrum) * (1.0 / size) if dim is None else torch.view_as_real(
+            two_sided(spectrum, size, 1.0 / size))
+        sr, si = s[..., 0], s[..., 1]
         # G * conj(S) = (gr sr + gi si) + i (gi sr - gr si)
         product = torch.view_as_complex(torch.stack([gr * sr + gi * si, gi * sr - gr * si], dim=-1))
         if dim is None:
