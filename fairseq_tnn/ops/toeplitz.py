@@ -142,16 +142,29 @@ PAIRED_FFT_DEVICES = frozenset({"cuda"})
 # backward dispatch 17 more operations a TNO paired (the packing, the two-sided spectrum, the Hermitian part), and an
 # eager update on a GPU is bound by the host's dispatch, not by the bytes.
 PAIR_EAGERLY = False
+# The rows per kernel from which a forward that runs its operations (not traced: a CUDA graph records the custom
+# operator's forward as it runs) pairs them. Its two-sided spectrum (``two_sided``) costs passes over a d x size
+# spectrum, which the inverse's saved copy outweighs only from about 6 rows per kernel: counted by
+# benchmarks/fft_bytes.py, paired moves 86 bytes per element of x against 91 at 8 rows, 80 against 90 at 16, and 98
+# against 94 at 4 (the masked 4 x 2048). The compiled backward, where inductor fuses the spectrum's operations into its
+# kernels, pairs from 2 rows.
+PAIRED_FORWARD_MIN_ROWS = 6
 
 
 def pair_dim(x: torch.Tensor, spectrum_shape) -> Optional[int]:
     """The dimension of x (..., n) whose rows ``spectral_conv`` pairs (even and odd entries, as real and imaginary
     parts of one complex row): the last one of even size along which the spectrum broadcasts (size 1 or absent in
-    ``spectrum_shape``), on a device of ``PAIRED_FFT_DEVICES`` with the fast paths on, where ``PAIR_EAGERLY`` says;
-    None: the rows go through real FFTs one by one."""
+    ``spectrum_shape``), on a device of ``PAIRED_FFT_DEVICES`` with the fast paths on, where ``PAIR_EAGERLY`` says,
+    and, where the operations run as dispatched (not traced by torch.compile), with at least
+    ``PAIRED_FORWARD_MIN_ROWS`` rows per kernel; None: the rows go through real FFTs one by one."""
     if x.device.type not in PAIRED_FFT_DEVICES or not fast.enabled():
         return None
     if not (PAIR_EAGERLY or fast.compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+        return None
+    kernels = 1
+    for size in spectrum_shape[:-1]:
+        kernels *= size
+    if not fast.compiling() and x.numel() // x.shape[-1] < PAIRED_FORWARD_MIN_ROWS * kernels:
         return None
     offset = x.dim() - len(spectrum_shape)
     for i in range(x.dim() - 2, -1, -1):

@@ -17,6 +17,7 @@ def paired(request, monkeypatch):
     from fairseq_tnn.ops import toeplitz
     monkeypatch.setattr(toeplitz, "PAIRED_FFT_DEVICES", frozenset({"cpu", "cuda"} if request.param else ()))
     monkeypatch.setattr(toeplitz, "PAIR_EAGERLY", True)
+    monkeypatch.setattr(toeplitz, "PAIRED_FORWARD_MIN_ROWS", 0)
     return request.param
 
 
@@ -337,6 +338,7 @@ def test_paired_rows_replace_the_copied_inverse_ffts(batch, pairs, device, monke
     from fairseq_tnn.ops import toeplitz
     monkeypatch.setattr(toeplitz, "PAIRED_FFT_DEVICES", frozenset({"cpu", "cuda"}))
     monkeypatch.setattr(toeplitz, "PAIR_EAGERLY", True)
+    monkeypatch.setattr(toeplitz, "PAIRED_FORWARD_MIN_ROWS", 0)
 
     class Ffts(TorchDispatchMode):
         def __init__(self):
@@ -392,3 +394,20 @@ def test_rows_are_paired_where_compiled_not_eagerly(monkeypatch):
     y_ref = torch.fft.irfft(torch.fft.rfft(x, n=16) * spec, n=16)[..., :7]
     for a, b in zip(grads, torch.autograd.grad(y_ref, (x, spec), torch.ones_like(y_ref))):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_a_forward_as_dispatched_pairs_rows_from_enough_of_them(monkeypatch):
+    """Where its operations run as dispatched (a forward a CUDA graph records; eagerly here, forced), the product pairs
+    its rows only from ``PAIRED_FORWARD_MIN_ROWS`` rows per kernel: its two-sided spectrum costs passes over the
+    kernel's spectrum, which a small batch's saved copies do not repay (benchmarks/fft_bytes.py); traced by
+    torch.compile, from two rows."""
+    from fairseq_tnn.ops import fast, toeplitz
+    monkeypatch.setattr(toeplitz, "PAIRED_FFT_DEVICES", frozenset({"cpu", "cuda"}))
+    monkeypatch.setattr(toeplitz, "PAIR_EAGERLY", True)
+    monkeypatch.setattr(toeplitz, "PAIRED_FORWARD_MIN_ROWS", 6)  # the default
+    spectrum_shape, rows = (3, 1, 9), 6
+    assert toeplitz.pair_dim(torch.zeros(3, rows, 5), spectrum_shape) == 1
+    assert toeplitz.pair_dim(torch.zeros(3, rows - 2, 5), spectrum_shape) is None
+    assert toeplitz.pair_dim(torch.zeros(3, rows + 1, 5), spectrum_shape) is None  # enough rows, but an odd number
+    monkeypatch.setattr(fast, "compiling", lambda: True)
+    assert toeplitz.pair_dim(torch.zeros(3, 2, 5), spectrum_shape) == 1

@@ -848,3 +848,20 @@ def test_stack_step_compiles_the_stack_with_and_without_regions(tmp_path):
     assert [r[0] for r in rows] == ["compiled", "one-graph"], out
     assert all(float(r[1]) > 0 and float(r[2]) < 1e-4 for r in rows), rows
     assert ("regions)" in out) == STACK_REGIONS and out.count("regions)") <= 1, out
+
+
+def test_fft_bytes_counts_the_products_bytes_three_ways(tmp_path):
+    """benchmarks/fft_bytes.py --quick: the bytes the FFT product moves per element of x, the reference, real FFTs and
+    paired rows side by side, forward and with backward; the paired forward moves fewer where it pairs (from
+    PAIRED_FORWARD_MIN_ROWS rows per kernel, so not at the quick shapes' 2 rows: there it equals the real FFTs')."""
+    from benchmarks import fft_bytes
+    result = fft_bytes.main(["--quick", "--out", str(tmp_path)])
+    assert (tmp_path / "fft_bytes.json").exists() and "| causal 2 x 32 |" in (tmp_path / "fft_bytes.md").read_text()
+    for row in result["rows"]:
+        assert set(row) >= {"reference", "real", "paired"}
+        for way in ("reference", "real", "paired"):
+            assert 0 < row[way]["forward"] < row[way]["forward_backward"], row
+        assert row["paired"] == row["real"], row  # 2 rows per kernel: not paired as dispatched
+    d, b, n = 8, 8, 32
+    paired, real = (fft_bytes.count(d, b, n, True, way)["forward"] for way in ("paired", "real"))
+    assert paired < real, (paired, real)  # the inverse FFT's copy of its input is gone
