@@ -22,9 +22,10 @@ compare them, forward and gradients. FFTs always run in float32 (or float64)
 even under fp16/bf16 autocast: cuFFT's half precision only supports powers of
 two and its round-off is too large for long kernels.
 
-On a GPU, where the product is compiled or recorded into a CUDA graph, two rows go through one
-complex FFT each way (``pair_dim``, ``PAIRED_FFT_DEVICES``): the inverse is then complex-to-complex,
-whose input torch does not copy as it copies a complex-to-real one's.
+On a GPU, where the product is compiled or recorded into a CUDA graph (there from
+``PAIRED_FORWARD_MIN_ROWS`` rows per kernel), two rows go through one complex FFT each way
+(``pair_dim``, ``PAIRED_FFT_DEVICES``): the inverse is then complex-to-complex, whose input torch
+does not copy as it copies a complex-to-real one's.
 
 The FFT products have hand-written backward passes (``SpectralConv``,
 ``KernelRfft``): torch's generic rfft backward runs a full complex-to-complex
