@@ -34,6 +34,7 @@ The backward of y = irfft(rfft(x) * S)[:n] is another such product, with the
 conjugate spectrum, so it costs one rfft and one irfft, like the forward.
 """
 import contextlib
+import math
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -162,9 +163,7 @@ def pair_dim(x: torch.Tensor, spectrum_shape) -> Optional[int]:
         return None
     if not (PAIR_EAGERLY or fast.compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
         return None
-    kernels = 1
-    for size in spectrum_shape[:-1]:
-        kernels *= size
+    kernels = math.prod(spectrum_shape[:-1])
     if not fast.compiling() and x.numel() // x.shape[-1] < PAIRED_FORWARD_MIN_ROWS * kernels:
         return None
     offset = x.dim() - len(spectrum_shape)
@@ -226,17 +225,17 @@ def two_sided(spectrum: torch.Tensor, size: int, scale: float = 1.0) -> torch.Te
     return torch.view_as_complex(torch.cat([parts, mirrored], dim=-2) * factors)
 
 
-def one_sided_hermitian(p: torch.Tensor, size: int) -> torch.Tensor:
-    """Bins 0 .. size // 2 of (p[f] + conj(p[-f])) / 2 for p (..., size): summed over the pairs of rows, with
-    p = conj(Z) G the products of two packed rows' spectra (``pack_pairs``), sum_rows conj(X) G of the rows one by one
-    (the real rows' spectra are (Z[f] + conj(Z[-f])) / 2 and (Z[f] - conj(Z[-f])) / 2i)."""
-    parts = torch.view_as_real(p)  # (..., size, 2)
+def one_sided_hermitian(parts: torch.Tensor, size: int) -> torch.Tensor:
+    """Bins 0 .. size // 2 of (p[f] + conj(p[-f])) / 2 for p (..., size) given as its real and imaginary parts
+    ``parts`` (..., size, 2), returned so: summed over the pairs of rows, with p = conj(Z) G the products of two packed
+    rows' spectra (``pack_pairs``), sum_rows conj(X) G of the rows one by one (the real rows' spectra are
+    (Z[f] + conj(Z[-f])) / 2 and (Z[f] - conj(Z[-f])) / 2i). On real parts, so that inductor fuses it where compiled."""
     # bins -f mod size for f = 0 .. size // 2
     mirrored = torch.cat([parts[..., :1, :], parts[..., (size + 1) // 2:, :].flip(-2)], dim=-2)
-    halves = fast.constant(("hermitian-halves", p.real.dtype), p.device,
-                           lambda: torch.tensor([0.5, -0.5], device=p.device, dtype=p.real.dtype))
-    # (p[f] + conj(p[-f])) / 2 on real parts: (re[f] + re[-f]) / 2, (im[f] - im[-f]) / 2
-    return torch.view_as_complex(parts[..., : size // 2 + 1, :] * 0.5 + mirrored * halves)
+    halves = fast.constant(("hermitian-halves", parts.dtype), parts.device,
+                           lambda: torch.tensor([0.5, -0.5], device=parts.device, dtype=parts.dtype))
+    # (re[f] + re[-f]) / 2, (im[f] - im[-f]) / 2
+    return parts[..., : size // 2 + 1, :] * 0.5 + mirrored * halves
 
 
 class KernelRfft(torch.autograd.Function):
@@ -304,15 +303,16 @@ class SpectralConv(torch.autograd.Function):
                 gs = _reduce_conj_product(padded_rfft(x, size, ct), gf, ctx.spectrum_shape)
             else:  # the pairs' products summed, then their Hermitian part: the rows' sum
                 full_shape = (*ctx.spectrum_shape[:-1], size)
-                gs = one_sided_hermitian(_reduce_conj_product(pack_pairs(x, dim, size, ct), gf, full_shape), size)
+                products = _reduce_conj_product(pack_pairs(x, dim, size, ct), gf, full_shape)
+                gs = torch.view_as_complex(one_sided_hermitian(torch.view_as_real(products), size))
             gs = gs * _bin_factor(size, gs.device, ct, inverse=False)
         if ctx.needs_input_grad[0]:
-            # a conjugate copy of the spectrum (a spectrum's worth of values, 1/batch of gf's) scaled in place
-            scaled = spectrum.conj_physical().mul_(1.0 / size)
+            # a conjugate copy of the spectrum (a spectrum's worth of values, 1/batch of gf's), scaled
             if dim is None:
-                gx = _unscaled_irfft(gf.mul_(scaled), size)[..., :n].to(grad.dtype)
+                gx = _unscaled_irfft(gf.mul_(spectrum.conj_physical().mul_(1.0 / size)), size)[..., :n].to(grad.dtype)
             else:
-                gx = unpack_pairs(torch.fft.ifft(gf.mul_(two_sided(scaled, size)), norm="forward"), dim, n, grad.dtype)
+                full = two_sided(spectrum.conj_physical(), size, 1.0 / size)
+                gx = unpack_pairs(torch.fft.ifft(gf.mul_(full), norm="forward"), dim, n, grad.dtype)
         return gx, gs, None
 
 
@@ -387,11 +387,10 @@ def _compiled_backward(ctx, x: torch.Tensor, spectrum: torch.Tensor, gf: torch.T
         w = _bin_factor(size, gf.device, ct, inverse=False)
         # conj(X) * G = (xr gr + xi gi) + i (xr gi - xi gr), summed where the spectrum broadcasts
         shape = ctx.spectrum_shape if dim is None else (*ctx.spectrum_shape[:-1], size)
-        pr, pi = (xr * gr + xi * gi).sum_to_size(shape), (xr * gi - xi * gr).sum_to_size(shape)
-        if dim is not None:  # the Hermitian part of the pairs' products (``one_sided_hermitian``), on real parts
-            half, mirror = size // 2 + 1, torch.arange(size // 2 + 1, device=gf.device).neg().remainder(size)
-            pr, pi = (pr[..., :half] + pr[..., mirror]) * 0.5, (pi[..., :half] - pi[..., mirror]) * 0.5
-        gs = torch.view_as_complex(torch.stack([pr * w, pi * w], dim=-1))  # times w / size
+        parts = torch.stack([(xr * gr + xi * gi).sum_to_size(shape), (xr * gi - xi * gr).sum_to_size(shape)], dim=-1)
+        if dim is not None:  # the Hermitian part of the pairs' products
+            parts = one_sided_hermitian(parts, size)
+        gs = torch.view_as_complex(parts * w.unsqueeze(-1))  # times w / size
     if ctx.needs_input_grad[0]:
         # the inverse FFT's 1 / size (as ``_unscaled_irfft``)
         s = torch.view_as_real(spectrum) * (1.0 / size) if dim is None else torch.view_as_real(
