@@ -811,6 +811,10 @@ def main(argv=None):
                    help="compile the stack's CUDA graphs with every layer's operations in the one graph, as before "
                         "each layer became a region compiled once (fairseq_tnn.models.compile.STACK_REGIONS): the "
                         "compile time and update time it costs, measured against a run without this option")
+    p.add_argument("--direct-max-n", type=int, default=0, metavar="N",
+                   help="the TNOs' Toeplitz products of up to N positions by direct summation on tensor cores instead "
+                        "of FFTs (fairseq_tnn.ops.toeplitz.DIRECT_MAX_N, Triton's kernels; CUDA only), in every "
+                        "configuration of the run: measured against a run without this option (default 0: FFTs)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -846,6 +850,14 @@ def main(argv=None):
     if a.shapes and not any(f"{s}/{n}" in a.shapes for s, n, _ in groups):
         p.error(f"--shapes {' '.join(a.shapes)}: none of them is a shape of this run (of "
                 f"{', '.join(f'{s}/{n}' for s, n, _ in groups)}{' with --quick' if a.quick else ''})")
+    if a.direct_max_n < 0 or (a.direct_max_n and a.device != "cuda"):
+        p.error(f"--direct-max-n={a.direct_max_n}: an integer >= 0, and above 0 only with --device cuda (the direct "
+                "product's Triton kernels run on a GPU)")
+    if a.direct_max_n:
+        from fairseq_tnn.ops import toeplitz, toeplitz_direct
+        if not toeplitz_direct.AVAILABLE:
+            p.error(f"--direct-max-n={a.direct_max_n}: Triton is not installed (a CUDA build of torch brings it)")
+        toeplitz.DIRECT_MAX_N = a.direct_max_n  # every product of the run
     refuse_overwrite(p, a, "gpu_profile.json")
     if a.no_stack_regions:
         compiling.STACK_REGIONS = False  # the stacks built from here on
@@ -855,7 +867,7 @@ def main(argv=None):
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
             "graphs": graphs, "bf16": bf16, "bf16_weights": bf16_weights, "amp": a.amp,
             "host_overflow": a.host_overflow, "shapes": a.shapes or [], "host_profile": a.host_profile,
-            "stack_regions": compiling.STACK_REGIONS,
+            "stack_regions": compiling.STACK_REGIONS, "direct_max_n": a.direct_max_n,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}

@@ -48,6 +48,11 @@ pip_install "$(req cython)" "$(req wheel)"
 pip_install --no-build-isolation "$(req fairseq-fixed)"
 pip_install "$(req sentencepiece)" "$(req sacremoses)" "$(req tensorboard)" "$(req tensorboardX)" \
   "$(req matplotlib)" "$(req pytest)" "$(req pytest-xdist)"
+# Triton: a CUDA torch brings the version it needs; beside a CPU-only torch, the tests run the plugin's Triton kernels
+# (fairseq_tnn/ops/toeplitz_direct.py) in Triton's interpreter, and nothing else imports it.
+if ! "$PY" -c 'import triton' 2>/dev/null; then
+  pip_install --no-deps "$(req triton)"
+fi
 pip_install --no-deps --no-build-isolation -e "$ROOT"
 
 "$PY" - <<'PY'

@@ -14,6 +14,10 @@ from helpers import BIN, NO_LR_SCHEDULE, ROOT, SCRIPTS, THREADS, lm_train_cmd, m
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(THREADS))
+# Without a CUDA device, Triton's kernels (fairseq_tnn/ops/toeplitz_direct.py) run on the CPU in its interpreter, which
+# Triton chooses when it is imported: set before any test imports it (tests/ops/test_toeplitz_direct.py).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def made_once(tmp_path_factory, name, make):

@@ -692,6 +692,18 @@ def test_gpu_profile_refuses_no_stack_regions_without_graphs(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+def test_gpu_profile_refuses_the_direct_product_off_a_gpu(tmp_path):
+    """--direct-max-n (the direct Toeplitz product in every configuration, for a side-by-side run) runs Triton's
+    kernels on a GPU: on the CPU, or below 0, the profile refuses it before any work, naming the option."""
+    for value in ("512", "-1"):
+        cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--direct-max-n",
+               value, "--out", str(tmp_path / "p")]
+        code, log, _ = execute(cmd, command_env(), 120, merge=True)
+        assert code == 2 and f"--direct-max-n={value}: an integer >= 0, and above 0 only with --device cuda" in log, \
+            log[-2000:]
+        assert not (tmp_path / "p").exists()
+
+
 def test_gpu_profile_graphs_train_the_stack_as_one_graph_through_fairseqs_trainer(monkeypatch, tmp_path):
     """--graphs: the harness builds fairseq's Trainer with --tnn-cuda-graphs, the whole stack compiled as one graph,
     whose updates run that one function (here on the CPU standing in for a GPU, where torch.compile records no graph);
@@ -865,3 +877,20 @@ def test_fft_bytes_counts_the_products_bytes_three_ways(tmp_path):
     d, b, n = 8, 8, 32
     paired, real = (fft_bytes.count(d, b, n, True, way)["forward"] for way in ("paired", "real"))
     assert paired < real, (paired, real)  # the inverse FFT's copy of its input is gone
+
+
+def test_toeplitz_direct_times_both_products_side_by_side(tmp_path):
+    """benchmarks/toeplitz_direct.py --quick on the CPU (Triton's interpreter, tests/conftest.py): both products'
+    forward and forward with backward, their ratio, and the direct one's differences from the FFT's, at fp32's
+    rounding; and a refusal, before any work, where the kernels cannot run."""
+    from benchmarks import toeplitz_direct
+    result = toeplitz_direct.main(["--quick", "--device", "cpu", "--rounds", "2", "--out", str(tmp_path)])
+    assert "| 17 x 70, d 2 |" in (tmp_path / "toeplitz_direct.md").read_text()
+    assert len(result["rows"]) == 2
+    for row in result["rows"]:
+        for way in ("fft", "direct"):
+            assert row[way]["forward"]["median_ms"] > 0 and row[way]["forward_backward"]["least_ms"] > 0, row
+        assert set(row["differences"]) == {"output", "x_grad", "spectrum_grad"}
+        assert max(row["differences"].values()) < 1e-5, row["differences"]
+    with pytest.raises(SystemExit):
+        toeplitz_direct.main(["--quick", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path)])  # no --force

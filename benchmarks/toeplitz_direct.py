@@ -1,0 +1,163 @@
+"""The Toeplitz product two ways side by side on one GPU: by FFT (``fft_conv``, what the TNOs run) and by direct
+summation on tensor cores (``direct_conv``, ``fairseq_tnn/ops/toeplitz_direct.py``), at the paper's shapes (issue 39:
+the FFT product's mixing is 41-61 times its floor).
+
+    python benchmarks/toeplitz_direct.py --out results/toeplitz-direct          # on a CUDA GPU (about a minute)
+    TRITON_INTERPRET=1 python benchmarks/toeplitz_direct.py --quick --device cpu --out /tmp/td   # the test's smoke run
+
+For each shape (a TNO's channels, the per-GPU batch, the length; x in ``--dtype``, fp16 by default on CUDA, the
+spectrum of a random two-sided kernel), both ways' forward and forward with backward (x's and the spectrum's
+gradients) in interleaved rounds, each timed by CUDA events (the CPU's clock on the CPU), with their medians and least
+times, the ratio FFT / direct of the medians, the first call's seconds (Triton's compilation, on the first shape),
+and the largest differences of the direct way's output and gradients from the FFT's, relative to the FFT's largest
+value. Writes ``toeplitz_direct.json`` and ``toeplitz_direct.md``.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
+                                write_results)
+
+# (label, channels, batch, n): the causal TNO at the paper's 8 x 512, the bidirectional at 16 x 512 and 4 x 2048,
+# and a length between
+SHAPES = [("8 x 512, d 1536", 1536, 8, 512), ("16 x 512, d 2304", 2304, 16, 512),
+          ("8 x 1024, d 2304", 2304, 8, 1024), ("4 x 2048, d 2304", 2304, 4, 2048)]
+QUICK_SHAPES = [("2 x 40, d 3", 3, 2, 40), ("17 x 70, d 2", 2, 17, 70)]
+WAYS = ["fft", "direct"]
+
+
+def _inputs(d: int, b: int, n: int, dtype, device):
+    from fairseq_tnn.ops import toeplitz
+    g = torch.Generator().manual_seed(0)
+    size = toeplitz.next_fast_len(2 * n - 1)
+    decay = torch.exp(-torch.arange(n) / (n / 4))
+    pos, neg = torch.randn(d, n, generator=g) * decay / n ** 0.5, torch.randn(d, n - 1, generator=g) * decay[1:] / n ** 0.5
+    spectrum = toeplitz.kernel_spectrum(pos, neg, size, layout="dbn").to(device)
+    x = torch.randn(d, b, n, generator=g).to(device=device, dtype=dtype)
+    cot = torch.randn(d, b, n, generator=g).to(device=device, dtype=dtype)
+    return x, spectrum, size, cot
+
+
+def _product(way: str) -> Callable:
+    from fairseq_tnn.ops import toeplitz, toeplitz_direct
+    if way == "fft":
+        return lambda x, s, size: toeplitz.fft_conv(x, s, size, layout="dbn")
+    return toeplitz_direct.direct_conv
+
+
+def _clock(device: str):
+    """A function that times ``fn()`` in ms on ``device``."""
+    def timed(fn) -> float:
+        if device == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    return timed
+
+
+def _differences(x, spectrum, size, cot) -> Dict[str, float]:
+    """The direct way's output, x gradient and spectrum gradient against the FFT's: max |direct - fft| / max |fft|."""
+    out = {}
+    results = []
+    for way in WAYS:
+        xx, ss = x.detach().clone().requires_grad_(), spectrum.detach().clone().requires_grad_()
+        y = _product(way)(xx, ss, size)
+        gx, gs = torch.autograd.grad(y, (xx, ss), cot)
+        results.append((y, gx, gs))
+    for name, fft, direct in zip(("output", "x_grad", "spectrum_grad"), *results):
+        fft, direct = fft.to(torch.complex128 if fft.is_complex() else torch.float64), direct.to(
+            torch.complex128 if direct.is_complex() else torch.float64)
+        out[name] = ((direct - fft).abs().max() / fft.abs().max()).item()
+    return out
+
+
+def measure(label: str, d: int, b: int, n: int, dtype, device: str, rounds: int) -> Dict:
+    x, spectrum, size, cot = _inputs(d, b, n, dtype, device)
+    timed = _clock(device)
+    row: Dict = {"shape": label, "channels": d, "batch": b, "n": n, "size": size}
+    xg, sg = x.detach().clone().requires_grad_(), spectrum.detach().clone().requires_grad_()
+    steps = {}
+    for way in WAYS:
+        product = _product(way)
+        steps[way] = {
+            "forward": lambda product=product: product(x, spectrum, size),
+            "forward_backward": lambda product=product: torch.autograd.grad(product(xg, sg, size), (xg, sg), cot),
+        }
+        t = time.perf_counter()
+        steps[way]["forward_backward"]()  # the first call: Triton's compilation for the direct way
+        if device == "cuda":
+            torch.cuda.synchronize()
+        row.setdefault("first_call_s", {})[way] = time.perf_counter() - t
+    times: Dict[str, Dict[str, List[float]]] = {w: {"forward": [], "forward_backward": []} for w in WAYS}
+    for _ in range(rounds):
+        for way in WAYS:
+            for part in ("forward", "forward_backward"):
+                times[way][part].append(timed(steps[way][part]))
+    for way in WAYS:
+        row[way] = {part: {"median_ms": statistics.median(v), "least_ms": min(v)} for part, v in times[way].items()}
+    row["fft_over_direct"] = {part: row["fft"][part]["median_ms"] / row["direct"][part]["median_ms"]
+                              for part in ("forward", "forward_backward")}
+    row["differences"] = _differences(x, spectrum, size, cot)
+    return row
+
+
+def markdown(result: Dict) -> str:
+    out = [f"# The Toeplitz product by FFT and by direct summation ({result['dtype']}, {result['device_name']})", "",
+           f"torch {result['torch']}, triton {result['triton']}; median of {result['rounds']} interleaved rounds, ms; "
+           "`python benchmarks/toeplitz_direct.py`", "",
+           "| shape | FFT: forward / with backward | direct | FFT / direct | direct - FFT: output, x grad, spectrum grad |",
+           "|---|---|---|---|---|"]
+    for r in result["rows"]:
+        cells = [f"{r[w]['forward']['median_ms']:.3f} / {r[w]['forward_backward']['median_ms']:.3f}" for w in WAYS]
+        ratio = r["fft_over_direct"]
+        diff = r["differences"]
+        out.append(f"| {r['shape']} | {cells[0]} | {cells[1]} | {ratio['forward']:.2f} / {ratio['forward_backward']:.2f}"
+                   f" | {diff['output']:.1e}, {diff['x_grad']:.1e}, {diff['spectrum_grad']:.1e} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> Dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test; on the CPU under TRITON_INTERPRET=1)")
+    add_device_options(p, rounds=20)
+    add_out_options(p, "results/toeplitz-direct")
+    a = p.parse_args(argv)
+    name, dtype = checked_dtype(p, a)
+    from fairseq_tnn.ops import toeplitz_direct
+    probe = torch.empty(0, device=a.device, dtype=dtype)
+    if not toeplitz_direct.supports(probe):
+        p.error(f"--device={a.device} --dtype={name}: the direct product needs Triton and a CUDA device, or the CPU "
+                f"under Triton's interpreter (TRITON_INTERPRET=1); Triton is "
+                f"{'there' if toeplitz_direct.AVAILABLE else 'not installed'}")
+    refuse_overwrite(p, a, "toeplitz_direct.json")
+    os.makedirs(a.out, exist_ok=True)
+    rows = [measure(label, d, max(1, b // a.batch_scale), n, dtype, a.device, a.rounds)
+            for label, d, b, n in (QUICK_SHAPES if a.quick else SHAPES)]
+    import triton
+    result = {"rows": rows, "torch": torch.__version__, "triton": triton.__version__, "dtype": name,
+              "device": a.device, "rounds": a.rounds,
+              "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "CPU, Triton's interpreter"}
+    md = markdown(result)
+    write_results(a.out, "toeplitz_direct", result, md)
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The Toeplitz product by direct summation on tensor cores (Triton): ``fft_conv``'s function for short sequences.
+
+For each channel c, y_c = T_c x_c with T_c[t, s] = k_c[(t - s) mod size], k_c the circulant column a spectrum
+describes (``spectrum_kernel``'s layout: lags 0 .. n-1 first, lags -1 .. -(n-1) last). The FFT product moves
+complex fp32 spectra, each four times an fp16 activation's bytes, through four transforms of the batch each way
+(docs/performance.md, "the mixing over its floor": 41-61 times the bytes its inputs and outputs need). Summed
+directly, the product is a matrix product per channel, (rows x n) times (n x n), whose Toeplitz operand is never
+stored: each tile of it is gathered from the channel's 2n - 1 coefficients (a few KB, held in cache) as the
+product needs it. It reads x once per output tile and writes y once, and costs 2 n^2 multiply-adds per row, which
+tensor cores do at hundreds of TFLOPS: at n = 512 about as much time as reading and writing the activations.
+
+- forward: y[c, r, t] = sum_s k[c, (t - s) mod size] x[c, r, s]                 (``_apply``, sign +1)
+- input's gradient: gx[c, r, s] = sum_t k[c, (t - s) mod size] gy[c, r, t]    (``_apply``, sign -1: T transposed)
+- kernel's gradient: gk[c, L mod size] = sum_r sum_t gy[c, r, t] x[c, r, t - L] for |L| < n, 0 elsewhere: per
+  (t, s) tile the products P = gy^T x on tensor cores (inner dimension: the rows), then P's diagonals summed
+  (``_lag_grad``: a window of x wide enough for a block of lags, and P's entries gathered so that each lag is a
+  column).
+
+The operands enter the tensor cores as TF32 (a 10-bit significand, which holds an fp16 or bf16 x exactly; the
+coefficients are rounded to it, as fp16 would round them) and accumulate in fp32. ``direct_conv`` is the product
+of a spectrum, the coefficients taken by one irfft of the (channels x size) spectrum, whose gradient autograd
+carries back to the spectrum: the same function and gradients as ``fft_conv``, within rounding.
+
+Triton is optional: it ships with torch's CUDA builds; without it (a CPU-only torch) ``AVAILABLE`` is False and
+nothing here runs. On the CPU the kernels run only under Triton's interpreter (``INTERPRETED``), which the tests use
+to compare them with the dense reference. Where the product takes this path is ``toeplitz.DIRECT_MAX_N``.
+"""
+import os
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU-only torch: no Triton, the FFT product everywhere
+    triton = tl = None
+
+AVAILABLE = triton is not None
+constexpr = tl.constexpr if AVAILABLE else None  # the kernels' compile-time arguments
+
+# Tile sizes: rows (the sequences of a channel, at least 16 for a tensor-core product), input and output positions
+# of a tile of T, and the lags of a block of the kernel's gradient (its window of x: BLOCK_T + BLOCK_L positions).
+BLOCK_ROWS_MAX = 64
+BLOCK_T = 64
+BLOCK_L = 64
+
+
+# Whether Triton runs the kernels in its interpreter, on CPU tensors (the tests' way without a GPU): Triton decides when
+# it is imported, by ``TRITON_INTERPRET=1`` (tests/conftest.py sets it on a machine without CUDA).
+INTERPRETED = AVAILABLE and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def supports(x: torch.Tensor) -> bool:
+    """Whether the kernels can run on ``x``'s device: Triton is there, and x is on a CUDA device (or on the CPU under
+    the interpreter); fp16, bf16 or fp32 (fp64 keeps the FFT product)."""
+    if not AVAILABLE or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    return x.is_cuda or (x.device.type == "cpu" and INTERPRETED)
+
+
+def _apply_kernel(x_ptr, k_ptr, y_ptr, rows, n, size, SIGN: constexpr, BLOCK_R: constexpr,
+                  BLOCK_T: constexpr, PRECISION: constexpr):
+    """One (channel, output tile, row tile): y[r, o] = sum_i x[r, i] k[(SIGN (o - i)) mod size]."""
+    c = tl.program_id(0)
+    outs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
+    x_rows = x_ptr + c.to(tl.int64) * rows * n + r[:, None] * n
+    k_row = k_ptr + c.to(tl.int64) * size
+    acc = tl.zeros((BLOCK_R, BLOCK_T), dtype=tl.float32)
+    for i in range(0, tl.cdiv(n, BLOCK_T)):
+        ins = i * BLOCK_T + tl.arange(0, BLOCK_T)
+        x = tl.load(x_rows + ins[None, :], mask=(r[:, None] < rows) & (ins[None, :] < n), other=0.0)
+        lag = SIGN * (outs[None, :] - ins[:, None])  # (inputs, outputs)
+        lag = tl.where(lag < 0, lag + size, lag)
+        w = tl.load(k_row + lag, mask=(ins[:, None] < n) & (outs[None, :] < n), other=0.0)
+        acc += tl.dot(x.to(tl.float32), w, input_precision=PRECISION)
+    y = y_ptr + c.to(tl.int64) * rows * n + r[:, None] * n + outs[None, :]
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(r[:, None] < rows) & (outs[None, :] < n))
+
+
+def _lag_grad_kernel(g_ptr, x_ptr, gk_ptr, rows, n, size, BLOCK_R: constexpr, BLOCK_T: constexpr,
+                     BLOCK_L: constexpr, PRECISION: constexpr):
+    """One (channel, block of lags L0 .. L0 + BLOCK_L - 1, L0 = -(n - 1) + BLOCK_L * block): gk[L mod size] =
+    sum_r sum_t g[r, t] x[r, t - L]. For output positions t0 + j, lag L0 + l reads x at t0 + j - L0 - l, inside the
+    window w0 .. w0 + BLOCK_T + BLOCK_L - 1 (w0 = t0 - L0 - BLOCK_L + 1) at w = j - l + BLOCK_L - 1."""
+    c = tl.program_id(0)
+    lag0 = tl.program_id(1) * BLOCK_L - (n - 1)
+    j = tl.arange(0, BLOCK_T)
+    l = tl.arange(0, BLOCK_L)
+    w = tl.arange(0, BLOCK_T + BLOCK_L)
+    skew = j[:, None] - l[None, :] + (BLOCK_L - 1)  # (BLOCK_T, BLOCK_L): the window's column of (t0 + j, lag0 + l)
+    base = c.to(tl.int64) * rows * n
+    acc = tl.zeros((BLOCK_L,), dtype=tl.float32)
+    for t in range(0, tl.cdiv(n, BLOCK_T)):
+        t0 = t * BLOCK_T
+        w0 = t0 - lag0 - BLOCK_L + 1
+        products = tl.zeros((BLOCK_T, BLOCK_T + BLOCK_L), dtype=tl.float32)
+        for rb in range(0, tl.cdiv(rows, BLOCK_R)):
+            r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
+            g = tl.load(g_ptr + base + r[None, :] * n + (t0 + j)[:, None],
+                        mask=(r[None, :] < rows) & ((t0 + j)[:, None] < n), other=0.0)  # (BLOCK_T, BLOCK_R)
+            s = w0 + w
+            x = tl.load(x_ptr + base + r[:, None] * n + s[None, :],
+                        mask=(r[:, None] < rows) & (s[None, :] >= 0) & (s[None, :] < n), other=0.0)
+            products += tl.dot(g.to(tl.float32), x.to(tl.float32), input_precision=PRECISION)
+        acc += tl.sum(tl.gather(products, skew, axis=1), axis=0)
+    lags = lag0 + l
+    tl.store(gk_ptr + c.to(tl.int64) * size + tl.where(lags < 0, lags + size, lags), acc, mask=lags < n)
+
+
+_KERNELS = []
+
+
+def _kernels():
+    """The two kernels, jitted at first use (interpreted under ``INTERPRETED``)."""
+    if not _KERNELS:
+        _KERNELS.extend((triton.jit(_apply_kernel), triton.jit(_lag_grad_kernel)))
+    return _KERNELS
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """TF32 operands for half inputs (which TF32 holds exactly); fp32 ones as they are."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _block_rows(rows: int) -> int:
+    return min(BLOCK_ROWS_MAX, max(16, triton.next_power_of_2(rows)))
+
+
+def _same(kernel):
+    return kernel
+
+
+def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, wrap=_same) -> torch.Tensor:
+    """x (c, rows, n) contiguous, kernel (c, size) fp32 contiguous: T x (sign 1) or T^T x (sign -1), in x's dtype.
+    ``wrap``: what the Triton kernel is launched through (``torch.library.wrap_triton`` inside a ``triton_op``)."""
+    c, rows, n = x.shape
+    y = torch.empty_like(x)
+    block_r = _block_rows(rows)
+    grid = (c, triton.cdiv(n, BLOCK_T), triton.cdiv(rows, block_r))
+    wrap(_kernels()[0])[grid](x, kernel, y, rows, n, kernel.shape[-1], SIGN=sign, BLOCK_R=block_r, BLOCK_T=BLOCK_T,
+                              PRECISION=_precision(x.dtype))
+    return y
+
+
+def _lag_grad(g: torch.Tensor, x: torch.Tensor, size: int, wrap=_same) -> torch.Tensor:
+    """(c, size) fp32: the kernel's gradient, for g and x (c, rows, n) contiguous."""
+    c, rows, n = x.shape
+    gk = torch.zeros(c, size, device=x.device, dtype=torch.float32)
+    grid = (c, triton.cdiv(2 * n - 1, BLOCK_L))
+    wrap(_kernels()[1])[grid](g, x, gk, rows, n, size, BLOCK_R=_block_rows(rows), BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L,
+                              PRECISION=_precision(x.dtype))
+    return gk
+
+
+class DirectToeplitz(torch.autograd.Function):
+    """y = T x for x (c, rows, n) and T[t, s] = kernel[c, (t - s) mod size], kernel (c, size) fp32, size >= 2n - 1."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        x, kernel = x.contiguous(), kernel.contiguous()
+        ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, kernel)
+        return _apply(x, kernel, 1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, kernel = ctx.saved_tensors
+        grad = grad.contiguous()
+        gx = _apply(grad, kernel, -1) if ctx.needs_input_grad[0] else None
+        gk = _lag_grad(grad, x, kernel.shape[-1]) if ctx.needs_input_grad[1] else None
+        return gx, gk
+
+
+# ``DirectToeplitz`` as torch.compile sees it (a CUDA graph of the stack records it): custom operators whose Triton
+# kernels inductor calls from its compiled code (``torch.library.triton_op``), the backward traced by AOT autograd.
+# Not under the interpreter, whose kernels are not ``JITFunction``s (the CPU's tests run the Function).
+TRITON_OPS = AVAILABLE and not INTERPRETED and hasattr(torch.library, "triton_op")
+if TRITON_OPS:
+    @torch.library.triton_op("fairseq_tnn::direct_toeplitz", mutates_args=())
+    def _direct_op(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        return _apply(x, kernel, 1, torch.library.wrap_triton)
+
+    @torch.library.triton_op("fairseq_tnn::direct_toeplitz_transposed", mutates_args=())
+    def _transposed_op(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+        return _apply(x, kernel, -1, torch.library.wrap_triton)
+
+    @torch.library.triton_op("fairseq_tnn::direct_toeplitz_lag_grad", mutates_args=())
+    def _lag_grad_op(g: torch.Tensor, x: torch.Tensor, size: int) -> torch.Tensor:
+        return _lag_grad(g, x, size, torch.library.wrap_triton)
+
+    def _op_setup(ctx, inputs, output) -> None:
+        ctx.save_for_backward(*inputs)
+
+    def _op_backward(ctx, grad: torch.Tensor):
+        x, kernel = ctx.saved_tensors
+        grad = grad.contiguous()
+        return _transposed_op(grad, kernel), _lag_grad_op(grad, x, kernel.shape[-1])
+
+    _direct_op.register_autograd(_op_backward, setup_context=_op_setup)
+
+
+def _direct(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """``DirectToeplitz.apply``, or under torch.compile its operator (``TRITON_OPS``)."""
+    if TRITON_OPS and torch.compiler.is_compiling():
+        return _direct_op(x.contiguous(), kernel.contiguous())
+    return DirectToeplitz.apply(x, kernel)
+
+
+def direct_toeplitz(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    """T x along x's last dim for x (c, *batch, n), T the circulant column ``kernel`` (c, size) restricted to
+    n x n; in x's dtype, differentiable in both."""
+    c, n = x.shape[0], x.shape[-1]
+    y = _direct(x.reshape(c, -1, n), kernel.float())
+    return y.view(x.shape)
+
+
+def direct_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
+    """``fft_conv(x, spectrum, size, layout="dbn")`` by direct summation: x (c, *batch, n), spectrum
+    (c, size // 2 + 1) (or with ones between, broadcasting over the batch), computed through its circulant column
+    (one irfft of the spectrum, differentiable)."""
+    spectrum = spectrum.reshape(spectrum.shape[0], spectrum.shape[-1])
+    return direct_toeplitz(x, torch.fft.irfft(spectrum.to(torch.complex64), n=size))

@@ -1,0 +1,143 @@
+"""The Toeplitz product by direct summation (``fairseq_tnn/ops/toeplitz_direct.py``, Triton kernels) against the dense
+reference: forward and every gradient, through the spectrum as the TNOs hand it, on every device (the ``device``
+fixture: the CPU under Triton's interpreter, CUDA where present, compiled)."""
+import os
+
+import pytest
+import torch
+
+from helpers import on
+from fairseq_tnn.ops import toeplitz, toeplitz_direct
+from fairseq_tnn.ops.toeplitz import fft_conv, kernel_spectrum, next_fast_len, toeplitz_ref
+
+
+@pytest.fixture(autouse=True)
+def triton_kernels(request, monkeypatch):
+    """Triton, which a CPU-only torch lacks (scripts/setup.sh installs it there for these tests; CI fails without it),
+    and on the CPU its interpreter (``INTERPRETED``)."""
+    if not toeplitz_direct.AVAILABLE:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Triton is not installed: scripts/setup.sh installs it beside a CPU-only torch")
+        pytest.skip("needs Triton (scripts/setup.sh installs it beside a CPU-only torch)")
+    if "device" in request.fixturenames and request.getfixturevalue("device") == "cpu" and not toeplitz_direct.INTERPRETED:
+        pytest.skip("the CPU runs Triton's kernels only in its interpreter, chosen as Triton is imported: "
+                    "TRITON_INTERPRET=1, which tests/conftest.py sets where no CUDA device is (here one is)")
+
+
+def _case(n, batch, causal, dtype, device, seed=0):
+    """x (d, *batch, n) in ``dtype``, pos (d, n) and neg (d, n - 1) (None where causal) in fp32: leaves on ``device``."""
+    g = torch.Generator().manual_seed(seed)
+    d = 3
+    x = torch.randn(d, *batch, n, generator=g).to(dtype).requires_grad_()
+    pos = (torch.randn(d, n, generator=g) / n ** 0.5).requires_grad_()
+    neg = None if causal else (torch.randn(d, n - 1, generator=g) / n ** 0.5).requires_grad_()
+    return on(device, x, pos, neg)
+
+
+def _reference(x, pos, neg, cot):
+    """The dense product in fp64 and its gradients (x, pos, neg)."""
+    leaves = [t.detach().double().requires_grad_() for t in (x, pos, neg) if t is not None]
+    xr, pr = leaves[0], leaves[1]
+    nr = leaves[2] if neg is not None else None
+    y = toeplitz_ref(xr, pr, nr, layout="dbn")
+    return (y, *torch.autograd.grad(y, leaves, cot.double()))
+
+
+def _direct(x, pos, neg, cot, size):
+    """The direct product of the spectrum a TNO would hand (``kernel_spectrum``), and its gradients (x, pos, neg)."""
+    leaves = [t for t in (x, pos, neg) if t is not None]
+    y = toeplitz_direct.direct_conv(x, kernel_spectrum(pos, neg, size, layout="dbn"), size)
+    return (y, *torch.autograd.grad(y, leaves, cot))
+
+
+def _assert_close(got, want, rel):
+    assert len(got) == len(want)
+    for name, g, w in zip(("output", "x grad", "pos grad", "neg grad"), got, want):
+        assert g.shape == w.shape, (name, g.shape, w.shape)
+        if not w.numel():
+            continue
+        err = (g.double() - w).abs().max().item()
+        scale = w.abs().max().item()
+        assert err <= rel * scale + 1e-12, f"{name}: max difference {err:.3g} against {rel} x {scale:.3g}"
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("n,batch", [(1, (2,)), (2, (3,)), (7, (2, 3)), (64, (2,)), (65, (17,)), (130, (5,)),
+                                     (20, (70,))])
+def test_direct_matches_dense_forward_and_gradients(n, batch, causal, device):
+    """fp32 x: one tile and several (n = 64, 65, 130: output, input and lag blocks, partial ones), rows of one tile
+    and of two (70 > 64), extra batch dimensions, the circulant's sizes from ``next_fast_len`` (padding between the
+    lags) and 2n - 1 (none)."""
+    x, pos, neg = _case(n, batch, causal, torch.float32, device)
+    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    for size in sorted({next_fast_len(2 * n - 1), 2 * n - 1}):
+        _assert_close(_direct(x, pos, neg, cot, size), _reference(x, pos, neg, cot), rel=1e-5)
+
+
+def test_direct_matches_dense_for_half_inputs(device):
+    """fp16 x (and bf16 on CUDA): the output in x's dtype; the operands enter the tensor cores as TF32 on a GPU."""
+    dtypes = [torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
+    for dtype in dtypes:
+        x, pos, neg = _case(130, (4,), False, dtype, device)
+        cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
+        got = _direct(x, pos, neg, cot, next_fast_len(259))
+        assert got[0].dtype == dtype and got[1].dtype == dtype
+        _assert_close(got, _reference(x, pos, neg, cot), rel=1e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+def test_fft_conv_takes_the_direct_product_up_to_direct_max_n(device, monkeypatch):
+    """``DIRECT_MAX_N``: eager ``dbn`` products of up to that many positions run the kernels (counted), longer ones
+    and the ``bnd`` layout the FFTs; the results agree with the FFT product's."""
+    calls = []
+    apply = toeplitz_direct._apply
+    monkeypatch.setattr(toeplitz_direct, "_apply", lambda *a: calls.append(a[0].shape) or apply(*a))
+    x, pos, neg = _case(40, (2,), False, torch.float32, device)
+    size = next_fast_len(79)
+    spectrum = kernel_spectrum(pos, neg, size, layout="dbn")
+    fft = fft_conv(x, spectrum, size, layout="dbn")
+    assert not calls  # DIRECT_MAX_N = 0: the FFT product everywhere
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 40)
+    direct = fft_conv(x, spectrum, size, layout="dbn")
+    assert calls == [(3, 2, 40)]
+    torch.testing.assert_close(direct, fft, rtol=1e-5, atol=1e-5)
+    fft_conv(x.transpose(0, 2), spectrum.t(), size, layout="bnd")
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 39)
+    fft_conv(x, spectrum, size, layout="dbn")
+    assert len(calls) == 1
+
+
+def test_direct_supports_names_what_it_runs_on(monkeypatch):
+    """fp64 keeps the FFT product; the CPU runs the kernels only under the interpreter."""
+    assert not toeplitz_direct.supports(torch.zeros(2, dtype=torch.float64))
+    monkeypatch.setattr(toeplitz_direct, "INTERPRETED", True)
+    assert toeplitz_direct.supports(torch.zeros(2))
+    monkeypatch.setattr(toeplitz_direct, "INTERPRETED", False)
+    assert not toeplitz_direct.supports(torch.zeros(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_compiled_direct_product_equals_eager(device, dtype, monkeypatch):
+    """Under torch.compile (a CUDA graph of the stack records it) the product runs as Triton operators
+    (``TRITON_OPS``) in one graph: the same output and gradients as eagerly. CUDA only: the CPU runs Triton's kernels
+    in its interpreter, whose kernels the operators cannot launch."""
+    if device != "cuda":
+        pytest.skip("compiled Triton operators need a CUDA device (the CPU interprets the kernels eagerly)")
+    assert toeplitz_direct.TRITON_OPS
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 512)
+    x, pos, neg = _case(130, (4,), False, dtype, device)
+    size = next_fast_len(259)
+    spectrum = kernel_spectrum(pos, neg, size, layout="dbn").detach().requires_grad_()
+    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
+
+    def product(x, spectrum):
+        return fft_conv(x, spectrum, size, layout="dbn")
+
+    def with_gradients(fn):
+        y = fn(x, spectrum)
+        return (y, *torch.autograd.grad(y, (x, spectrum), cot))
+
+    torch._dynamo.reset()
+    compiled = with_gradients(torch.compile(product, fullgraph=True))
+    eager = with_gradients(product)
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
