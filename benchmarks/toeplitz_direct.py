@@ -6,11 +6,11 @@ the FFT product's mixing is 41-61 times its floor).
     TRITON_INTERPRET=1 python benchmarks/toeplitz_direct.py --quick --device cpu --out /tmp/td   # the test's smoke run
 
 For each shape (a TNO's channels, the per-GPU batch, the length; x in ``--dtype``, fp16 by default on CUDA, the
-spectrum of a random two-sided kernel), both ways' forward and forward with backward (x's and the spectrum's
-gradients) in interleaved rounds, each timed by CUDA events (the CPU's clock on the CPU), with their medians and least
+spectrum of a random kernel, causal at the causal shape, where the direct product sums T's lower triangle), both
+ways' forward and forward with backward (x's and the spectrum's gradients) in interleaved rounds, each timed by CUDA events (the CPU's clock on the CPU), with their medians and least
 times, the ratio FFT / direct of the medians, the first call's seconds (Triton's compilation, on the first shape),
-and the largest differences of the direct way's output and gradients from the FFT's, relative to the FFT's largest
-value. Writes ``toeplitz_direct.json`` and ``toeplitz_direct.md``.
+and the largest differences of the direct way's output and gradients (x's, and the kernel's coefficients' through
+the spectrum) from the FFT's, relative to the FFT's largest value. Writes ``toeplitz_direct.json`` and ``toeplitz_direct.md``.
 """
 import argparse
 import os
@@ -28,31 +28,34 @@ import torch  # noqa: E402
 from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
                                 write_results)
 
-# (label, channels, batch, n): the causal TNO at the paper's 8 x 512, the bidirectional at 16 x 512 and 4 x 2048,
-# and a length between
-SHAPES = [("8 x 512, d 1536", 1536, 8, 512), ("16 x 512, d 2304", 2304, 16, 512),
-          ("8 x 1024, d 2304", 2304, 8, 1024), ("4 x 2048, d 2304", 2304, 4, 2048)]
-QUICK_SHAPES = [("2 x 40, d 3", 3, 2, 40), ("17 x 70, d 2", 2, 17, 70)]
+# (label, channels, batch, n, causal): the causal TNO at the paper's 8 x 512 (the direct product sums T's lower
+# triangle), the bidirectional at 16 x 512 and 4 x 2048, and a length between
+SHAPES = [("causal 8 x 512, d 1536", 1536, 8, 512, True), ("16 x 512, d 2304", 2304, 16, 512, False),
+          ("8 x 1024, d 2304", 2304, 8, 1024, False), ("4 x 2048, d 2304", 2304, 4, 2048, False)]
+QUICK_SHAPES = [("causal 2 x 40, d 3", 3, 2, 40, True), ("17 x 70, d 2", 2, 17, 70, False)]
 WAYS = ["fft", "direct"]
 
 
-def _inputs(d: int, b: int, n: int, dtype, device):
+def _inputs(d: int, b: int, n: int, causal: bool, dtype, device):
+    """x and its output's gradient (d, b, n), the kernel's coefficients pos (d, n) and neg (d, n - 1) (None where
+    causal), its spectrum, and the FFT size."""
     from fairseq_tnn.ops import toeplitz
     g = torch.Generator().manual_seed(0)
     size = toeplitz.next_fast_len(2 * n - 1)
     decay = torch.exp(-torch.arange(n) / (n / 4))
-    pos, neg = torch.randn(d, n, generator=g) * decay / n ** 0.5, torch.randn(d, n - 1, generator=g) * decay[1:] / n ** 0.5
-    spectrum = toeplitz.kernel_spectrum(pos, neg, size, layout="dbn").to(device)
+    pos = (torch.randn(d, n, generator=g) * decay / n ** 0.5).to(device)
+    neg = None if causal else (torch.randn(d, n - 1, generator=g) * decay[1:] / n ** 0.5).to(device)
+    spectrum = toeplitz.kernel_spectrum(pos, neg, size, layout="dbn")
     x = torch.randn(d, b, n, generator=g).to(device=device, dtype=dtype)
     cot = torch.randn(d, b, n, generator=g).to(device=device, dtype=dtype)
-    return x, spectrum, size, cot
+    return x, cot, pos, neg, spectrum, size
 
 
-def _product(way: str) -> Callable:
+def _product(way: str, causal: bool) -> Callable:
     from fairseq_tnn.ops import toeplitz, toeplitz_direct
     if way == "fft":
         return lambda x, s, size: toeplitz.fft_conv(x, s, size, layout="dbn")
-    return toeplitz_direct.direct_conv
+    return lambda x, s, size: toeplitz_direct.direct_conv(x, s, size, causal)
 
 
 def _clock(device: str):
@@ -71,30 +74,29 @@ def _clock(device: str):
     return timed
 
 
-def _differences(x, spectrum, size, cot) -> Dict[str, float]:
-    """The direct way's output, x gradient and spectrum gradient against the FFT's: max |direct - fft| / max |fft|."""
-    out = {}
+def _differences(x, cot, pos, neg, size, causal) -> Dict[str, float]:
+    """The direct way's output and the gradients of x and of the kernel's coefficients (through its spectrum, as a
+    TNO's parameters get theirs) against the FFT's: max |direct - fft| / max |fft|."""
+    from fairseq_tnn.ops import toeplitz
     results = []
     for way in WAYS:
-        xx, ss = x.detach().clone().requires_grad_(), spectrum.detach().clone().requires_grad_()
-        y = _product(way)(xx, ss, size)
-        gx, gs = torch.autograd.grad(y, (xx, ss), cot)
-        results.append((y, gx, gs))
-    for name, fft, direct in zip(("output", "x_grad", "spectrum_grad"), *results):
-        fft, direct = fft.to(torch.complex128 if fft.is_complex() else torch.float64), direct.to(
-            torch.complex128 if direct.is_complex() else torch.float64)
-        out[name] = ((direct - fft).abs().max() / fft.abs().max()).item()
-    return out
+        leaves = [t.detach().clone().requires_grad_() for t in (x, pos, neg) if t is not None]
+        spectrum = toeplitz.kernel_spectrum(leaves[1], leaves[2] if neg is not None else None, size, layout="dbn")
+        y = _product(way, causal)(leaves[0], spectrum, size)
+        gx, *gk = torch.autograd.grad(y, leaves, cot)
+        results.append((y, gx, torch.cat([g.flatten() for g in gk])))
+    return {name: ((direct.double() - fft.double()).abs().max() / fft.double().abs().max()).item()
+            for name, fft, direct in zip(("output", "x_grad", "kernel_grad"), *results)}
 
 
-def measure(label: str, d: int, b: int, n: int, dtype, device: str, rounds: int) -> Dict:
-    x, spectrum, size, cot = _inputs(d, b, n, dtype, device)
+def measure(label: str, d: int, b: int, n: int, causal: bool, dtype, device: str, rounds: int) -> Dict:
+    x, cot, pos, neg, spectrum, size = _inputs(d, b, n, causal, dtype, device)
     timed = _clock(device)
-    row: Dict = {"shape": label, "channels": d, "batch": b, "n": n, "size": size}
+    row: Dict = {"shape": label, "channels": d, "batch": b, "n": n, "causal": causal, "size": size}
     xg, sg = x.detach().clone().requires_grad_(), spectrum.detach().clone().requires_grad_()
     steps = {}
     for way in WAYS:
-        product = _product(way)
+        product = _product(way, causal)
         steps[way] = {
             "forward": lambda product=product: product(x, spectrum, size),
             "forward_backward": lambda product=product: torch.autograd.grad(product(xg, sg, size), (xg, sg), cot),
@@ -113,7 +115,7 @@ def measure(label: str, d: int, b: int, n: int, dtype, device: str, rounds: int)
         row[way] = {part: {"median_ms": statistics.median(v), "least_ms": min(v)} for part, v in times[way].items()}
     row["fft_over_direct"] = {part: row["fft"][part]["median_ms"] / row["direct"][part]["median_ms"]
                               for part in ("forward", "forward_backward")}
-    row["differences"] = _differences(x, spectrum, size, cot)
+    row["differences"] = _differences(x, cot, pos, neg, size, causal)
     return row
 
 
@@ -121,14 +123,14 @@ def markdown(result: Dict) -> str:
     out = [f"# The Toeplitz product by FFT and by direct summation ({result['dtype']}, {result['device_name']})", "",
            f"torch {result['torch']}, triton {result['triton']}; median of {result['rounds']} interleaved rounds, ms; "
            "`python benchmarks/toeplitz_direct.py`", "",
-           "| shape | FFT: forward / with backward | direct | FFT / direct | direct - FFT: output, x grad, spectrum grad |",
+           "| shape | FFT: forward / with backward | direct | FFT / direct | direct - FFT: output, x grad, kernel grad |",
            "|---|---|---|---|---|"]
     for r in result["rows"]:
         cells = [f"{r[w]['forward']['median_ms']:.3f} / {r[w]['forward_backward']['median_ms']:.3f}" for w in WAYS]
         ratio = r["fft_over_direct"]
         diff = r["differences"]
         out.append(f"| {r['shape']} | {cells[0]} | {cells[1]} | {ratio['forward']:.2f} / {ratio['forward_backward']:.2f}"
-                   f" | {diff['output']:.1e}, {diff['x_grad']:.1e}, {diff['spectrum_grad']:.1e} |")
+                   f" | {diff['output']:.1e}, {diff['x_grad']:.1e}, {diff['kernel_grad']:.1e} |")
     return "\n".join(out) + "\n"
 
 
@@ -147,8 +149,8 @@ def main(argv=None) -> Dict:
                 f"{'there' if toeplitz_direct.AVAILABLE else 'not installed'}")
     refuse_overwrite(p, a, "toeplitz_direct.json")
     os.makedirs(a.out, exist_ok=True)
-    rows = [measure(label, d, max(1, b // a.batch_scale), n, dtype, a.device, a.rounds)
-            for label, d, b, n in (QUICK_SHAPES if a.quick else SHAPES)]
+    rows = [measure(label, d, max(1, b // a.batch_scale), n, causal, dtype, a.device, a.rounds)
+            for label, d, b, n, causal in (QUICK_SHAPES if a.quick else SHAPES)]
     import triton
     result = {"rows": rows, "torch": torch.__version__, "triton": triton.__version__, "dtype": name,
               "device": a.device, "rounds": a.rounds,

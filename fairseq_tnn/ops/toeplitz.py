@@ -506,19 +506,20 @@ def spectrum_kernel(spectrum: torch.Tensor, size: int, n: int) -> Tuple[torch.Te
 DIRECT_MAX_N = 0
 
 
-def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "bnd") -> torch.Tensor:
+def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "bnd", causal: bool = False) -> torch.Tensor:
     """y = first n of irfft(rfft(x, size) * spectrum), in x's dtype.
 
     ``bnd``: x (..., n, d), spectrum (size // 2 + 1, d); ``dbn``: x (d, *batch, n),
     spectrum (d, size // 2 + 1). The FFTs run along the last dimension in both
     cases; ``bnd`` pays for the two transposing copies. ``dbn`` products of up to ``DIRECT_MAX_N`` positions run by
-    direct summation instead (``toeplitz_direct.direct_conv``).
+    direct summation instead (``toeplitz_direct.direct_conv``), which with ``causal`` (the spectrum is a causal
+    kernel's, zero at the negative lags) sums the lower triangle only; the FFT product is the same either way.
     """
     check_layout(layout)
     if layout == "dbn" and x.shape[-1] <= DIRECT_MAX_N:
         from . import toeplitz_direct  # imports Triton: only where asked for
         if toeplitz_direct.supports(x) and (toeplitz_direct.TRITON_OPS or not fast.compiling()):
-            return toeplitz_direct.direct_conv(x, spectrum, size)
+            return toeplitz_direct.direct_conv(x, spectrum, size, causal)
     cdt = torch.complex128 if fft_dtype(x) == torch.float64 else torch.complex64
     spec = spectrum.to(cdt)
     conv = spectral_conv if fast.compiling() else SpectralConv.apply  # the same function and gradients

@@ -58,40 +58,54 @@ def supports(x: torch.Tensor) -> bool:
     return x.is_cuda or (x.device.type == "cpu" and INTERPRETED)
 
 
-def _apply_kernel(x_ptr, k_ptr, y_ptr, rows, n, size, SIGN: constexpr, BLOCK_R: constexpr,
+def _apply_kernel(x_ptr, k_ptr, y_ptr, rows, n, size, SIGN: constexpr, CAUSAL: constexpr, BLOCK_R: constexpr,
                   BLOCK_T: constexpr, PRECISION: constexpr):
-    """One (channel, output tile, row tile): y[r, o] = sum_i x[r, i] k[(SIGN (o - i)) mod size]."""
+    """One (channel, output tile, row tile): y[r, o] = sum_i x[r, i] k[(SIGN (o - i)) mod size]; with ``CAUSAL`` the
+    terms of lags SIGN (o - i) >= 0 only (the input tiles on one side of the output tile's diagonal)."""
     c = tl.program_id(0)
-    outs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    block = tl.program_id(1)
+    outs = block * BLOCK_T + tl.arange(0, BLOCK_T)
     r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     x_rows = x_ptr + c.to(tl.int64) * rows * n + r[:, None] * n
     k_row = k_ptr + c.to(tl.int64) * size
     acc = tl.zeros((BLOCK_R, BLOCK_T), dtype=tl.float32)
-    for i in range(0, tl.cdiv(n, BLOCK_T)):
+    first, last = 0, tl.cdiv(n, BLOCK_T)
+    if CAUSAL:
+        if SIGN > 0:  # T: the inputs up to the output
+            last = block + 1
+        else:  # T^T: the inputs from the output on
+            first = block
+    for i in range(first, last):
         ins = i * BLOCK_T + tl.arange(0, BLOCK_T)
         x = tl.load(x_rows + ins[None, :], mask=(r[:, None] < rows) & (ins[None, :] < n), other=0.0)
         lag = SIGN * (outs[None, :] - ins[:, None])  # (inputs, outputs)
-        lag = tl.where(lag < 0, lag + size, lag)
-        w = tl.load(k_row + lag, mask=(ins[:, None] < n) & (outs[None, :] < n), other=0.0)
+        valid = (ins[:, None] < n) & (outs[None, :] < n)
+        if CAUSAL:
+            valid = valid & (lag >= 0)
+        w = tl.load(k_row + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
         acc += tl.dot(x.to(tl.float32), w, input_precision=PRECISION)
     y = y_ptr + c.to(tl.int64) * rows * n + r[:, None] * n + outs[None, :]
     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(r[:, None] < rows) & (outs[None, :] < n))
 
 
-def _lag_grad_kernel(g_ptr, x_ptr, gk_ptr, rows, n, size, BLOCK_R: constexpr, BLOCK_T: constexpr,
+def _lag_grad_kernel(g_ptr, x_ptr, gk_ptr, rows, n, size, lag_start, BLOCK_R: constexpr, BLOCK_T: constexpr,
                      BLOCK_L: constexpr, PRECISION: constexpr):
-    """One (channel, block of lags L0 .. L0 + BLOCK_L - 1, L0 = -(n - 1) + BLOCK_L * block): gk[L mod size] =
-    sum_r sum_t g[r, t] x[r, t - L]. For output positions t0 + j, lag L0 + l reads x at t0 + j - L0 - l, inside the
-    window w0 .. w0 + BLOCK_T + BLOCK_L - 1 (w0 = t0 - L0 - BLOCK_L + 1) at w = j - l + BLOCK_L - 1."""
+    """One (channel, block of lags L0 .. L0 + BLOCK_L - 1, L0 = lag_start + BLOCK_L * block; lag_start -(n - 1), or 0
+    for the causal lags): gk[L mod size] = sum_r sum_t g[r, t] x[r, t - L]. For output positions t0 + j, lag L0 + l
+    reads x at t0 + j - L0 - l, inside the window w0 .. w0 + BLOCK_T + BLOCK_L - 1 (w0 = t0 - L0 - BLOCK_L + 1) at
+    w = j - l + BLOCK_L - 1. Only the output tiles that meet some t - L in 0 .. n - 1 are visited: t from max(L0, 0)
+    to min(n - 1, L0 + BLOCK_L - 1 + n - 1)."""
     c = tl.program_id(0)
-    lag0 = tl.program_id(1) * BLOCK_L - (n - 1)
+    lag0 = tl.program_id(1) * BLOCK_L + lag_start
     j = tl.arange(0, BLOCK_T)
     l = tl.arange(0, BLOCK_L)
     w = tl.arange(0, BLOCK_T + BLOCK_L)
     skew = j[:, None] - l[None, :] + (BLOCK_L - 1)  # (BLOCK_T, BLOCK_L): the window's column of (t0 + j, lag0 + l)
     base = c.to(tl.int64) * rows * n
     acc = tl.zeros((BLOCK_L,), dtype=tl.float32)
-    for t in range(0, tl.cdiv(n, BLOCK_T)):
+    first = tl.maximum(lag0, 0) // BLOCK_T
+    last = tl.minimum(n - 1, lag0 + BLOCK_L + n - 2) // BLOCK_T + 1
+    for t in range(first, last):
         t0 = t * BLOCK_T
         w0 = t0 - lag0 - BLOCK_L + 1
         products = tl.zeros((BLOCK_T, BLOCK_T + BLOCK_L), dtype=tl.float32)
@@ -131,44 +145,49 @@ def _same(kernel):
     return kernel
 
 
-def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, wrap=_same) -> torch.Tensor:
-    """x (c, rows, n) contiguous, kernel (c, size) fp32 contiguous: T x (sign 1) or T^T x (sign -1), in x's dtype.
+def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, causal: bool, wrap=_same) -> torch.Tensor:
+    """x (c, rows, n) contiguous, kernel (c, size) fp32 contiguous: T x (sign 1) or T^T x (sign -1), in x's dtype;
+    ``causal``: the kernel's lags 0 .. n - 1 only (its negative ones taken as the zeros a causal kernel has there).
     ``wrap``: what the Triton kernel is launched through (``torch.library.wrap_triton`` inside a ``triton_op``)."""
     c, rows, n = x.shape
     y = torch.empty_like(x)
     block_r = _block_rows(rows)
     grid = (c, triton.cdiv(n, BLOCK_T), triton.cdiv(rows, block_r))
-    wrap(_kernels()[0])[grid](x, kernel, y, rows, n, kernel.shape[-1], SIGN=sign, BLOCK_R=block_r, BLOCK_T=BLOCK_T,
-                              PRECISION=_precision(x.dtype))
+    wrap(_kernels()[0])[grid](x, kernel, y, rows, n, kernel.shape[-1], SIGN=sign, CAUSAL=causal, BLOCK_R=block_r,
+                              BLOCK_T=BLOCK_T, PRECISION=_precision(x.dtype))
     return y
 
 
-def _lag_grad(g: torch.Tensor, x: torch.Tensor, size: int, wrap=_same) -> torch.Tensor:
-    """(c, size) fp32: the kernel's gradient, for g and x (c, rows, n) contiguous."""
+def _lag_grad(g: torch.Tensor, x: torch.Tensor, size: int, causal: bool, wrap=_same) -> torch.Tensor:
+    """(c, size) fp32: the kernel's gradient, for g and x (c, rows, n) contiguous; ``causal``: at lags 0 .. n - 1
+    only (zero at the negative ones, which a causal product does not read)."""
     c, rows, n = x.shape
     gk = torch.zeros(c, size, device=x.device, dtype=torch.float32)
-    grid = (c, triton.cdiv(2 * n - 1, BLOCK_L))
-    wrap(_kernels()[1])[grid](g, x, gk, rows, n, size, BLOCK_R=_block_rows(rows), BLOCK_T=BLOCK_T, BLOCK_L=BLOCK_L,
-                              PRECISION=_precision(x.dtype))
+    lags = n if causal else 2 * n - 1
+    grid = (c, triton.cdiv(lags, BLOCK_L))
+    wrap(_kernels()[1])[grid](g, x, gk, rows, n, size, n - lags, BLOCK_R=_block_rows(rows), BLOCK_T=BLOCK_T,
+                              BLOCK_L=BLOCK_L, PRECISION=_precision(x.dtype))
     return gk
 
 
 class DirectToeplitz(torch.autograd.Function):
-    """y = T x for x (c, rows, n) and T[t, s] = kernel[c, (t - s) mod size], kernel (c, size) fp32, size >= 2n - 1."""
+    """y = T x for x (c, rows, n) and T[t, s] = kernel[c, (t - s) mod size], kernel (c, size) fp32, size >= 2n - 1;
+    ``causal``: T's upper triangle taken as zero (a causal kernel's), neither summed nor given a gradient."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor:
         x, kernel = x.contiguous(), kernel.contiguous()
+        ctx.causal = causal
         ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, kernel)
-        return _apply(x, kernel, 1)
+        return _apply(x, kernel, 1, causal)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, kernel = ctx.saved_tensors
         grad = grad.contiguous()
-        gx = _apply(grad, kernel, -1) if ctx.needs_input_grad[0] else None
-        gk = _lag_grad(grad, x, kernel.shape[-1]) if ctx.needs_input_grad[1] else None
-        return gx, gk
+        gx = _apply(grad, kernel, -1, ctx.causal) if ctx.needs_input_grad[0] else None
+        gk = _lag_grad(grad, x, kernel.shape[-1], ctx.causal) if ctx.needs_input_grad[1] else None
+        return gx, gk, None
 
 
 # ``DirectToeplitz`` as torch.compile sees it (a CUDA graph of the stack records it): custom operators whose Triton
@@ -177,46 +196,51 @@ class DirectToeplitz(torch.autograd.Function):
 TRITON_OPS = AVAILABLE and not INTERPRETED and hasattr(torch.library, "triton_op")
 if TRITON_OPS:
     @torch.library.triton_op("fairseq_tnn::direct_toeplitz", mutates_args=())
-    def _direct_op(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        return _apply(x, kernel, 1, torch.library.wrap_triton)
+    def _direct_op(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor:
+        return _apply(x, kernel, 1, causal, torch.library.wrap_triton)
 
     @torch.library.triton_op("fairseq_tnn::direct_toeplitz_transposed", mutates_args=())
-    def _transposed_op(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
-        return _apply(x, kernel, -1, torch.library.wrap_triton)
+    def _transposed_op(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor:
+        return _apply(x, kernel, -1, causal, torch.library.wrap_triton)
 
     @torch.library.triton_op("fairseq_tnn::direct_toeplitz_lag_grad", mutates_args=())
-    def _lag_grad_op(g: torch.Tensor, x: torch.Tensor, size: int) -> torch.Tensor:
-        return _lag_grad(g, x, size, torch.library.wrap_triton)
+    def _lag_grad_op(g: torch.Tensor, x: torch.Tensor, size: int, causal: bool) -> torch.Tensor:
+        return _lag_grad(g, x, size, causal, torch.library.wrap_triton)
 
     def _op_setup(ctx, inputs, output) -> None:
-        ctx.save_for_backward(*inputs)
+        x, kernel, ctx.causal = inputs
+        ctx.save_for_backward(x, kernel)
 
     def _op_backward(ctx, grad: torch.Tensor):
         x, kernel = ctx.saved_tensors
         grad = grad.contiguous()
-        return _transposed_op(grad, kernel), _lag_grad_op(grad, x, kernel.shape[-1])
+        return (_transposed_op(grad, kernel, ctx.causal), _lag_grad_op(grad, x, kernel.shape[-1], ctx.causal),
+                None)
 
     _direct_op.register_autograd(_op_backward, setup_context=_op_setup)
 
 
-def _direct(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+def _direct(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor:
     """``DirectToeplitz.apply``, or under torch.compile its operator (``TRITON_OPS``)."""
     if TRITON_OPS and torch.compiler.is_compiling():
-        return _direct_op(x.contiguous(), kernel.contiguous())
-    return DirectToeplitz.apply(x, kernel)
+        return _direct_op(x.contiguous(), kernel.contiguous(), causal)
+    return DirectToeplitz.apply(x, kernel, causal)
 
 
-def direct_toeplitz(x: torch.Tensor, kernel: torch.Tensor) -> torch.Tensor:
+def direct_toeplitz(x: torch.Tensor, kernel: torch.Tensor, causal: bool = False) -> torch.Tensor:
     """T x along x's last dim for x (c, *batch, n), T the circulant column ``kernel`` (c, size) restricted to
-    n x n; in x's dtype, differentiable in both."""
+    n x n (``causal``: its lower triangle, the lags 0 .. n - 1); in x's dtype, differentiable in both."""
     c, n = x.shape[0], x.shape[-1]
-    y = _direct(x.reshape(c, -1, n), kernel.float())
+    y = _direct(x.reshape(c, -1, n), kernel.float(), causal)
     return y.view(x.shape)
 
 
-def direct_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int) -> torch.Tensor:
-    """``fft_conv(x, spectrum, size, layout="dbn")`` by direct summation: x (c, *batch, n), spectrum
+def direct_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, causal: bool = False) -> torch.Tensor:
+    """``fft_conv(x, spectrum, size, layout="dbn", causal=causal)`` by direct summation: x (c, *batch, n), spectrum
     (c, size // 2 + 1) (or with ones between, broadcasting over the batch), computed through its circulant column
-    (one irfft of the spectrum, differentiable)."""
+    (one irfft of the spectrum, differentiable). ``causal``: the spectrum is a causal kernel's (zero at the negative
+    lags, as every causal TNO's is), so only T's lower triangle is summed, half the work; the gradient reaches the
+    spectrum through the lags 0 .. n - 1 only, which is the whole gradient of the parameters a causal kernel is made
+    from."""
     spectrum = spectrum.reshape(spectrum.shape[0], spectrum.shape[-1])
-    return direct_toeplitz(x, torch.fft.irfft(spectrum.to(torch.complex64), n=size))
+    return direct_toeplitz(x, torch.fft.irfft(spectrum.to(torch.complex64), n=size), causal)

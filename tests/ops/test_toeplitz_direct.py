@@ -43,10 +43,10 @@ def _reference(x, pos, neg, cot):
     return (y, *torch.autograd.grad(y, leaves, cot.double()))
 
 
-def _direct(x, pos, neg, cot, size):
+def _direct(x, pos, neg, cot, size, causal=False):
     """The direct product of the spectrum a TNO would hand (``kernel_spectrum``), and its gradients (x, pos, neg)."""
     leaves = [t for t in (x, pos, neg) if t is not None]
-    y = toeplitz_direct.direct_conv(x, kernel_spectrum(pos, neg, size, layout="dbn"), size)
+    y = toeplitz_direct.direct_conv(x, kernel_spectrum(pos, neg, size, layout="dbn"), size, causal)
     return (y, *torch.autograd.grad(y, leaves, cot))
 
 
@@ -67,11 +67,26 @@ def _assert_close(got, want, rel):
 def test_direct_matches_dense_forward_and_gradients(n, batch, causal, device):
     """fp32 x: one tile and several (n = 64, 65, 130: output, input and lag blocks, partial ones), rows of one tile
     and of two (70 > 64), extra batch dimensions, the circulant's sizes from ``next_fast_len`` (padding between the
-    lags) and 2n - 1 (none)."""
+    lags) and 2n - 1 (none). A causal kernel both ways: the whole matrix summed, and its lower triangle only
+    (``causal``), whose gradient of the kernel's lags is the same."""
     x, pos, neg = _case(n, batch, causal, torch.float32, device)
     cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device)
+    want = _reference(x, pos, neg, cot)
     for size in sorted({next_fast_len(2 * n - 1), 2 * n - 1}):
-        _assert_close(_direct(x, pos, neg, cot, size), _reference(x, pos, neg, cot), rel=1e-5)
+        for triangle in ([False, True] if causal else [False]):
+            _assert_close(_direct(x, pos, neg, cot, size, triangle), want, rel=1e-5)
+
+
+def test_the_causal_product_sums_the_lower_triangle_only(device):
+    """With ``causal`` the kernel's negative lags are not read: a two-sided kernel gives the product of its causal
+    part, and no gradient at the negative lags."""
+    x, pos, neg = _case(130, (3,), False, torch.float32, device)
+    size = next_fast_len(259)
+    kernel = torch.fft.irfft(kernel_spectrum(pos, neg, size, layout="dbn"), n=size).detach().requires_grad_()
+    y = toeplitz_direct.direct_toeplitz(x, kernel, causal=True)
+    torch.testing.assert_close(y, toeplitz_ref(x, pos, None, layout="dbn"), rtol=1e-5, atol=1e-5)
+    y.sum().backward()
+    assert kernel.grad[:, 130:].abs().max() == 0 and kernel.grad[:, :130].abs().min() > 0
 
 
 def test_direct_matches_dense_for_half_inputs(device):
@@ -99,6 +114,8 @@ def test_fft_conv_takes_the_direct_product_up_to_direct_max_n(device, monkeypatc
     monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 40)
     direct = fft_conv(x, spectrum, size, layout="dbn")
     assert calls == [(3, 2, 40)]
+    assert not torch.allclose(fft_conv(x, spectrum, size, layout="dbn", causal=True), fft, atol=1e-3)  # a triangle
+    calls.pop()
     torch.testing.assert_close(direct, fft, rtol=1e-5, atol=1e-5)
     fft_conv(x.transpose(0, 2), spectrum.t(), size, layout="bnd")
     monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 39)
@@ -141,3 +158,31 @@ def test_compiled_direct_product_equals_eager(device, dtype, monkeypatch):
     eager = with_gradients(product)
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("tno_type", ["tnn", "fd"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_the_tnos_train_the_same_with_the_direct_product(tno_type, causal, device, monkeypatch):
+    """A TNN and an FD-TNN TNO, causal (the lower triangle summed: their spectra are of causal kernels) and
+    bidirectional: output and every parameter's gradient with ``DIRECT_MAX_N`` on equal those with the FFT product."""
+    from fairseq_tnn.modules.tno import build_tno
+    torch.manual_seed(0)
+    tno = build_tno(tno_type, 6, causal).to(device)
+    x = torch.randn(6, 3, 50, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
+    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(device)
+
+    def run():
+        y = tno(x, layout="dbn")
+        leaves = [x, *tno.parameters()]
+        return (y, *torch.autograd.grad(y, leaves, cot))
+
+    calls = []
+    apply = toeplitz_direct._apply
+    monkeypatch.setattr(toeplitz_direct, "_apply", lambda *a: calls.append(a[3]) or apply(*a))
+    fft = run()
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 50)
+    direct = run()
+    assert calls == [causal, causal]  # forward and the input's gradient, the triangle where causal
+    assert len(direct) == len(fft) >= 3  # y, x and at least the RPE's weights
+    for got, want in zip(direct, fft):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())

@@ -885,12 +885,12 @@ def test_toeplitz_direct_times_both_products_side_by_side(tmp_path):
     rounding; and a refusal, before any work, where the kernels cannot run."""
     from benchmarks import toeplitz_direct
     result = toeplitz_direct.main(["--quick", "--device", "cpu", "--rounds", "2", "--out", str(tmp_path)])
-    assert "| 17 x 70, d 2 |" in (tmp_path / "toeplitz_direct.md").read_text()
+    assert "| causal 2 x 40, d 3 |" in (tmp_path / "toeplitz_direct.md").read_text()
     assert len(result["rows"]) == 2
     for row in result["rows"]:
         for way in ("fft", "direct"):
             assert row[way]["forward"]["median_ms"] > 0 and row[way]["forward_backward"]["least_ms"] > 0, row
-        assert set(row["differences"]) == {"output", "x_grad", "spectrum_grad"}
+        assert set(row["differences"]) == {"output", "x_grad", "kernel_grad"}
         assert max(row["differences"].values()) < 1e-5, row["differences"]
     with pytest.raises(SystemExit):
         toeplitz_direct.main(["--quick", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path)])  # no --force

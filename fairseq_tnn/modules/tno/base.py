@@ -211,7 +211,7 @@ class SpectralTno(Tno):
         if spectrum is None:
             spectrum = self.spectrum(self.spectrum_length(seq_shape(x, layout)[0], kernel_length), x.device)
         spec, size = spectrum
-        return fft_conv(x, swap_kernel_layout(spec, layout), size, layout)
+        return fft_conv(x, swap_kernel_layout(spec, layout), size, layout, causal=self.causal)
 
     @staticmethod
     def stacked_spectra(tnos, n: int, device=None) -> Optional[List[Tuple[torch.Tensor, int]]]:
