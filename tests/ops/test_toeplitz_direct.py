@@ -186,3 +186,46 @@ def test_the_tnos_train_the_same_with_the_direct_product(tno_type, causal, devic
     assert len(direct) == len(fft) >= 3  # y, x and at least the RPE's weights
     for got, want in zip(direct, fft):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+COMPILE_FOR_HOPPER = r'''
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fairseq_tnn.ops import toeplitz_direct as td
+apply_kernel, lag_grad_kernel = td._kernels()
+target, built = GPUTarget("cuda", 90, 32), []
+for dtype in ("fp16", "bf16", "fp32"):
+    precision = "ieee" if dtype == "fp32" else "tf32"
+    for sign in (1, -1):
+        for causal in (False, True):
+            signature = {"x_ptr": "*" + dtype, "k_ptr": "*fp32", "y_ptr": "*" + dtype, "rows": "i32", "n": "i32",
+                         "size": "i32", **{k: "constexpr" for k in ("SIGN", "CAUSAL", "BLOCK_R", "BLOCK_T", "PRECISION")}}
+            constants = {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": 16, "BLOCK_T": td.BLOCK_T, "PRECISION": precision}
+            built.append(len(triton.compile(ASTSource(apply_kernel, signature, constants), target=target).asm["cubin"]))
+    signature = {"g_ptr": "*" + dtype, "x_ptr": "*" + dtype, "gk_ptr": "*fp32", "rows": "i32", "n": "i32", "size": "i32",
+                 "lag_start": "i32", **{k: "constexpr" for k in ("BLOCK_R", "BLOCK_T", "BLOCK_L", "PRECISION")}}
+    constants = {"BLOCK_R": 64, "BLOCK_T": td.BLOCK_T, "BLOCK_L": td.BLOCK_L, "PRECISION": precision}
+    built.append(len(triton.compile(ASTSource(lag_grad_kernel, signature, constants), target=target).asm["cubin"]))
+print(json.dumps(built))
+'''
+
+
+def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
+    """Without a GPU, the Triton kernels are compiled to machine code for an H100 / H200 (sm_90, the GPU machines'),
+    every variant the product launches (fp16, bf16 and fp32 x; T and T^T; whole and causal; the lag gradient), by
+    Triton's own compiler and ptxas, in a process where Triton is not in its interpreter: what the interpreter does not
+    check (types, layouts, the tensor-core products' shapes) is checked here before a GPU run."""
+    import json
+    import subprocess
+    import sys
+    from helpers import ROOT
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sizes = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(sizes) == 15 and min(sizes) > 10_000, sizes  # 15 cubins of real code
