@@ -16,7 +16,7 @@ from torch import nn
 from .blocks import build_layers
 from .compile import compile_per_config, length_bucket, run_layers
 from ..modules import MaskedLMHead
-from ..modules.rpe import PackedLinear
+from ..modules.linear import PackedLinear
 from ..modules.tno import TnoSettings
 from .config import TnnBlockConfig, add_compile_choices, compile_mode, set_defaults, validate_block_config
 from .tnn_lm import UNLIMITED_POSITIONS
@@ -58,8 +58,9 @@ def init_like_roberta(module: nn.Module) -> None:
     masked models apply to every module of their encoder: each ``nn.Linear`` weight N(0, 0.02) with a zero
     bias, each ``nn.Embedding`` N(0, 0.02) with its padding row zero. For ``model.apply``. The same draws as
     fairseq's function on the CPU; drawn on the tensor's own device (fairseq's copies through the CPU, which a
-    model built on the meta device cannot do). An RPE's Linears (``PackedLinear``: views of its packed parameter) are
-    ``nn.Linear``s of the authors' models, and get the same."""
+    model built on the meta device cannot do). An RPE's Linears and the layers' projections (``PackedLinear``s, a
+    ``FusedLinear`` among them: views of a packed parameter) are ``nn.Linear``s of the authors' models, and get the
+    same."""
     if isinstance(module, (nn.Linear, PackedLinear, nn.Embedding)):
         with torch.no_grad():
             module.weight.normal_(mean=0.0, std=0.02)

@@ -7,6 +7,7 @@ from torch import nn
 
 from ..ops.toeplitz import causal_toeplitz_tail
 from .activations import get_activation
+from .linear import FusedLinear
 from .norm import build_norm
 from .tno.base import SpectralTno
 
@@ -50,15 +51,16 @@ class Gtu(nn.Module):
         super().__init__()
         self.d1 = d1
         self.act = get_activation(activation)
-        self.uv_proj = nn.Linear(dim, 2 * d1)  # W_u and W_v in one GEMM
+        self.uv_proj = FusedLinear(dim, 2 * d1)  # W_u and W_v in one GEMM
         self.tno = tno
-        self.out_proj = nn.Linear(d1, dim)
+        self.out_proj = FusedLinear(d1, dim)
 
     def _gate_inputs(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
         """u and v (d1, b, n) of x (b, n, d); v is zero at the padded positions of pad_mask (b, n)."""
         b, n, d = x.shape
         d1 = self.d1
-        uv = torch.addmm(self.uv_proj.bias.unsqueeze(1), self.uv_proj.weight, x.reshape(b * n, d).t())  # (2 d1, b n)
+        weight, bias = self.uv_proj.parts()
+        uv = torch.addmm(bias.unsqueeze(1), weight, x.reshape(b * n, d).t())  # (2 d1, b n)
         u = self.act(uv[:d1]).view(d1, b, n)
         v = self.act(uv[d1:]).view(d1, b, n)
         if pad_mask is not None:
@@ -69,7 +71,8 @@ class Gtu(nn.Module):
     def _output(self, z: torch.Tensor) -> torch.Tensor:
         """W_o z for the gated product z (d1, b, n): (b, n, d)."""
         d1, b, n = z.shape
-        out = torch.addmm(self.out_proj.bias, z.reshape(d1, b * n).t(), self.out_proj.weight.t())  # (b n, d)
+        weight, bias = self.out_proj.parts()
+        out = torch.addmm(bias, z.reshape(d1, b * n).t(), weight.t())  # (b n, d)
         return out.view(b, n, -1)
 
     def forward(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
@@ -118,8 +121,8 @@ class Glu(nn.Module):
     def __init__(self, dim: int, hidden: int, activation: str = "silu"):
         super().__init__()
         self.act = get_activation(activation)
-        self.in_proj = nn.Linear(dim, 2 * hidden)  # W_1 and W_2 in one GEMM
-        self.out_proj = nn.Linear(hidden, dim)
+        self.in_proj = FusedLinear(dim, 2 * hidden)  # W_1 and W_2 in one GEMM
+        self.out_proj = FusedLinear(hidden, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.in_proj(x).chunk(2, dim=-1)

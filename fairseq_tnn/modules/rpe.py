@@ -1,5 +1,4 @@
 """The relative positional encoder (RPE): an MLP from a scalar to d values."""
-import math
 from typing import Optional
 
 import torch
@@ -11,38 +10,11 @@ from ..ops.rpe import ACTIVATIONS as FAST_ACTIVATIONS
 from ..ops.rpe import rpe_mlp, rpe_mlp_packed, rpe_params
 from ..ops.toeplitz import autocast_off
 from .activations import get_activation
+from .linear import PackedLinear, PackedWeights  # noqa: F401 (PackedLinear: imported from here too)
 from .norm import build_norm
 
 
-class PackedLinear(nn.Module):
-    """One of an ``Rpe``'s Linear layers, its ``weight`` and ``bias`` views of the RPE's one parameter (``Rpe.packed``),
-    made at each access, so that they follow it through device moves, casts and loads. It holds no parameter of its
-    own: the RPE saves and loads its weights under this module's names (``weight``, ``bias``), as an ``nn.Linear``'s."""
-
-    def __init__(self, owner: "Rpe", slot: int, in_features: int, out_features: int):
-        super().__init__()
-        object.__setattr__(self, "_owner", owner)  # a plain reference: the RPE holds this module, not the reverse
-        self.slot, self.in_features, self.out_features = slot, in_features, out_features
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self._owner.packed_view(self.slot)
-
-    @property
-    def bias(self) -> torch.Tensor:
-        return self._owner.packed_view(self.slot + 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}"
-
-    def _load_from_state_dict(self, state_dict, prefix, *args):
-        """Nothing: the RPE loads this module's keys into its packed parameter (``Rpe._load_from_state_dict``)."""
-
-
-class Rpe(nn.Module):
+class Rpe(PackedWeights, nn.Module):
     """Linear(in -> h), then ``layers`` x [norm, act, Linear(h -> h)], then [norm, act, Linear(h -> out)].
 
     ``in_dim`` is 1 for a lag or a frequency.
@@ -61,67 +33,16 @@ class Rpe(nn.Module):
         self._pack()
 
     def _pack(self) -> None:
-        """The Linears' weights and biases as one parameter, ``packed``: flattened one after another in the order
-        ``rpe_mlp`` takes them (proj, then each hidden Linear, then out; weight before bias), and each Linear a
-        ``PackedLinear`` of views into it. One tensor instead of 2 (layers + 2) is what autograd, the optimizer and
-        a compiled graph see: for a causal wt103 stack, 7 where there were 112 (RPE 6), which a CUDA-graphed update
-        checks, hands to autograd and accumulates one by one (docs/performance.md). The state_dict keeps the
-        Linears' names (``_save_to_state_dict``), so checkpoints are the same as without the packing."""
+        """The Linears' weights and biases as one parameter, ``packed`` (``PackedWeights``): flattened one after
+        another in the order ``rpe_mlp`` takes them (proj, then each hidden Linear, then out; weight before bias), and
+        each Linear a ``PackedLinear`` of views into it. One tensor instead of 2 (layers + 2) is what autograd, the
+        optimizer and a compiled graph see: for a causal wt103 stack, 7 where there were 112 (RPE 6), which a
+        CUDA-graphed update checks, hands to autograd and accumulates one by one (docs/performance.md). The state_dict
+        keeps the Linears' names, so checkpoints are the same as without the packing."""
         linears = [("proj", self.proj)] + [(f"linears.{i}", m) for i, m in enumerate(self.linears)] + [("out", self.out)]
-        self._names = tuple(f"{name}.{kind}" for name, _ in linears for kind in ("weight", "bias"))
-        self._shapes = tuple(tuple(p.shape) for _, m in linears for p in (m.weight, m.bias))
-        self._sizes = tuple(math.prod(shape) for shape in self._shapes)
-        self._offsets = tuple(sum(self._sizes[:i]) for i in range(len(self._sizes)))
-        self.packed = nn.Parameter(torch.cat([p.detach().reshape(-1) for _, m in linears for p in (m.weight, m.bias)]))
-        self.proj = PackedLinear(self, 0, self.proj.in_features, self.proj.out_features)
-        self.linears = nn.ModuleList(PackedLinear(self, 2 + 2 * i, m.in_features, m.out_features)
-                                     for i, m in enumerate(self.linears))
-        self.out = PackedLinear(self, len(self._names) - 2, self.out.in_features, self.out.out_features)
-
-    def packed_view(self, slot: int) -> torch.Tensor:
-        """The weight or bias ``slot`` (``_names``' order) as a view of ``packed``."""
-        return self.packed.narrow(0, self._offsets[slot], self._sizes[slot]).view(self._shapes[slot])
-
-    def unpacked(self, packed: Optional[torch.Tensor] = None) -> list:
-        """Every weight and bias of the Linears (``_names``' order) as views of ``packed`` (default: ``self.packed``),
-        made by one split (whose backward is one concatenation)."""
-        packed = self.packed if packed is None else packed
-        return [v.view(shape) for v, shape in zip(packed.split(self._sizes), self._shapes)]
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        if prefix + "packed" not in destination:  # not packed (the tests' stand-in for the layout before packing)
-            return
-        packed = destination.pop(prefix + "packed")
-        for name, view in zip(self._names, self.unpacked(packed)):
-            destination[prefix + name] = view
-
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        """Each Linear's ``weight`` and ``bias``, under the names an ``nn.Linear`` child would have, copied into its
-        place in ``packed``; missing, unexpected and wrongly sized keys reported as ``nn.Module`` reports them."""
-        if "packed" not in self._parameters:
-            return super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                                 unexpected_keys, error_msgs)
-        for hook in self._load_state_dict_pre_hooks.values():
-            hook(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
-        with torch.no_grad():
-            for name, view in zip(self._names, self.unpacked(self.packed.detach())):
-                key = prefix + name
-                if key not in state_dict:
-                    if strict:
-                        missing_keys.append(key)
-                    continue
-                value = state_dict[key]
-                if not isinstance(value, torch.Tensor) or value.shape != view.shape:
-                    error_msgs.append(f"size mismatch for {key}: copying a param with shape "
-                                      f"{getattr(value, 'shape', type(value).__name__)} from checkpoint, the shape "
-                                      f"in current model is {view.shape}.")
-                    continue
-                view.copy_(value)
-        if strict:
-            unexpected_keys.extend(key for key in state_dict if key.startswith(prefix)
-                                   and key[len(prefix):].split(".", 1)[0] not in self._modules)
+        views = self.pack(linears)
+        self.proj, self.out = views[0], views[-1]
+        self.linears = nn.ModuleList(views[1:-1])
 
     def _apply(self, fn, recurse=True):
         """A cast of the model to a 16-bit float (fairseq's ``model.half()`` under ``--fp16``, ``.to(torch.bfloat16)``)

@@ -58,9 +58,9 @@ PATCHES = (
     ),
     Patch(
         name="packed-optimizer-state",
-        why="a checkpoint written before the RPEs' weights were packed (fairseq_tnn 2026-11-28) keeps an optimizer "
-            "state per RPE weight where fairseq's state is per parameter tensor, which torch refuses to load into "
-            "the packed model; the states of each RPE's weights are merged into its packed parameter's",
+        why="a checkpoint written before the RPEs' weights were packed or the layers' Linears fused (fairseq_tnn "
+            "2026-11-28) keeps an optimizer state per weight where fairseq's state is per parameter tensor, which torch "
+            "refuses to load into the packed model; the states of each packed parameter's weights are merged into its",
         versions=f"{FAIRSEQ}; any torch; any numpy",
         checks="fairseq.trainer:Trainer._build_optimizer",
         fingerprint="a2c97f3400ed3161",

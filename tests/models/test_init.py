@@ -9,7 +9,8 @@ from torch import nn
 from benchmarks.ski_diagnostics import model_init_scales
 from fairseq_tnn.models.build import build_arch
 from fairseq_tnn.models.tnn_mlm import init_like_roberta
-from fairseq_tnn.modules.rpe import PackedLinear, Rpe
+from fairseq_tnn.modules.linear import PackedLinear
+from fairseq_tnn.modules.rpe import Rpe
 
 MASKED = ["tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"]
 WIDE = dict(encoder_embed_dim=256, glu_dim=256)  # weights large enough for their std to be measured
@@ -40,11 +41,14 @@ def test_a_new_masked_model_follows_robertas_scheme(arch):
 
 def test_the_draws_are_fairseqs_init_bert_params(monkeypatch):
     """Same seed, same values as fairseq's own function (on the CPU, where it draws) on the authors' layout, where the
-    RPE's Linears are ``nn.Linear`` modules (here: the RPEs left unpacked, ``Rpe._pack``)."""
+    RPE's Linears and the GTU's and GLU's are ``nn.Linear`` modules (here: the RPEs left unpacked, ``Rpe._pack``, and
+    ``nn.Linear`` for ``FusedLinear``)."""
+    from fairseq_tnn.modules import layers
     torch.manual_seed(0)
     ours = build_arch("tnn_mlm_tiny", 100)
     with monkeypatch.context() as patch:
         patch.setattr(Rpe, "_pack", lambda self: None)
+        patch.setattr(layers, "FusedLinear", nn.Linear)
         theirs = build_arch("tnn_mlm_tiny", 100)
     assert any(isinstance(m, nn.Linear) and ".rpe." in name for name, m in theirs.named_modules())
     torch.manual_seed(1)

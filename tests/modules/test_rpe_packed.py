@@ -9,7 +9,8 @@ from torch import nn
 
 from helpers import rel
 from fairseq_tnn.models.build import build_arch
-from fairseq_tnn.modules.rpe import PackedLinear, Rpe
+from fairseq_tnn.modules.linear import PackedLinear
+from fairseq_tnn.modules.rpe import Rpe
 from fairseq_tnn.ops import fast
 from fairseq_tnn.ops.rpe import rpe_mlp_ref, rpe_params
 
@@ -116,15 +117,17 @@ def test_the_packed_gradient_is_each_weights_gradient(layers):
         assert rel(a, b) < 1e-11, name
 
 
-@pytest.mark.parametrize("arch,per_layer", [("tnn_lm_wt103", 9), ("fd_tnn_lm_wt103", 9), ("tnn_lm_wt103_rpe3", 9)])
+@pytest.mark.parametrize("arch,per_layer", [("tnn_lm_wt103", 5), ("fd_tnn_lm_wt103", 5), ("tnn_lm_wt103_rpe3", 5)])
 def test_a_wt103_stack_has_one_rpe_tensor_per_layer(arch, per_layer):
     """What a compiled stack's graph takes as inputs and autograd accumulates one by one: per layer the GTU's and
-    GLU's two Linears (a weight and a bias each) and the RPE's one packed tensor, where there were 2 (layers + 2)
-    RPE tensors (16 for RPE 6: 168 tensors for the causal stack, now 63)."""
+    GLU's two Linears (``FusedLinear``: one tensor each, where an ``nn.Linear`` has a weight and a bias) and the RPE's
+    one packed tensor, where there were 2 (layers + 2) RPE tensors (16 for RPE 6: 168 tensors for the causal stack,
+    63 with the RPE packed, 35 with the Linears fused too)."""
     with torch.device("meta"):
         model = build_arch(arch, 100)
     layers = model.decoder.layers
     assert len(list(layers.parameters())) == per_layer * len(layers)
+    assert sum(1 for name, _ in layers.named_parameters() if name.endswith("proj.packed")) == 4 * len(layers)
     assert sum(1 for name, _ in layers.named_parameters() if ".rpe." in name) == len(layers)
     # the state_dict keeps every weight under its own name
     names = [name for name in layers.state_dict() if ".rpe." in name]

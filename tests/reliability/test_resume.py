@@ -307,8 +307,8 @@ def test_when_no_checkpoint_can_be_read_the_run_stops_naming_each_and_changes_no
 
 
 def per_weight_optimizer_state(state, sizes):
-    """A packed model's optimizer state in the layout before the packing: each RPE's packed entry split into one per
-    weight (``sizes``: ``packed_sizes``), as a checkpoint of the plugin before 2026-11-28 holds it."""
+    """A packed model's optimizer state in a layout before the packing: each packed entry of ``sizes``
+    (``packed_sizes``) split into one per weight, as a checkpoint of the plugin before 2026-11-28 holds it."""
     (group,) = state["param_groups"]
     out, ids = {}, []
     for k, s in enumerate(sizes):
@@ -322,19 +322,22 @@ def per_weight_optimizer_state(state, sizes):
     return {**state, "state": out, "param_groups": [{**group, "params": ids}]}
 
 
-def test_a_checkpoint_from_before_the_rpe_packing_resumes_as_if_uninterrupted(corpus, uninterrupted, tmp_path):
-    """A checkpoint whose optimizer state lists each RPE weight apart (fp32 Adam keeps one state per parameter tensor;
-    the plugin before the RPEs' weights were packed had 2 (layers + 2) tensors per RPE) resumes: the states are merged
-    into the packed parameters' (fairseq_tnn/patches/packed_state.py), and every later update and the final
-    parameters are the uninterrupted run's, bit for bit. Without the merge torch refused the load."""
+@pytest.mark.parametrize("rpes", [True, False], ids=["before-the-rpe-packing", "before-the-fused-linears"])
+def test_a_checkpoint_from_before_the_packing_resumes_as_if_uninterrupted(corpus, uninterrupted, tmp_path, rpes):
+    """A checkpoint whose optimizer state lists packed weights apart (fp32 Adam keeps one state per parameter tensor;
+    the plugin before the RPEs' weights were packed had 2 (layers + 2) tensors per RPE, and before the GTU's and GLU's
+    Linears were fused two per Linear, its RPEs packed already) resumes: the states are merged into the packed
+    parameters' (fairseq_tnn/patches/packed_state.py), and every later update and the final parameters are the
+    uninterrupted run's, bit for bit. Without the merge torch refused the load."""
     from fairseq_tnn.models.build import build_arch
     from fairseq_tnn.patches.packed_state import packed_sizes
     reference_dir, reference = uninterrupted["causal"]
     checkpoint = torch.load(reference_dir / "checkpoint_2_9.pt", map_location="cpu", weights_only=False)
     model = build_arch("tnn_lm_tiny", 100)
-    sizes = packed_sizes(model, list(model.parameters()))
+    sizes = packed_sizes(model, list(model.parameters()), rpes)
     packed = checkpoint["last_optimizer_state"]
-    assert sum(1 for s in sizes if s) == 2 and len(packed["param_groups"][0]["params"]) == len(sizes)
+    # tnn_lm_tiny: 2 layers, each an RPE and 4 Linears
+    assert sum(1 for s in sizes if s) == (10 if rpes else 8) and len(packed["param_groups"][0]["params"]) == len(sizes)
     checkpoint["last_optimizer_state"] = per_weight_optimizer_state(packed, sizes)
     assert len(checkpoint["last_optimizer_state"]["param_groups"][0]["params"]) == sum(len(s) if s else 1 for s in sizes)
     save_dir = tmp_path / "resumed"
