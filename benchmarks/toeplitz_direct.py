@@ -6,11 +6,14 @@ the FFT product's mixing is 41-61 times its floor).
     TRITON_INTERPRET=1 python benchmarks/toeplitz_direct.py --quick --device cpu --out /tmp/td   # the test's smoke run
 
 For each shape (a TNO's channels, the per-GPU batch, the length; x in ``--dtype``, fp16 by default on CUDA, the
-spectrum of a random kernel, causal at the causal shape, where the direct product sums T's lower triangle), both
-ways' forward and forward with backward (x's and the spectrum's gradients) in interleaved rounds, each timed by CUDA events (the CPU's clock on the CPU), with their medians and least
-times, the ratio FFT / direct of the medians, the first call's seconds (Triton's compilation, on the first shape),
-and the largest differences of the direct way's output and gradients (x's, and the kernel's coefficients' through
-the spectrum) from the FFT's, relative to the FFT's largest value. Writes ``toeplitz_direct.json`` and ``toeplitz_direct.md``.
+spectrum of a random kernel, causal at the causal shape, where the direct product sums T's lower triangle), the FFT
+product and the direct one with each ``--rows-per-program`` (``ROWS_PER_PROGRAM``: how many rows, sequences times
+output tiles, a program stacks beside each tile of T it gathers; 32 and 64 by default), each way's forward and forward
+with backward (x's and the spectrum's gradients) in interleaved rounds, timed by CUDA events (the CPU's clock on the
+CPU), with their medians and least times, the ratio FFT / direct of the medians, the first call's seconds (Triton's
+compilation, on the first shape), and the largest differences of each direct way's output and gradients (x's, and the
+kernel's coefficients' through the spectrum) from the FFT's, relative to the FFT's largest value. Writes
+``toeplitz_direct.json`` and ``toeplitz_direct.md``.
 """
 import argparse
 import os
@@ -33,7 +36,10 @@ from benchmarks.measure import (add_device_options, add_out_options, checked_dty
 SHAPES = [("causal 8 x 512, d 1536", 1536, 8, 512, True), ("16 x 512, d 2304", 2304, 16, 512, False),
           ("8 x 1024, d 2304", 2304, 8, 1024, False), ("4 x 2048, d 2304", 2304, 4, 2048, False)]
 QUICK_SHAPES = [("causal 2 x 40, d 3", 3, 2, 40, True), ("17 x 70, d 2", 2, 17, 70, False)]
-WAYS = ["fft", "direct"]
+
+def _ways(rows_per_program: List[int]) -> List[str]:
+    """"fft", then "direct/M" for each M of ``--rows-per-program``."""
+    return ["fft"] + [f"direct/{m}" for m in rows_per_program]
 
 
 def _inputs(d: int, b: int, n: int, causal: bool, dtype, device):
@@ -52,10 +58,17 @@ def _inputs(d: int, b: int, n: int, causal: bool, dtype, device):
 
 
 def _product(way: str, causal: bool) -> Callable:
+    """The product of ``way``: "fft", or "direct/M", the direct one with ``ROWS_PER_PROGRAM`` M (set at each call:
+    its backward reads it too, within the call)."""
     from fairseq_tnn.ops import toeplitz, toeplitz_direct
     if way == "fft":
         return lambda x, s, size: toeplitz.fft_conv(x, s, size, layout="dbn")
-    return lambda x, s, size: toeplitz_direct.direct_conv(x, s, size, causal)
+    rows = int(way.split("/")[1])
+
+    def direct(x, s, size):
+        toeplitz_direct.ROWS_PER_PROGRAM = rows
+        return toeplitz_direct.direct_conv(x, s, size, causal)
+    return direct
 
 
 def _clock(device: str):
@@ -74,28 +87,29 @@ def _clock(device: str):
     return timed
 
 
-def _differences(x, cot, pos, neg, size, causal) -> Dict[str, float]:
-    """The direct way's output and the gradients of x and of the kernel's coefficients (through its spectrum, as a
+def _differences(way: str, x, cot, pos, neg, size, causal) -> Dict[str, float]:
+    """A direct way's output and the gradients of x and of the kernel's coefficients (through its spectrum, as a
     TNO's parameters get theirs) against the FFT's: max |direct - fft| / max |fft|."""
     from fairseq_tnn.ops import toeplitz
     results = []
-    for way in WAYS:
+    for product in ("fft", way):
         leaves = [t.detach().clone().requires_grad_() for t in (x, pos, neg) if t is not None]
         spectrum = toeplitz.kernel_spectrum(leaves[1], leaves[2] if neg is not None else None, size, layout="dbn")
-        y = _product(way, causal)(leaves[0], spectrum, size)
+        y = _product(product, causal)(leaves[0], spectrum, size)
         gx, *gk = torch.autograd.grad(y, leaves, cot)
         results.append((y, gx, torch.cat([g.flatten() for g in gk])))
     return {name: ((direct.double() - fft.double()).abs().max() / fft.double().abs().max()).item()
             for name, fft, direct in zip(("output", "x_grad", "kernel_grad"), *results)}
 
 
-def measure(label: str, d: int, b: int, n: int, causal: bool, dtype, device: str, rounds: int) -> Dict:
+def measure(label: str, d: int, b: int, n: int, causal: bool, dtype, device: str, rounds: int,
+            ways: List[str]) -> Dict:
     x, cot, pos, neg, spectrum, size = _inputs(d, b, n, causal, dtype, device)
     timed = _clock(device)
     row: Dict = {"shape": label, "channels": d, "batch": b, "n": n, "causal": causal, "size": size}
     xg, sg = x.detach().clone().requires_grad_(), spectrum.detach().clone().requires_grad_()
     steps = {}
-    for way in WAYS:
+    for way in ways:
         product = _product(way, causal)
         steps[way] = {
             "forward": lambda product=product: product(x, spectrum, size),
@@ -106,16 +120,16 @@ def measure(label: str, d: int, b: int, n: int, causal: bool, dtype, device: str
         if device == "cuda":
             torch.cuda.synchronize()
         row.setdefault("first_call_s", {})[way] = time.perf_counter() - t
-    times: Dict[str, Dict[str, List[float]]] = {w: {"forward": [], "forward_backward": []} for w in WAYS}
+    times: Dict[str, Dict[str, List[float]]] = {w: {"forward": [], "forward_backward": []} for w in ways}
     for _ in range(rounds):
-        for way in WAYS:
+        for way in ways:
             for part in ("forward", "forward_backward"):
                 times[way][part].append(timed(steps[way][part]))
-    for way in WAYS:
+    for way in ways:
         row[way] = {part: {"median_ms": statistics.median(v), "least_ms": min(v)} for part, v in times[way].items()}
-    row["fft_over_direct"] = {part: row["fft"][part]["median_ms"] / row["direct"][part]["median_ms"]
-                              for part in ("forward", "forward_backward")}
-    row["differences"] = _differences(x, cot, pos, neg, size, causal)
+    row["fft_over_direct"] = {way: {part: row["fft"][part]["median_ms"] / row[way][part]["median_ms"]
+                                    for part in ("forward", "forward_backward")} for way in ways[1:]}
+    row["differences"] = {way: _differences(way, x, cot, pos, neg, size, causal) for way in ways[1:]}
     return row
 
 
@@ -123,24 +137,33 @@ def markdown(result: Dict) -> str:
     out = [f"# The Toeplitz product by FFT and by direct summation ({result['dtype']}, {result['device_name']})", "",
            f"torch {result['torch']}, triton {result['triton']}; median of {result['rounds']} interleaved rounds, ms; "
            "`python benchmarks/toeplitz_direct.py`", "",
-           "| shape | FFT: forward / with backward | direct | FFT / direct | direct - FFT: output, x grad, kernel grad |",
+           "| shape | way (direct/M: M rows a program) | forward / with backward | FFT / this way | this - FFT: output, "
+           "x grad, kernel grad |",
            "|---|---|---|---|---|"]
     for r in result["rows"]:
-        cells = [f"{r[w]['forward']['median_ms']:.3f} / {r[w]['forward_backward']['median_ms']:.3f}" for w in WAYS]
-        ratio = r["fft_over_direct"]
-        diff = r["differences"]
-        out.append(f"| {r['shape']} | {cells[0]} | {cells[1]} | {ratio['forward']:.2f} / {ratio['forward_backward']:.2f}"
-                   f" | {diff['output']:.1e}, {diff['x_grad']:.1e}, {diff['kernel_grad']:.1e} |")
+        for way in result["ways"]:
+            cells = f"{r[way]['forward']['median_ms']:.3f} / {r[way]['forward_backward']['median_ms']:.3f}"
+            ratio = r["fft_over_direct"].get(way)
+            diff = r["differences"].get(way)
+            out.append(f"| {r['shape']} | {way} | {cells} | "
+                       + (f"{ratio['forward']:.2f} / {ratio['forward_backward']:.2f} | " if ratio else "1 | ")
+                       + (f"{diff['output']:.1e}, {diff['x_grad']:.1e}, {diff['kernel_grad']:.1e} |" if diff else "- |"))
     return "\n".join(out) + "\n"
 
 
 def main(argv=None) -> Dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test; on the CPU under TRITON_INTERPRET=1)")
+    p.add_argument("--rows-per-program", type=int, nargs="+", default=[32, 64], metavar="M",
+                   help="the direct product's rows per program (toeplitz_direct.ROWS_PER_PROGRAM), each a way of its "
+                        "own (default 32 64; powers of 2 from 16 to 128)")
     add_device_options(p, rounds=20)
     add_out_options(p, "results/toeplitz-direct")
     a = p.parse_args(argv)
     name, dtype = checked_dtype(p, a)
+    bad = [m for m in a.rows_per_program if m not in (16, 32, 64, 128)]
+    if bad:
+        p.error(f"--rows-per-program={' '.join(map(str, bad))}: each must be 16, 32, 64 or 128")
     from fairseq_tnn.ops import toeplitz_direct
     probe = torch.empty(0, device=a.device, dtype=dtype)
     if not toeplitz_direct.supports(probe):
@@ -149,10 +172,15 @@ def main(argv=None) -> Dict:
                 f"{'there' if toeplitz_direct.AVAILABLE else 'not installed'}")
     refuse_overwrite(p, a, "toeplitz_direct.json")
     os.makedirs(a.out, exist_ok=True)
-    rows = [measure(label, d, max(1, b // a.batch_scale), n, causal, dtype, a.device, a.rounds)
-            for label, d, b, n, causal in (QUICK_SHAPES if a.quick else SHAPES)]
+    ways = _ways(a.rows_per_program)
+    default = toeplitz_direct.ROWS_PER_PROGRAM
+    try:
+        rows = [measure(label, d, max(1, b // a.batch_scale), n, causal, dtype, a.device, a.rounds, ways)
+                for label, d, b, n, causal in (QUICK_SHAPES if a.quick else SHAPES)]
+    finally:
+        toeplitz_direct.ROWS_PER_PROGRAM = default
     import triton
-    result = {"rows": rows, "torch": torch.__version__, "triton": triton.__version__, "dtype": name,
+    result = {"rows": rows, "ways": ways, "torch": torch.__version__, "triton": triton.__version__, "dtype": name,
               "device": a.device, "rounds": a.rounds,
               "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "CPU, Triton's interpreter"}
     md = markdown(result)

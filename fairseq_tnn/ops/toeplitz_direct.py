@@ -11,15 +11,18 @@ tensor cores do at hundreds of TFLOPS: at n = 512 about as much time as reading 
 
 - forward: y[c, r, t] = sum_s k[c, (t - s) mod size] x[c, r, s]                 (``_apply``, sign +1)
 - input's gradient: gx[c, r, s] = sum_t k[c, (t - s) mod size] gy[c, r, t]    (``_apply``, sign -1: T transposed)
-- kernel's gradient: gk[c, L mod size] = sum_r sum_t gy[c, r, t] x[c, r, t - L] for |L| < n, 0 elsewhere: per
-  (t, s) tile the products P = gy^T x on tensor cores (inner dimension: the rows), then P's diagonals summed
-  (``_lag_grad``: a window of x wide enough for a block of lags, and P's entries gathered so that each lag is a
-  column).
+- kernel's gradient: gk[c, L mod size] = sum_r sum_t gy[c, r, t] x[c, r, t - L] for |L| < n, 0 elsewhere: the
+  products P = gy^T x of a window of x, on tensor cores, summed over the rows and output tiles (the inner dimension),
+  then P's diagonals summed (``_lag_grad``: a window of x wide enough for a block of lags, and P's entries gathered
+  so that each lag is a column).
 
-The operands enter the tensor cores as TF32 (a 10-bit significand, which holds an fp16 or bf16 x exactly; the
-coefficients are rounded to it, as fp16 would round them) and accumulate in fp32. ``direct_conv`` is the product
-of a spectrum, the coefficients taken by one irfft of the (channels x size) spectrum, whose gradient autograd
-carries back to the spectrum: the same function and gradients as ``fft_conv``, within rounding.
+A tile of T depends only on its offset from the diagonal, so ``_apply`` gathers each once per program and applies it
+to several output tiles' inputs stacked as rows (``ROWS_PER_PROGRAM``). fp16 x meets fp16 coefficients, each
+channel's scaled to at most 1 (``_scale_kernel``; the 10-bit significand TF32 would give them, at twice its rate),
+bf16 x enters as TF32 (which holds it exactly) with the coefficients rounded to TF32, fp32 as it is; all accumulate
+in fp32. ``direct_conv`` is the product of a spectrum, the coefficients taken by one irfft of the (channels x size)
+spectrum, whose gradient autograd carries back to the spectrum: the same function and gradients as ``fft_conv``,
+within rounding.
 
 Triton is optional: it ships with torch's CUDA builds; without it (a CPU-only torch) ``AVAILABLE`` is False and
 nothing here runs. On the CPU the kernels run only under Triton's interpreter (``INTERPRETED``), which the tests use
@@ -38,11 +41,17 @@ except ImportError:  # a CPU-only torch: no Triton, the FFT product everywhere
 AVAILABLE = triton is not None
 constexpr = tl.constexpr if AVAILABLE else None  # the kernels' compile-time arguments
 
-# Tile sizes: rows (the sequences of a channel, at least 16 for a tensor-core product), input and output positions
-# of a tile of T, and the lags of a block of the kernel's gradient (its window of x: BLOCK_T + BLOCK_L positions).
+# Tile sizes. A program of the product computes ``ROWS_PER_PROGRAM`` rows of output tiles at once: a channel's
+# sequences (its rows, at most ``BLOCK_ROWS_MAX`` a program) times consecutive output tiles of BLOCK_T positions, so
+# that each tile of T it gathers (T's tiles depend only on their offset from the diagonal) serves all of them, and a
+# batch of 8 fills a tensor-core product without padding. The lag gradient's products sum over rows times output
+# tiles, ``LAG_PRODUCT_DEPTH`` at once, for blocks of BLOCK_L lags (its window of x: BLOCK_T + BLOCK_L positions).
 BLOCK_ROWS_MAX = 64
+ROWS_PER_PROGRAM = 32
+LAG_PRODUCT_DEPTH = 64
 BLOCK_T = 64
 BLOCK_L = 64
+SCALE_BLOCK = 1024  # the coefficients' scaling kernel's chunk
 
 
 # Whether Triton runs the kernels in its interpreter, on CPU tensors (the tests' way without a GPU): Triton decides when
@@ -58,66 +67,105 @@ def supports(x: torch.Tensor) -> bool:
     return x.is_cuda or (x.device.type == "cpu" and INTERPRETED)
 
 
-def _apply_kernel(x_ptr, k_ptr, y_ptr, rows, n, size, SIGN: constexpr, CAUSAL: constexpr, BLOCK_R: constexpr,
-                  BLOCK_T: constexpr, PRECISION: constexpr):
-    """One (channel, output tile, row tile): y[r, o] = sum_i x[r, i] k[(SIGN (o - i)) mod size]; with ``CAUSAL`` the
-    terms of lags SIGN (o - i) >= 0 only (the input tiles on one side of the output tile's diagonal)."""
+def _scale_kernel(k_ptr, scaled_ptr, scale_ptr, size, BLOCK: constexpr):
+    """One channel: its coefficients divided by their largest magnitude (1 where all are zero), in fp16, and that
+    magnitude: fp16 operands with the 10-bit significand TF32 would give them, in fp16's range whatever the kernel's."""
+    row = tl.program_id(0).to(tl.int64) * size
+    largest = tl.zeros((BLOCK,), dtype=tl.float32)
+    for start in range(0, size, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        largest = tl.maximum(largest, tl.abs(tl.load(k_ptr + row + i, mask=i < size, other=0.0)))
+    scale = tl.max(largest, axis=0)
+    scale = tl.where(scale > 0, scale, 1.0)
+    for start in range(0, size, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        k = tl.load(k_ptr + row + i, mask=i < size, other=0.0)
+        tl.store(scaled_ptr + row + i, (k / scale).to(scaled_ptr.dtype.element_ty), mask=i < size)
+    tl.store(scale_ptr + tl.program_id(0), scale)
+
+
+def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, size, SIGN: constexpr, CAUSAL: constexpr,
+                  BLOCK_R: constexpr, GROUP: constexpr, BLOCK_T: constexpr, PRECISION: constexpr):
+    """One (channel, GROUP output tiles, BLOCK_R rows): y[r, o] = sum_i x[r, i] k[(SIGN (o - i)) mod size]; with
+    ``CAUSAL`` the terms of lags SIGN (o - i) >= 0 only. The output tiles o0 + j (j < GROUP) are stacked as rows of
+    one product, (GROUP BLOCK_R rows) x (BLOCK_T inputs) times the BLOCK_T x BLOCK_T tile of T at tile offset D
+    (output tile minus input tile), which T's Toeplitz structure makes the same for every j: the tile is gathered once
+    per D and each row j reads the input tile o0 + j - D. ``PRECISION`` "fp16": x fp16 and k the scaled fp16
+    coefficients (``_scale_kernel``), the result times ``scale_ptr``'s; "tf32" or "ieee": k fp32."""
     c = tl.program_id(0)
-    block = tl.program_id(1)
-    outs = block * BLOCK_T + tl.arange(0, BLOCK_T)
-    r = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
-    x_rows = x_ptr + c.to(tl.int64) * rows * n + r[:, None] * n
+    o0 = tl.program_id(1) * GROUP
+    rr = tl.arange(0, GROUP * BLOCK_R)
+    j = rr // BLOCK_R
+    r = tl.program_id(2) * BLOCK_R + rr % BLOCK_R
+    cols = tl.arange(0, BLOCK_T)
+    tiles = tl.cdiv(n, BLOCK_T)
+    row_ok = (r < rows) & (o0 + j < tiles)
+    x_rows = x_ptr + c.to(tl.int64) * rows * n + r * n
     k_row = k_ptr + c.to(tl.int64) * size
-    acc = tl.zeros((BLOCK_R, BLOCK_T), dtype=tl.float32)
-    first, last = 0, tl.cdiv(n, BLOCK_T)
+    acc = tl.zeros((GROUP * BLOCK_R, BLOCK_T), dtype=tl.float32)
+    first = o0 - (tiles - 1)  # the tile offsets D = output tile - input tile this program meets
+    last = tl.minimum(o0 + GROUP, tiles) - 1
     if CAUSAL:
         if SIGN > 0:  # T: the inputs up to the output
-            last = block + 1
+            first = 0
         else:  # T^T: the inputs from the output on
-            first = block
-    for i in range(first, last):
-        ins = i * BLOCK_T + tl.arange(0, BLOCK_T)
-        x = tl.load(x_rows + ins[None, :], mask=(r[:, None] < rows) & (ins[None, :] < n), other=0.0)
-        lag = SIGN * (outs[None, :] - ins[:, None])  # (inputs, outputs)
-        valid = (ins[:, None] < n) & (outs[None, :] < n)
+            last = 0
+    for d in range(first, last + 1):
+        ins_tile = o0 + j - d
+        ins = ins_tile[:, None] * BLOCK_T + cols[None, :]
+        x = tl.load(x_rows[:, None] + ins, mask=(row_ok & (ins_tile >= 0))[:, None] & (ins < n), other=0.0)
+        lag = SIGN * (d * BLOCK_T + cols[None, :] - cols[:, None])  # (inputs, outputs) of the tile
+        valid = (lag < n) & (lag > -n)
         if CAUSAL:
             valid = valid & (lag >= 0)
         w = tl.load(k_row + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
-        acc += tl.dot(x.to(tl.float32), w, input_precision=PRECISION)
-    y = y_ptr + c.to(tl.int64) * rows * n + r[:, None] * n + outs[None, :]
-    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=(r[:, None] < rows) & (outs[None, :] < n))
+        if PRECISION == "fp16":
+            acc += tl.dot(x, w)
+        else:
+            acc += tl.dot(x.to(tl.float32), w, input_precision=PRECISION)
+    if PRECISION == "fp16":
+        acc = acc * tl.load(scale_ptr + c)
+    outs = (o0 + j)[:, None] * BLOCK_T + cols[None, :]
+    tl.store(y_ptr + c.to(tl.int64) * rows * n + r[:, None] * n + outs, acc.to(y_ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (outs < n))
 
 
-def _lag_grad_kernel(g_ptr, x_ptr, gk_ptr, rows, n, size, lag_start, BLOCK_R: constexpr, BLOCK_T: constexpr,
-                     BLOCK_L: constexpr, PRECISION: constexpr):
+def _lag_grad_kernel(g_ptr, x_ptr, gk_ptr, rows, n, size, lag_start, BLOCK_R: constexpr, TILES: constexpr,
+                     BLOCK_T: constexpr, BLOCK_L: constexpr, PRECISION: constexpr):
     """One (channel, block of lags L0 .. L0 + BLOCK_L - 1, L0 = lag_start + BLOCK_L * block; lag_start -(n - 1), or 0
     for the causal lags): gk[L mod size] = sum_r sum_t g[r, t] x[r, t - L]. For output positions t0 + j, lag L0 + l
     reads x at t0 + j - L0 - l, inside the window w0 .. w0 + BLOCK_T + BLOCK_L - 1 (w0 = t0 - L0 - BLOCK_L + 1) at
-    w = j - l + BLOCK_L - 1. Only the output tiles that meet some t - L in 0 .. n - 1 are visited: t from max(L0, 0)
-    to min(n - 1, L0 + BLOCK_L - 1 + n - 1)."""
+    w = j - l + BLOCK_L - 1, the same column for every output tile: so P[j, w] = sum over rows and output tiles of
+    g[r, t0 + j] x[r, w0 + w] is summed first, on the tensor cores with (TILES output tiles) x (BLOCK_R rows) as the
+    inner dimension, and its diagonals gathered once at the end. Only the output tiles that meet some t - L in
+    0 .. n - 1 are visited: t from max(L0, 0) to min(n - 1, L0 + BLOCK_L - 1 + n - 1). ``PRECISION`` "ieee" for fp32
+    g and x; otherwise their own 16-bit type (whose products the tensor cores form exactly)."""
     c = tl.program_id(0)
     lag0 = tl.program_id(1) * BLOCK_L + lag_start
     j = tl.arange(0, BLOCK_T)
     l = tl.arange(0, BLOCK_L)
     w = tl.arange(0, BLOCK_T + BLOCK_L)
+    kk = tl.arange(0, TILES * BLOCK_R)  # the inner dimension: (output tile, row)
     skew = j[:, None] - l[None, :] + (BLOCK_L - 1)  # (BLOCK_T, BLOCK_L): the window's column of (t0 + j, lag0 + l)
     base = c.to(tl.int64) * rows * n
-    acc = tl.zeros((BLOCK_L,), dtype=tl.float32)
     first = tl.maximum(lag0, 0) // BLOCK_T
     last = tl.minimum(n - 1, lag0 + BLOCK_L + n - 2) // BLOCK_T + 1
-    for t in range(first, last):
-        t0 = t * BLOCK_T
-        w0 = t0 - lag0 - BLOCK_L + 1
-        products = tl.zeros((BLOCK_T, BLOCK_T + BLOCK_L), dtype=tl.float32)
+    products = tl.zeros((BLOCK_T, BLOCK_T + BLOCK_L), dtype=tl.float32)
+    for t in range(first, last, TILES):
+        tile = t + kk // BLOCK_R
+        t0 = tile * BLOCK_T
         for rb in range(0, tl.cdiv(rows, BLOCK_R)):
-            r = rb * BLOCK_R + tl.arange(0, BLOCK_R)
-            g = tl.load(g_ptr + base + r[None, :] * n + (t0 + j)[:, None],
-                        mask=(r[None, :] < rows) & ((t0 + j)[:, None] < n), other=0.0)  # (BLOCK_T, BLOCK_R)
-            s = w0 + w
-            x = tl.load(x_ptr + base + r[:, None] * n + s[None, :],
-                        mask=(r[:, None] < rows) & (s[None, :] >= 0) & (s[None, :] < n), other=0.0)
-            products += tl.dot(g.to(tl.float32), x.to(tl.float32), input_precision=PRECISION)
-        acc += tl.sum(tl.gather(products, skew, axis=1), axis=0)
+            r = rb * BLOCK_R + kk % BLOCK_R
+            ok = (tile < last) & (r < rows)
+            out = t0[None, :] + j[:, None]  # (BLOCK_T, inner)
+            g = tl.load(g_ptr + base + r[None, :] * n + out, mask=ok[None, :] & (out < n), other=0.0)
+            s = (t0 - lag0 - BLOCK_L + 1)[:, None] + w[None, :]  # (inner, window)
+            x = tl.load(x_ptr + base + r[:, None] * n + s, mask=ok[:, None] & (s >= 0) & (s < n), other=0.0)
+            if PRECISION == "ieee":
+                products += tl.dot(g, x, input_precision=PRECISION)
+            else:
+                products += tl.dot(g, x)
+    acc = tl.sum(tl.gather(products, skew, axis=1), axis=0)
     lags = lag0 + l
     tl.store(gk_ptr + c.to(tl.int64) * size + tl.where(lags < 0, lags + size, lags), acc, mask=lags < n)
 
@@ -126,35 +174,58 @@ _KERNELS = []
 
 
 def _kernels():
-    """The two kernels, jitted at first use (interpreted under ``INTERPRETED``)."""
+    """The three kernels (apply, lag gradient, scale), jitted at first use (interpreted under ``INTERPRETED``)."""
     if not _KERNELS:
-        _KERNELS.extend((triton.jit(_apply_kernel), triton.jit(_lag_grad_kernel)))
+        _KERNELS.extend(triton.jit(k) for k in (_apply_kernel, _lag_grad_kernel, _scale_kernel))
     return _KERNELS
 
 
 def _precision(dtype: torch.dtype) -> str:
-    """TF32 operands for half inputs (which TF32 holds exactly); fp32 ones as they are."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+    """How the product's operands enter the tensor cores: fp16 x with its scaled fp16 coefficients (the 10-bit
+    significand TF32 would give them, at twice TF32's rate), bf16 x as TF32 (which holds it exactly) with fp32
+    coefficients rounded to TF32, fp32 as it is."""
+    return {torch.float16: "fp16", torch.bfloat16: "tf32"}.get(dtype, "ieee")
 
 
 def _block_rows(rows: int) -> int:
-    return min(BLOCK_ROWS_MAX, max(16, triton.next_power_of_2(rows)))
+    return min(BLOCK_ROWS_MAX, triton.next_power_of_2(rows))
+
+
+def _stacked(block_r: int, tiles: int, target: int) -> int:
+    """How many output tiles a product stacks beside ``block_r`` rows: about ``target`` rows in all, no more tiles
+    than there are (``tiles``, rounded up to a power of 2), and at least 16 rows (a tensor-core product's least)."""
+    return max(1, 16 // block_r, min(target // block_r, triton.next_power_of_2(tiles)))
 
 
 def _same(kernel):
     return kernel
 
 
+def _coefficients(kernel: torch.Tensor, dtype: torch.dtype, wrap=_same):
+    """The coefficients the product reads for x of ``dtype``, and their scale: for fp16 x each channel's scaled to
+    at most 1 in fp16 (``_scale_kernel``) and the (c,) scales; otherwise ``kernel`` as it is (no scale: the kernel
+    reads none, and is handed ``kernel`` in its place)."""
+    if _precision(dtype) != "fp16":
+        return kernel, kernel
+    c, size = kernel.shape
+    scaled = torch.empty(c, size, device=kernel.device, dtype=torch.float16)
+    scale = torch.empty(c, device=kernel.device, dtype=torch.float32)
+    wrap(_kernels()[2])[(c,)](kernel, scaled, scale, size, BLOCK=SCALE_BLOCK)
+    return scaled, scale
+
+
 def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, causal: bool, wrap=_same) -> torch.Tensor:
     """x (c, rows, n) contiguous, kernel (c, size) fp32 contiguous: T x (sign 1) or T^T x (sign -1), in x's dtype;
     ``causal``: the kernel's lags 0 .. n - 1 only (its negative ones taken as the zeros a causal kernel has there).
-    ``wrap``: what the Triton kernel is launched through (``torch.library.wrap_triton`` inside a ``triton_op``)."""
+    ``wrap``: what the Triton kernels are launched through (``torch.library.wrap_triton`` inside a ``triton_op``)."""
     c, rows, n = x.shape
     y = torch.empty_like(x)
+    coefficients, scale = _coefficients(kernel, x.dtype, wrap)
     block_r = _block_rows(rows)
-    grid = (c, triton.cdiv(n, BLOCK_T), triton.cdiv(rows, block_r))
-    wrap(_kernels()[0])[grid](x, kernel, y, rows, n, kernel.shape[-1], SIGN=sign, CAUSAL=causal, BLOCK_R=block_r,
-                              BLOCK_T=BLOCK_T, PRECISION=_precision(x.dtype))
+    group = _stacked(block_r, triton.cdiv(n, BLOCK_T), ROWS_PER_PROGRAM)
+    grid = (c, triton.cdiv(triton.cdiv(n, BLOCK_T), group), triton.cdiv(rows, block_r))
+    wrap(_kernels()[0])[grid](x, coefficients, scale, y, rows, n, kernel.shape[-1], SIGN=sign, CAUSAL=causal,
+                              BLOCK_R=block_r, GROUP=group, BLOCK_T=BLOCK_T, PRECISION=_precision(x.dtype))
     return y
 
 
@@ -164,9 +235,11 @@ def _lag_grad(g: torch.Tensor, x: torch.Tensor, size: int, causal: bool, wrap=_s
     c, rows, n = x.shape
     gk = torch.zeros(c, size, device=x.device, dtype=torch.float32)
     lags = n if causal else 2 * n - 1
+    block_r = _block_rows(rows)
+    tiles = _stacked(block_r, triton.cdiv(n, BLOCK_T), LAG_PRODUCT_DEPTH)
     grid = (c, triton.cdiv(lags, BLOCK_L))
-    wrap(_kernels()[1])[grid](g, x, gk, rows, n, size, n - lags, BLOCK_R=_block_rows(rows), BLOCK_T=BLOCK_T,
-                              BLOCK_L=BLOCK_L, PRECISION=_precision(x.dtype))
+    wrap(_kernels()[1])[grid](g, x, gk, rows, n, size, n - lags, BLOCK_R=block_r, TILES=tiles, BLOCK_T=BLOCK_T,
+                              BLOCK_L=BLOCK_L, PRECISION="ieee" if x.dtype == torch.float32 else "native")
     return gk
 
 

@@ -63,10 +63,11 @@ def _assert_close(got, want, rel):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("n,batch", [(1, (2,)), (2, (3,)), (7, (2, 3)), (64, (2,)), (65, (17,)), (130, (5,)),
-                                     (20, (70,))])
+                                     (20, (70,)), (300, (2, 8))])
 def test_direct_matches_dense_forward_and_gradients(n, batch, causal, device):
-    """fp32 x: one tile and several (n = 64, 65, 130: output, input and lag blocks, partial ones), rows of one tile
-    and of two (70 > 64), extra batch dimensions, the circulant's sizes from ``next_fast_len`` (padding between the
+    """fp32 x: one tile and several (n = 64, 65, 130, 300: output, input and lag blocks, partial ones; at 300 with 16
+    rows, several programs of stacked output tiles per channel and the lag gradient's tiles in two products), rows of
+    one tile and of two (70 > 64), extra batch dimensions, the circulant's sizes from ``next_fast_len`` (padding between the
     lags) and 2n - 1 (none). A causal kernel both ways: the whole matrix summed, and its lower triangle only
     (``causal``), whose gradient of the kernel's lags is the same."""
     x, pos, neg = _case(n, batch, causal, torch.float32, device)
@@ -90,7 +91,8 @@ def test_the_causal_product_sums_the_lower_triangle_only(device):
 
 
 def test_direct_matches_dense_for_half_inputs(device):
-    """fp16 x (and bf16 on CUDA): the output in x's dtype; the operands enter the tensor cores as TF32 on a GPU."""
+    """fp16 x (and bf16 on CUDA): the output in x's dtype; fp16 x meets its kernel's coefficients scaled into fp16,
+    bf16 x enters the tensor cores as TF32 on a GPU."""
     dtypes = [torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
     for dtype in dtypes:
         x, pos, neg = _case(130, (4,), False, dtype, device)
@@ -98,6 +100,25 @@ def test_direct_matches_dense_for_half_inputs(device):
         got = _direct(x, pos, neg, cot, next_fast_len(259))
         assert got[0].dtype == dtype and got[1].dtype == dtype
         _assert_close(got, _reference(x, pos, neg, cot), rel=1e-2 if dtype == torch.bfloat16 else 2e-3)
+
+
+@pytest.mark.parametrize("magnitude,x_scale", [(1e-6, 1e3), (1e7, 1e-4)])
+def test_fp16_products_scale_each_channels_coefficients(magnitude, x_scale, device):
+    """fp16 x takes fp16 coefficients, each channel's divided by its largest before the cast and the product multiplied
+    back: kernels far below fp16's range (1e-6: their coefficients would round to zero) and above it (1e7: to
+    infinity), each channel beside one of ordinary size, give the dense product to fp16's precision, forward and
+    gradients (x and its output's gradient scaled so that the fp16 results are in fp16's normal range)."""
+    x, pos, neg = _case(130, (4,), False, torch.float16, device)
+    with torch.no_grad():
+        x *= x_scale
+        pos[1:] *= magnitude
+        neg[1:] *= magnitude
+    cot = (torch.randn(x.shape, generator=torch.Generator().manual_seed(1)) * x_scale).to(device=device,
+                                                                                       dtype=torch.float16)
+    want = _reference(x, pos, neg, cot)
+    got = _direct(x, pos, neg, cot, next_fast_len(259))
+    for channel in range(3):
+        _assert_close([t[channel] for t in got], [t[channel] for t in want], rel=2e-3)
 
 
 def test_fft_conv_takes_the_direct_product_up_to_direct_max_n(device, monkeypatch):
@@ -194,27 +215,35 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from fairseq_tnn.ops import toeplitz_direct as td
-apply_kernel, lag_grad_kernel = td._kernels()
+apply_kernel, lag_grad_kernel, scale_kernel = td._kernels()
 target, built = GPUTarget("cuda", 90, 32), []
-for dtype in ("fp16", "bf16", "fp32"):
-    precision = "ieee" if dtype == "fp32" else "tf32"
+
+def compile(kernel, signature, constants):
+    signature = {**signature, **{k: "constexpr" for k in constants}}
+    built.append(len(triton.compile(ASTSource(kernel, signature, constants), target=target).asm["cubin"]))
+
+ints = {k: "i32" for k in ("rows", "n", "size")}
+for dtype, precision in (("fp16", "fp16"), ("bf16", "tf32"), ("fp32", "ieee")):
+    coefficients = "*fp16" if precision == "fp16" else "*fp32"
     for sign in (1, -1):
-        for causal in (False, True):
-            signature = {"x_ptr": "*" + dtype, "k_ptr": "*fp32", "y_ptr": "*" + dtype, "rows": "i32", "n": "i32",
-                         "size": "i32", **{k: "constexpr" for k in ("SIGN", "CAUSAL", "BLOCK_R", "BLOCK_T", "PRECISION")}}
-            constants = {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": 16, "BLOCK_T": td.BLOCK_T, "PRECISION": precision}
-            built.append(len(triton.compile(ASTSource(apply_kernel, signature, constants), target=target).asm["cubin"]))
-    signature = {"g_ptr": "*" + dtype, "x_ptr": "*" + dtype, "gk_ptr": "*fp32", "rows": "i32", "n": "i32", "size": "i32",
-                 "lag_start": "i32", **{k: "constexpr" for k in ("BLOCK_R", "BLOCK_T", "BLOCK_L", "PRECISION")}}
-    constants = {"BLOCK_R": 64, "BLOCK_T": td.BLOCK_T, "BLOCK_L": td.BLOCK_L, "PRECISION": precision}
-    built.append(len(triton.compile(ASTSource(lag_grad_kernel, signature, constants), target=target).asm["cubin"]))
+        for causal in (False, True):  # 8 rows a channel (the causal shape's batch) beside 4 output tiles
+            compile(apply_kernel, {"x_ptr": "*" + dtype, "k_ptr": coefficients, "scale_ptr": "*fp32",
+                                   "y_ptr": "*" + dtype, **ints},
+                    {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": 8, "GROUP": 4, "BLOCK_T": td.BLOCK_T,
+                     "PRECISION": precision})
+    compile(lag_grad_kernel, {"g_ptr": "*" + dtype, "x_ptr": "*" + dtype, "gk_ptr": "*fp32", **ints, "lag_start": "i32"},
+            {"BLOCK_R": 8, "TILES": 8, "BLOCK_T": td.BLOCK_T, "BLOCK_L": td.BLOCK_L,
+             "PRECISION": "ieee" if dtype == "fp32" else "native"})
+compile(scale_kernel, {"k_ptr": "*fp32", "scaled_ptr": "*fp16", "scale_ptr": "*fp32", "size": "i32"},
+        {"BLOCK": td.SCALE_BLOCK})
 print(json.dumps(built))
 '''
 
 
 def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
     """Without a GPU, the Triton kernels are compiled to machine code for an H100 / H200 (sm_90, the GPU machines'),
-    every variant the product launches (fp16, bf16 and fp32 x; T and T^T; whole and causal; the lag gradient), by
+    every variant the product launches (fp16, bf16 and fp32 x; T and T^T; whole and causal; the lag gradient; the fp16
+    coefficients' scaling), by
     Triton's own compiler and ptxas, in a process where Triton is not in its interpreter: what the interpreter does not
     check (types, layouts, the tensor-core products' shapes) is checked here before a GPU run."""
     import json
@@ -228,4 +257,4 @@ def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     sizes = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(sizes) == 15 and min(sizes) > 10_000, sizes  # 15 cubins of real code
+    assert len(sizes) == 16 and min(sizes) > 3_000, sizes  # 16 cubins of real code

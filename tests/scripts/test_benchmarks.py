@@ -881,17 +881,27 @@ def test_fft_bytes_counts_the_products_bytes_three_ways(tmp_path):
 
 
 def test_toeplitz_direct_times_both_products_side_by_side(tmp_path):
-    """benchmarks/toeplitz_direct.py --quick on the CPU (Triton's interpreter, tests/conftest.py): both products'
-    forward and forward with backward, their ratio, and the direct one's differences from the FFT's, at fp32's
-    rounding; and a refusal, before any work, where the kernels cannot run."""
+    """benchmarks/toeplitz_direct.py --quick on the CPU (Triton's interpreter, tests/conftest.py): the FFT product's
+    and the direct one's forward and forward with backward, the direct one at two ``ROWS_PER_PROGRAM`` (restored
+    after), their ratios, and the direct ways' differences from the FFT's, at fp32's rounding; and refusals, before any
+    work: where the kernels cannot run, an output already there, rows per program the kernels do not take."""
     from benchmarks import toeplitz_direct
-    result = toeplitz_direct.main(["--quick", "--device", "cpu", "--rounds", "2", "--out", str(tmp_path)])
-    assert "| causal 2 x 40, d 3 |" in (tmp_path / "toeplitz_direct.md").read_text()
-    assert len(result["rows"]) == 2
+    from fairseq_tnn.ops import toeplitz_direct as ops
+    default = ops.ROWS_PER_PROGRAM
+    result = toeplitz_direct.main(["--quick", "--device", "cpu", "--rounds", "2", "--rows-per-program", "16", "64",
+                                   "--out", str(tmp_path)])
+    assert "| causal 2 x 40, d 3 | direct/64 |" in (tmp_path / "toeplitz_direct.md").read_text()
+    assert len(result["rows"]) == 2 and result["ways"] == ["fft", "direct/16", "direct/64"]
+    assert ops.ROWS_PER_PROGRAM == default
     for row in result["rows"]:
-        for way in ("fft", "direct"):
+        for way in result["ways"]:
             assert row[way]["forward"]["median_ms"] > 0 and row[way]["forward_backward"]["least_ms"] > 0, row
-        assert set(row["differences"]) == {"output", "x_grad", "kernel_grad"}
-        assert max(row["differences"].values()) < 1e-5, row["differences"]
+        assert set(row["differences"]) == set(row["fft_over_direct"]) == {"direct/16", "direct/64"}
+        for differences in row["differences"].values():
+            assert set(differences) == {"output", "x_grad", "kernel_grad"}
+            assert max(differences.values()) < 1e-5, differences
     with pytest.raises(SystemExit):
         toeplitz_direct.main(["--quick", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path)])  # no --force
+    with pytest.raises(SystemExit):
+        toeplitz_direct.main(["--quick", "--device", "cpu", "--rows-per-program", "48", "--out", str(tmp_path / "b")])
+    assert not (tmp_path / "b").exists()
