@@ -11,10 +11,10 @@ tensor cores do at hundreds of TFLOPS: at n = 512 about as much time as reading 
 
 - forward: y[c, r, t] = sum_s k[c, (t - s) mod size] x[c, r, s]                 (``_apply``, sign +1)
 - input's gradient: gx[c, r, s] = sum_t k[c, (t - s) mod size] gy[c, r, t]    (``_apply``, sign -1: T transposed)
-- kernel's gradient: gk[c, L mod size] = sum_r sum_t gy[c, r, t] x[c, r, t - L] for |L| < n, 0 elsewhere: the
-  products P = gy^T x of a window of x, on tensor cores, summed over the rows and output tiles (the inner dimension),
-  then P's diagonals summed (``_lag_grad``: a window of x wide enough for a block of lags, and P's entries gathered
-  so that each lag is a column).
+- kernel's gradient: gk[c, L mod size] = sum_r sum_t gy[c, r, t] x[c, r, t - L] for |L| < n, 0 elsewhere: for
+  each offset D between an output and an input tile, the products P = gy^T x on tensor cores, summed over the rows
+  and the tile pairs at that offset (the inner dimension), then P's diagonals summed into the lags they hold
+  (``_lag_grad``: each lag gets the sums of two neighbouring offsets, added atomically).
 
 A tile of T depends only on its offset from the diagonal, so ``_apply`` gathers each once per program and applies it
 to several output tiles' inputs stacked as rows (``ROWS_PER_PROGRAM``). fp16 x meets fp16 coefficients, each
@@ -44,13 +44,12 @@ constexpr = tl.constexpr if AVAILABLE else None  # the kernels' compile-time arg
 # Tile sizes. A program of the product computes ``ROWS_PER_PROGRAM`` rows of output tiles at once: a channel's
 # sequences (its rows, at most ``BLOCK_ROWS_MAX`` a program) times consecutive output tiles of BLOCK_T positions, so
 # that each tile of T it gathers (T's tiles depend only on their offset from the diagonal) serves all of them, and a
-# batch of 8 fills a tensor-core product without padding. The lag gradient's products sum over rows times output
-# tiles, ``LAG_PRODUCT_DEPTH`` at once, for blocks of BLOCK_L lags (its window of x: BLOCK_T + BLOCK_L positions).
+# batch of 8 fills a tensor-core product without padding. The lag gradient's products sum over rows times pairs of
+# an output and an input tile at one offset, ``LAG_PRODUCT_DEPTH`` at once.
 BLOCK_ROWS_MAX = 64
 ROWS_PER_PROGRAM = 32
 LAG_PRODUCT_DEPTH = 64
 BLOCK_T = 64
-BLOCK_L = 64
 SCALE_BLOCK = 1024  # the coefficients' scaling kernel's chunk
 
 
@@ -130,44 +129,50 @@ def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, size, SIGN: constexpr
              mask=row_ok[:, None] & (outs < n))
 
 
-def _lag_grad_kernel(g_ptr, x_ptr, gk_ptr, rows, n, size, lag_start, BLOCK_R: constexpr, TILES: constexpr,
-                     BLOCK_T: constexpr, BLOCK_L: constexpr, PRECISION: constexpr):
-    """One (channel, block of lags L0 .. L0 + BLOCK_L - 1, L0 = lag_start + BLOCK_L * block; lag_start -(n - 1), or 0
-    for the causal lags): gk[L mod size] = sum_r sum_t g[r, t] x[r, t - L]. For output positions t0 + j, lag L0 + l
-    reads x at t0 + j - L0 - l, inside the window w0 .. w0 + BLOCK_T + BLOCK_L - 1 (w0 = t0 - L0 - BLOCK_L + 1) at
-    w = j - l + BLOCK_L - 1, the same column for every output tile: so P[j, w] = sum over rows and output tiles of
-    g[r, t0 + j] x[r, w0 + w] is summed first, on the tensor cores with (TILES output tiles) x (BLOCK_R rows) as the
-    inner dimension, and its diagonals gathered once at the end. Only the output tiles that meet some t - L in
-    0 .. n - 1 are visited: t from max(L0, 0) to min(n - 1, L0 + BLOCK_L - 1 + n - 1). ``PRECISION`` "ieee" for fp32
-    g and x; otherwise their own 16-bit type (whose products the tensor cores form exactly)."""
+def _lag_grad_kernel(g_ptr, x_ptr, gk_ptr, rows, n, size, offset_start, CAUSAL: constexpr, BLOCK_R: constexpr,
+                     PAIRS: constexpr, BLOCK_T: constexpr, PRECISION: constexpr):
+    """One (channel, tile offset D = offset_start + block: output tile t against input tile t - D; offset_start
+    -(tiles - 1), or 0 for the causal lags): P[j, a] = sum over rows and such pairs of g[r, t0 + j] x[r, s0 + a], on
+    the tensor cores with (PAIRS pairs) x (BLOCK_R rows) as the inner dimension; P's entry (j, a) belongs to the lag
+    D BLOCK_T + j - a, so its diagonals j - a = m >= 0 go to the lags D BLOCK_T + m and those below to the lags
+    (D - 1) BLOCK_T + (m + BLOCK_T). Each lag thus gets two sums, from the programs of two neighbouring offsets, added
+    atomically into the zeroed gk: two terms onto zero, the same sum in either order. gk[L mod size] = sum_r sum_t
+    g[r, t] x[r, t - L], for |L| < n (causal: 0 <= L < n). ``PRECISION`` "ieee" for fp32 g and x; otherwise their
+    own 16-bit type (whose products the tensor cores form exactly)."""
     c = tl.program_id(0)
-    lag0 = tl.program_id(1) * BLOCK_L + lag_start
+    d = tl.program_id(1) + offset_start
+    tiles = tl.cdiv(n, BLOCK_T)
     j = tl.arange(0, BLOCK_T)
-    l = tl.arange(0, BLOCK_L)
-    w = tl.arange(0, BLOCK_T + BLOCK_L)
-    kk = tl.arange(0, TILES * BLOCK_R)  # the inner dimension: (output tile, row)
-    skew = j[:, None] - l[None, :] + (BLOCK_L - 1)  # (BLOCK_T, BLOCK_L): the window's column of (t0 + j, lag0 + l)
+    kk = tl.arange(0, PAIRS * BLOCK_R)  # the inner dimension: (pair, row)
     base = c.to(tl.int64) * rows * n
-    first = tl.maximum(lag0, 0) // BLOCK_T
-    last = tl.minimum(n - 1, lag0 + BLOCK_L + n - 2) // BLOCK_T + 1
-    products = tl.zeros((BLOCK_T, BLOCK_T + BLOCK_L), dtype=tl.float32)
-    for t in range(first, last, TILES):
+    first = tl.maximum(d, 0)  # the output tiles t whose input tile t - d is one of x's
+    last = tl.minimum(tiles, tiles + d)
+    products = tl.zeros((BLOCK_T, BLOCK_T), dtype=tl.float32)
+    for t in range(first, last, PAIRS):
         tile = t + kk // BLOCK_R
-        t0 = tile * BLOCK_T
         for rb in range(0, tl.cdiv(rows, BLOCK_R)):
             r = rb * BLOCK_R + kk % BLOCK_R
             ok = (tile < last) & (r < rows)
-            out = t0[None, :] + j[:, None]  # (BLOCK_T, inner)
+            out = tile[None, :] * BLOCK_T + j[:, None]  # (BLOCK_T, inner)
             g = tl.load(g_ptr + base + r[None, :] * n + out, mask=ok[None, :] & (out < n), other=0.0)
-            s = (t0 - lag0 - BLOCK_L + 1)[:, None] + w[None, :]  # (inner, window)
-            x = tl.load(x_ptr + base + r[:, None] * n + s, mask=ok[:, None] & (s >= 0) & (s < n), other=0.0)
+            ins = (tile - d)[:, None] * BLOCK_T + j[None, :]  # (inner, BLOCK_T)
+            x = tl.load(x_ptr + base + r[:, None] * n + ins, mask=ok[:, None] & (ins < n), other=0.0)
             if PRECISION == "ieee":
                 products += tl.dot(g, x, input_precision=PRECISION)
             else:
                 products += tl.dot(g, x)
-    acc = tl.sum(tl.gather(products, skew, axis=1), axis=0)
-    lags = lag0 + l
-    tl.store(gk_ptr + c.to(tl.int64) * size + tl.where(lags < 0, lags + size, lags), acc, mask=lags < n)
+    u = j[None, :]
+    above = j[:, None] - u  # (j, u): the column of diagonal m = u, lag d BLOCK_T + u
+    upper = tl.sum(tl.where(above >= 0, tl.gather(products, tl.maximum(above, 0), axis=1), 0.0), axis=0)
+    below = above + BLOCK_T  # diagonal m = u - BLOCK_T, lag (d - 1) BLOCK_T + u
+    lower = tl.sum(tl.where(below < BLOCK_T, tl.gather(products, tl.minimum(below, BLOCK_T - 1), axis=1), 0.0),
+                   axis=0)
+    row = gk_ptr + c.to(tl.int64) * size
+    least = 0 if CAUSAL else 1 - n
+    lags = d * BLOCK_T + j
+    tl.atomic_add(row + tl.where(lags < 0, lags + size, lags), upper, mask=(lags >= least) & (lags < n))
+    lags = lags - BLOCK_T
+    tl.atomic_add(row + tl.where(lags < 0, lags + size, lags), lower, mask=(lags >= least) & (lags < n))
 
 
 _KERNELS = []
@@ -234,12 +239,13 @@ def _lag_grad(g: torch.Tensor, x: torch.Tensor, size: int, causal: bool, wrap=_s
     only (zero at the negative ones, which a causal product does not read)."""
     c, rows, n = x.shape
     gk = torch.zeros(c, size, device=x.device, dtype=torch.float32)
-    lags = n if causal else 2 * n - 1
+    tiles = triton.cdiv(n, BLOCK_T)
     block_r = _block_rows(rows)
-    tiles = _stacked(block_r, triton.cdiv(n, BLOCK_T), LAG_PRODUCT_DEPTH)
-    grid = (c, triton.cdiv(lags, BLOCK_L))
-    wrap(_kernels()[1])[grid](g, x, gk, rows, n, size, n - lags, BLOCK_R=block_r, TILES=tiles, BLOCK_T=BLOCK_T,
-                              BLOCK_L=BLOCK_L, PRECISION="ieee" if x.dtype == torch.float32 else "native")
+    offsets = tiles if causal else 2 * tiles - 1
+    wrap(_kernels()[1])[(c, offsets)](g, x, gk, rows, n, size, 0 if causal else 1 - tiles, CAUSAL=causal,
+                                      BLOCK_R=block_r,
+                                      PAIRS=_stacked(block_r, tiles, LAG_PRODUCT_DEPTH), BLOCK_T=BLOCK_T,
+                                      PRECISION="ieee" if x.dtype == torch.float32 else "native")
     return gk
 
 
