@@ -243,9 +243,8 @@ def _lag_grad(g: torch.Tensor, x: torch.Tensor, size: int, causal: bool, wrap=_s
     block_r = _block_rows(rows)
     offsets = tiles if causal else 2 * tiles - 1
     wrap(_kernels()[1])[(c, offsets)](g, x, gk, rows, n, size, 0 if causal else 1 - tiles, CAUSAL=causal,
-                                      BLOCK_R=block_r,
-                                      PAIRS=_stacked(block_r, tiles, LAG_PRODUCT_DEPTH), BLOCK_T=BLOCK_T,
-                                      PRECISION="ieee" if x.dtype == torch.float32 else "native")
+                                      BLOCK_R=block_r, PAIRS=_stacked(block_r, tiles, LAG_PRODUCT_DEPTH),
+                                      BLOCK_T=BLOCK_T, PRECISION="ieee" if x.dtype == torch.float32 else "native")
     return gk
 
 
