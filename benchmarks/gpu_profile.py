@@ -672,6 +672,8 @@ def markdown(result) -> str:
            f"{meta['machine']}; torch {meta['torch']}, CUDA {meta['cuda']}; `{meta['command']}`; {meta['seconds']} s. "
            + ("" if not meta.get("graphs") else "The stack's CUDA graphs compile each layer as one region. "
               if meta.get("stack_regions") else "The stack's CUDA graphs compile every layer's operations (no regions). ")
+           + ("" if not meta.get("graphs") else "They hold the model's edges (embedding, final norm, output layer). "
+              if meta.get("graph_edges", True) else "The model's edges run eagerly around them (no edges). ")
            + f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates (min beside it), "
            "after a warm-up that lasts until fp16's loss scale stops falling; split: mean of 3 updates synchronised at "
            f"each phase. {unit.capitalize()} ms: the device time of the kernels alone (fairseq's record_function spans "
@@ -811,6 +813,11 @@ def main(argv=None):
                    help="compile the stack's CUDA graphs with every layer's operations in the one graph, as before "
                         "each layer became a region compiled once (fairseq_tnn.models.compile.STACK_REGIONS): the "
                         "compile time and update time it costs, measured against a run without this option")
+    p.add_argument("--no-graph-edges", action="store_true",
+                   help="compile the stack's CUDA graphs without the model's edges (its embedding before the stack, "
+                        "its final norm and output layer after it), which then run eagerly around them, as before the "
+                        "graphs held them (fairseq_tnn.models.compile.GRAPH_EDGES): the update time they save, "
+                        "measured against a run without this option")
     p.add_argument("--direct-max-n", type=int, default=0, metavar="N",
                    help="the TNOs' Toeplitz products of up to N positions by direct summation on tensor cores instead "
                         "of FFTs (fairseq_tnn.ops.toeplitz.DIRECT_MAX_N, Triton's kernels; CUDA only), in every "
@@ -846,6 +853,8 @@ def main(argv=None):
         p.error("--graphs: CUDA graphs need --device cuda (fairseq-train refuses --tnn-cuda-graphs without a GPU)")
     if a.no_stack_regions and not graphs:
         p.error("--no-stack-regions: the regions are the stack's CUDA graphs' (--graphs names none here)")
+    if a.no_graph_edges and not graphs:
+        p.error("--no-graph-edges: the edges are the stack's CUDA graphs' (--graphs names none here)")
     groups = tr.QUICK_GROUPS if a.quick else tr.FULL_GROUPS
     if a.shapes and not any(f"{s}/{n}" in a.shapes for s, n, _ in groups):
         p.error(f"--shapes {' '.join(a.shapes)}: none of them is a shape of this run (of "
@@ -861,13 +870,16 @@ def main(argv=None):
     refuse_overwrite(p, a, "gpu_profile.json")
     if a.no_stack_regions:
         compiling.STACK_REGIONS = False  # the stacks built from here on
+    if a.no_graph_edges:
+        compiling.GRAPH_EDGES = False  # the stacks built from here on
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
     t0 = time.time()
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
             "graphs": graphs, "bf16": bf16, "bf16_weights": bf16_weights, "amp": a.amp,
             "host_overflow": a.host_overflow, "shapes": a.shapes or [], "host_profile": a.host_profile,
-            "stack_regions": compiling.STACK_REGIONS, "direct_max_n": a.direct_max_n,
+            "stack_regions": compiling.STACK_REGIONS, "graph_edges": getattr(compiling, "GRAPH_EDGES", False),
+            "direct_max_n": a.direct_max_n,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}

@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int = 0) -> dict:
     """The measurement in this process, with whatever ``fairseq_tnn`` PYTHONPATH gives."""
+    import contextlib
     import copy
     import torch
     torch.set_num_threads(1)
@@ -50,14 +51,20 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
     x0, g0 = torch.randn(1, tokens, width), torch.randn(1, tokens, width)
     regions = mode == "compiled" and getattr(compiling, "STACK_REGIONS", False)
     compiled = torch.compile(compiling._stack_forward) if mode != "eager" else None
+    settings = getattr(compiling, "_graph_settings", contextlib.nullcontext)
 
     def step(stack=layers):
         for p in stack.parameters():
             p.grad = None
         x = x0.clone().requires_grad_()
-        y = compiled(stack, x, None, None, regions) if compiled and stack is layers else compiling.run_layers(stack, x)
+        if compiled and stack is layers:
+            with settings():  # inductor's settings of the stack's graphs, where the tree has them
+                y = compiled(stack, x, None, None, regions)
+        else:
+            y = compiling.run_layers(stack, x)
         # a random gradient (a post-norm stack's sum of squares is a constant), a copy: the compiled backward of
-        # torch 2.11's and 2.13's regions overwrites the gradient it is handed (docs/performance.md)
+        # torch 2.11's and 2.13's regions overwrote the gradient it is handed, before the stack's graphs' settings
+        # (docs/performance.md)
         y.backward(g0.clone())
         return y
 

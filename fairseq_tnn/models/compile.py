@@ -54,6 +54,29 @@ def _compiling():
         yield
 
 
+# Two of inductor's memory reuses made the stack's graphs' gradients wrong (torch 2.13, on the CPU; the outputs were
+# right). Its static memory planning reuses a buffer once its last user is done, and does not see that a region's
+# outputs may alias its inputs (a layer that saves its input for its backward returns it among the tensors the backward
+# takes): with the model's edges, the final norm's output was written over the last layer's saved input, and the
+# causal model's gradients from that layer down were 1% off. And a reused region's backward may write over its inputs
+# in place, as donated buffers by the enclosing graph's numbering, which is not the region's (pytorch/pytorch#192840):
+# the masked stack's RPE gradients were 2-4e-4 off, edges or not. The stack's graphs therefore compile without either
+# (``_graph_settings``): each buffer is freed where its last user is done, which on a GPU gives the memory back to the
+# caching allocator (or, while CUDA graphs record, to their pool), whose next allocation of the size takes it unless a
+# tensor (the saved one) still holds it. So memory is reused as before where it is free, and the replayed graphs pay
+# nothing for the allocations (docs/performance.md).
+GRAPH_INDUCTOR_SETTINGS = {"allow_buffer_reuse": False, "inplace_buffers": False}
+
+
+@contextlib.contextmanager
+def _graph_settings():
+    """Around a call of the stack's graphs (``run_layers``): ``_compiling`` and inductor's ``GRAPH_INDUCTOR_SETTINGS``,
+    patched for the call only (the compilations it makes take them; inductor's caches key on them)."""
+    import torch._inductor.config
+    with _compiling(), torch._inductor.config.patch(GRAPH_INDUCTOR_SETTINGS):
+        yield
+
+
 def length_bucket(n: int) -> int:
     """The length a compiled bidirectional stack pads a batch of length ``n`` to: 8 buckets per octave
     (n rounded up to a multiple of 2^(floor(log2(n - 1)) - 3)), so at most 12.5% padding and about 8
@@ -107,6 +130,15 @@ class CompiledStack:
         # whether the graphs compile each layer as a region (STACK_REGIONS); off once compiling them so failed
         # (run_layers then compiles the stack with every layer's operations in its graph, with a warning)
         self.regions = STACK_REGIONS
+        # whether the graphs compute the model's edges around the stack (its embedding, and what follows the stack)
+        # where the model hands them (GRAPH_EDGES, run_layers' ``edges``); off once compiling them so failed
+        self.edges = GRAPH_EDGES
+
+    def cover(self, edges: nn.Module) -> None:
+        """The graphs compute ``edges`` too: their parameters join the ones whose gradients the graphs' backward
+        creates (``begin_graph_step``); the layers' own, which ``edges`` holds as well, are not listed twice."""
+        listed = {id(p) for p in self.params}
+        self.params += [p for p in edges.parameters() if id(p) not in listed]
 
     def begin_graph_step(self) -> None:
         """Before the stack's graphs run for a new training forward. The graphs' outputs live in memory that the
@@ -251,36 +283,70 @@ def _own_storage(spectrum):
     return type(spectrum)(_own_storage(part) for part in spectrum) if isinstance(spectrum, tuple) else spectrum
 
 
+# The model's edges inside the stack's CUDA graphs: where a model hands ``run_layers`` the part of it around the stack
+# (``edges``: its embedding before, its final norm and output layer after), the graphs compute them too, so that the
+# update's forward is one graph call from the tokens to the logits and its backward one from the logits' gradient to
+# every parameter's. Outside the graphs those few operations cost the host more than their kernels cost the GPU: in the
+# eighth GPU run's traced update (causal TNN, 8 x 512, H200) the embedding, its scale and dropout, the final norm and
+# the output layer took some 0.7 ms of host time forward and, with their autograd nodes, 1.3 ms backward (traced
+# times, which the tracer stretches about 2.3 times), in an update the host bounds (docs/performance.md). The loss
+# stays the criterion's, and a masked model's head with it (it scores the masked positions, a number that changes
+# from batch to batch). Where compiling the edges fails the graphs compile the stack alone again, with one warning.
+GRAPH_EDGES = True
+
+
 def _stack_forward(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor],
-                   kernel_length: Optional[int], regions: bool = False) -> torch.Tensor:
+                   kernel_length: Optional[int], regions: bool = False, edges: Optional[nn.Module] = None):
     """A stack's training forward as one function, for the CUDA graphs' torch.compile: the layers' spectra, computed
     together (``layer_spectra``), and each layer, as one compile region with ``regions`` (``STACK_REGIONS``; dynamo
-    compiles a graph for each value)."""
+    compiles a graph for each value); with ``edges`` (``GRAPH_EDGES``), ``x`` is the tokens, which
+    ``edges.stack_input`` makes the stack's input, and the result ``edges.stack_output`` of the stack's output."""
+    if edges is not None:
+        x = edges.stack_input(x)
     layer_call = _layer_region if regions else _layer_forward
     for layer, spectrum in zip(layers, layer_spectra(layers, x.shape[1], kernel_length, x.device)):
         if regions and REGION_INPUT_COPIES:
             spectrum = _own_storage(spectrum)
         x = layer_call(layer, x, pad_mask, kernel_length, spectrum)
-    return x
+    return x if edges is None else edges.stack_output(x)
 
 
 def run_layers(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.Tensor] = None,
-               kernel_length: Optional[int] = None, inner_states: Optional[list] = None) -> torch.Tensor:
+               kernel_length: Optional[int] = None, inner_states: Optional[list] = None,
+               edges: Optional[nn.Module] = None) -> torch.Tensor:
     """A model's loop over its stack ``layers`` on ``x`` (b, n, d): each layer in turn, handed its spectrum
     (``stack_spectra``), each output appended to ``inner_states`` where it is a list; or, where the stack was compiled
     with CUDA graphs (``CUDA_GRAPHS_MODE``) and trains on a CUDA device, the stack's graphs (no ``inner_states``
-    then: a call that asks for them loops)."""
+    then: a call that asks for them loops). ``edges``: the model's part around the stack, a module with
+    ``stack_input`` (its tokens to the stack's input, which is appended to ``inner_states`` first) and
+    ``stack_output`` (the stack's output to the result); ``x`` is then the tokens, and the result stack_output's,
+    computed inside the stack's graphs where they run (``GRAPH_EDGES``)."""
     forward = vars(layers[0]).get("forward") if len(layers) else None
     stack = forward.stack if isinstance(forward, CompiledForward) else None
     if stack is not None and stack.graphs is not None and inner_states is None and stack.trains_on_cuda(layers[0], x):
+        if edges is not None:
+            stack.cover(edges)
         while True:
+            whole = edges is not None and stack.edges
             try:
-                with _compiling():
+                with _graph_settings():
                     stack.begin_graph_step()
-                    return stack.graphs(layers, x, pad_mask, kernel_length, stack.regions)
+                    if whole:
+                        return stack.graphs(layers, x, pad_mask, kernel_length, stack.regions, edges)
+                    y = stack.graphs(layers, x if edges is None else edges.stack_input(x), pad_mask, kernel_length,
+                                     stack.regions)
+                    return y if edges is None else edges.stack_output(y)
             except Exception as err:
                 if not is_compile_error(err):
                     raise
+                if whole:
+                    stack.edges = False  # and again, the edges outside the graphs
+                    compile_logger.warning(
+                        f"--tnn-cuda-graphs: compiling the graphs of {stack.name} with the model's edges (the "
+                        f"embedding before the stack, what follows it after) failed: {error_summary(err)}. Compiling "
+                        f"them without the edges, which then run eagerly (slower to train)")
+                    logger.debug(f"--tnn-cuda-graphs: the error compiling the edges around {stack.name}", exc_info=err)
+                    continue
                 if not stack.regions:
                     stack.failed(f"{stack.name} (as one CUDA graph)", err)  # under fallback: the loop, eagerly
                     break
@@ -290,11 +356,15 @@ def run_layers(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[torch.
                     f"{error_summary(err)}. Compiling the stack with every layer in its graph instead (slower to "
                     f"compile, as fast to train)")
                 logger.debug(f"--tnn-cuda-graphs: the error compiling the regions of {stack.name}", exc_info=err)
+    if edges is not None:
+        x = edges.stack_input(x)
+        if inner_states is not None:
+            inner_states.append(x)
     for layer, spectrum in zip(layers, stack_spectra(layers, x, kernel_length)):
         x = layer(x, pad_mask, kernel_length, spectrum)
         if inner_states is not None:
             inner_states.append(x)
-    return x
+    return x if edges is None else edges.stack_output(x)
 
 
 def compile_error(layer: nn.Module):

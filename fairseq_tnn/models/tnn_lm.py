@@ -82,35 +82,50 @@ class TnnDecoder(FairseqIncrementalDecoder):
         check_decoding_length(length)
         self.decoding_length = length
 
+    def _kernel_length(self, kernel_length: Optional[int]) -> Optional[int]:
+        """A call's ``kernel_length``: checked, or ``decoding_length`` where None."""
+        if kernel_length is None:
+            return self.decoding_length
+        check_decoding_length(kernel_length)
+        return kernel_length
+
+    def _pad_mask(self, tokens: torch.Tensor) -> Optional[torch.Tensor]:
+        """Padding (e.g. on the left of a short prompt) must never mix into real positions. Training batches are
+        padded on the right only, which a causal model never sees from a real position, so training skips the mask
+        and the host sync of pad_mask.any() (a stall per update on a GPU): None then, and where nothing is padding."""
+        if self.training:
+            return None
+        pad_mask = tokens.eq(self.padding_idx)
+        return pad_mask if pad_mask.any() else None
+
+    def stack_input(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The layers' input for ``tokens`` (b, n): the scaled embeddings, after dropout (b, n, d)."""
+        return self.dropout(self.embed_scale * self.embed_tokens(tokens))
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The decoder's features from the last layer's output ``x``: the final norm, where there is one."""
+        return x if self.final_norm is None else self.final_norm(x)
+
+    def stack_output(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits from the last layer's output ``x``: the final norm, then the output layer."""
+        return self.output_layer(self.features(x))
+
     def extract_features(self, prev_output_tokens: torch.Tensor, return_all_hiddens: bool = False,
                          incremental_state: Optional[Dict[str, Dict[str, Optional[torch.Tensor]]]] = None,
                          kernel_length: Optional[int] = None):
         """``kernel_length``: the planned length of a generation (None: ``decoding_length``, the plan
         ``set_decoding_length`` made, if any), the capacity of a new incremental cache and, for a TNO
         whose kernel depends on the length, the length of the kernel it applies."""
-        if kernel_length is None:
-            kernel_length = self.decoding_length
-        else:
-            check_decoding_length(kernel_length)
+        kernel_length = self._kernel_length(kernel_length)
         if incremental_state is not None:
             x = self._extract_features_cached(prev_output_tokens, incremental_state, kernel_length)
             return x, {"attn": [None], "inner_states": None}
-        # Padding (e.g. on the left of a short prompt) must never mix into real positions. Training
-        # batches are padded on the right only, which a causal model never sees from a real position,
-        # so training skips the mask and the host sync of pad_mask.any() (a stall per update on a GPU).
-        pad_mask = None
-        if not self.training:
-            pad_mask = prev_output_tokens.eq(self.padding_idx)
-            if not pad_mask.any():
-                pad_mask = None
-        x = self.dropout(self.embed_scale * self.embed_tokens(prev_output_tokens))  # (b, n, d)
+        x = self.stack_input(prev_output_tokens)  # (b, n, d)
         inner_states = [x] if return_all_hiddens else None
         # the layers, each handed its spectrum (computed together while training: their RPEs as one batched MLP), or
         # the stack as one CUDA graph (see run_layers)
-        x = run_layers(self.layers, x, pad_mask, kernel_length, inner_states)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return x, {"attn": [None], "inner_states": inner_states}
+        x = run_layers(self.layers, x, self._pad_mask(prev_output_tokens), kernel_length, inner_states)
+        return self.features(x), {"attn": [None], "inner_states": inner_states}
 
     def _extract_features_cached(self, tokens: torch.Tensor, incremental_state,
                                  kernel_length: Optional[int]) -> torch.Tensor:
@@ -138,11 +153,10 @@ class TnnDecoder(FairseqIncrementalDecoder):
             pad_mask = new.eq(self.padding_idx)
             if not pad_mask.any():
                 pad_mask = None
-            x = self.dropout(self.embed_scale * self.embed_tokens(new))  # (b, c, d)
+            x = self.stack_input(new)  # (b, c, d)
             for layer, cache in zip(self.layers, state["layers"]):
                 x = layer.step(x, pad_mask, cache, start)
-            if self.final_norm is not None:
-                x = self.final_norm(x)
+            x = self.features(x)
         state["length"] = total
         self.set_incremental_state(incremental_state, "tnn_cache", state)
         return x
@@ -175,10 +189,14 @@ class TnnDecoder(FairseqIncrementalDecoder):
     def forward(self, prev_output_tokens, src_lengths=None, features_only: bool = False,
                 return_all_hiddens: bool = False, incremental_state=None, kernel_length: Optional[int] = None,
                 **kwargs):
-        x, extra = self.extract_features(prev_output_tokens, return_all_hiddens, incremental_state, kernel_length)
-        if not features_only:
-            x = self.output_layer(x)
-        return x, extra
+        if features_only or return_all_hiddens or incremental_state is not None:
+            x, extra = self.extract_features(prev_output_tokens, return_all_hiddens, incremental_state, kernel_length)
+            return (x if features_only else self.output_layer(x)), extra
+        # the tokens to the logits in one call of the models' loop, which, where the stack's CUDA graphs run (a
+        # training forward on a GPU), computes the embedding and the output layer inside them too (run_layers' edges)
+        x = run_layers(self.layers, prev_output_tokens, self._pad_mask(prev_output_tokens),
+                       self._kernel_length(kernel_length), edges=self)
+        return x, {"attn": [None], "inner_states": None}
 
     def max_positions(self):
         return UNLIMITED_POSITIONS

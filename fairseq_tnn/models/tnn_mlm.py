@@ -103,16 +103,10 @@ class TnnEncoder(TrainerCalls, FairseqEncoder):
         pad_mask = src_tokens.eq(self.padding_idx)
         if not self.training and not pad_mask.any():
             pad_mask = None
-        x = self.embed_scale * self.embed_tokens(src_tokens)  # (b, n, d)
-        if self.layernorm_embedding is not None:
-            x = self.layernorm_embedding(x)
-        x = self.dropout(x)
-        inner_states = [x] if return_all_hiddens else None
-        # the layers, each handed its spectrum (computed together while training: their RPEs as one batched MLP), or
-        # the stack as one CUDA graph (see run_layers)
-        x = run_layers(self.layers, x, pad_mask, None, inner_states)
-        if self.final_norm is not None:
-            x = self.final_norm(x)
+        inner_states = [] if return_all_hiddens else None
+        # the embedding, the layers, each handed its spectrum (computed together while training: their RPEs as one
+        # batched MLP), and the final norm; or, where the stack's CUDA graphs run, all of it in them (run_layers)
+        x = run_layers(self.layers, src_tokens, pad_mask, None, inner_states, edges=self)
         if x.shape[1] > n:  # drop the bucket padding
             x = x[:, :n]
             pad_mask = None if pad_mask is None else pad_mask[:, :n]
@@ -120,6 +114,19 @@ class TnnEncoder(TrainerCalls, FairseqEncoder):
             if pad_mask is not None and not self.training and not pad_mask.any():
                 pad_mask = None
         return x, pad_mask, inner_states
+
+    def stack_input(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The layers' input for ``tokens`` (b, n): the scaled embeddings, their norm where there is one, after
+        dropout (b, n, d)."""
+        x = self.embed_scale * self.embed_tokens(tokens)
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        return self.dropout(x)
+
+    def stack_output(self, x: torch.Tensor) -> torch.Tensor:
+        """The features from the last layer's output ``x``: the final norm, where there is one. (The head scores
+        the masked positions only, a number that changes from batch to batch: outside the stack's CUDA graphs.)"""
+        return x if self.final_norm is None else self.final_norm(x)
 
     def forward(self, src_tokens, src_lengths=None, features_only: bool = False, return_all_hiddens: bool = False,
                 masked_tokens: Optional[torch.Tensor] = None, **kwargs):

@@ -141,6 +141,42 @@ def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
     assert graphs[0].forward.stack.regions == STACK_REGIONS
 
 
+@pytest.mark.parametrize("arch", CAUSAL + MASKED)
+def test_cuda_graphs_with_the_models_edges_equal_eager(arch):
+    """The model, 2 layers, with --tnn-cuda-graphs against the same eager model, training mode, from the tokens: the
+    stack's graphs then hold the model's edges too (``GRAPH_EDGES``: the embedding, and the causal model's final norm
+    and output layer); the logits or masked features, and every parameter's gradient (the embedding's among them:
+    the graphs' output), over updates of one micro-batch and of two, the masked model with padding."""
+    from fairseq_tnn.models import compile as compiling
+    torch.manual_seed(0)
+    eager = build_arch(arch, 1000, dropout=0.0, **small(arch)).cuda()
+    model = copy.deepcopy(eager)
+    causal = arch in CAUSAL
+    part = model.decoder if causal else model.encoder
+    compile_layers(part.layers, "strict", "layers", cuda_graphs=True)
+    stack = part.layers[0].forward.stack
+    for update, micro_batches in enumerate([1, 2, 2, 1]):
+        for p in list(eager.parameters()) + list(model.parameters()):
+            p.grad = None
+        for _ in range(micro_batches):
+            tokens = torch.randint(4, 1000, (2, 512), device="cuda")
+            if not causal:
+                tokens[1, -37:] = part.padding_idx
+            if causal:
+                ye, yg = eager(tokens)[0], model(tokens)[0]
+            else:
+                ye, yg = eager.encoder.extract_features(tokens)[0], part.extract_features(tokens)[0]
+            assert rel(yg, ye) < 1e-5, ("output", update, float(rel(yg, ye)))
+            g = torch.randn_like(ye)
+            g[tokens.eq(1)] = 0
+            ye.backward(g)
+            yg.backward(g)
+        for (name, pe), pg in zip(eager.named_parameters(), model.parameters()):
+            if pe.grad is not None:
+                assert rel(pg.grad, pe.grad) < 1e-4, (name, update, float(rel(pg.grad, pe.grad)))
+    assert stack.edges == compiling.GRAPH_EDGES and stack.regions == STACK_REGIONS and stack.error is None
+
+
 @pytest.mark.skipif(not STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
 def test_dropout_in_the_stacks_regions_draws_a_new_mask_per_layer_and_update():
     """The stack's CUDA graphs compile each layer as one region, stamped out for each layer (``STACK_REGIONS``): in the

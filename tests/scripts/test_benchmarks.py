@@ -692,6 +692,16 @@ def test_gpu_profile_refuses_no_stack_regions_without_graphs(tmp_path):
     assert not (tmp_path / "p").exists()
 
 
+def test_gpu_profile_refuses_no_graph_edges_without_graphs(tmp_path):
+    """--no-graph-edges (the stack's CUDA graphs without the model's edges, for a side-by-side run) applies to --graphs
+    rows only: without any, the profile refuses it before any work, naming the option."""
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--no-graph-edges",
+           "--out", str(tmp_path / "p")]
+    code, log, _ = execute(cmd, command_env(), 120, merge=True)
+    assert code == 2 and "--no-graph-edges: the edges are the stack's CUDA graphs'" in log, log[-2000:]
+    assert not (tmp_path / "p").exists()
+
+
 def test_gpu_profile_refuses_the_direct_product_off_a_gpu(tmp_path):
     """--direct-max-n (the direct Toeplitz product in every configuration, for a side-by-side run) runs Triton's
     kernels on a GPU: on the CPU, or below 0, the profile refuses it before any work, naming the option."""
