@@ -54,17 +54,17 @@ def _compiling():
         yield
 
 
-# Two of inductor's memory reuses made the stack's graphs' gradients wrong (torch 2.13, on the CPU; the outputs were
-# right). Its static memory planning reuses a buffer once its last user is done, and does not see that a region's
-# outputs may alias its inputs (a layer that saves its input for its backward returns it among the tensors the backward
-# takes): with the model's edges, the final norm's output was written over the last layer's saved input, and the
-# causal model's gradients from that layer down were 1% off. And a reused region's backward may write over its inputs
-# in place, as donated buffers by the enclosing graph's numbering, which is not the region's (pytorch/pytorch#192840):
-# the masked stack's RPE gradients were 2-4e-4 off, edges or not. The stack's graphs therefore compile without either
-# (``_graph_settings``): each buffer is freed where its last user is done, which on a GPU gives the memory back to the
-# caching allocator (or, while CUDA graphs record, to their pool), whose next allocation of the size takes it unless a
-# tensor (the saved one) still holds it. So memory is reused as before where it is free, and the replayed graphs pay
-# nothing for the allocations (docs/performance.md).
+# Two of inductor's memory reuses made the stack's graphs' gradients wrong (torch 2.13 and 2.11, on the CPU; the
+# outputs were right). Its static memory planning reuses a buffer once its last user is done, and does not see that a
+# region's outputs may alias its inputs (a layer that saves its input for its backward returns it among the tensors
+# the backward takes): with the model's edges, the final norm's output was written over the last layer's saved input,
+# and the causal model's gradients from that layer down were 1% off. And a reused region's backward may write over its
+# inputs in place, as donated buffers by the enclosing graph's numbering, which is not the region's
+# (pytorch/pytorch#192840): the masked stack's RPE gradients were 2-4e-4 off, edges or not. The stack's graphs
+# therefore compile without either (``_graph_settings``): each buffer is freed where its last user is done, which on a
+# GPU gives the memory back to the caching allocator (or, while CUDA graphs record, to their pool), whose next
+# allocation of the size takes it unless a tensor (the saved one) still holds it. So memory is reused as before where
+# it is free, and the replayed graphs pay nothing for the allocations (docs/performance.md).
 GRAPH_INDUCTOR_SETTINGS = {"allow_buffer_reuse": False, "inplace_buffers": False}
 
 

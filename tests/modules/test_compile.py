@@ -481,8 +481,8 @@ def test_cuda_graphs_train_the_whole_stack_as_one_compiled_function(arch, monkey
     """--tnn-cuda-graphs (``CUDA_GRAPHS_MODE``): while the model trains on a CUDA device (here the
     CPU stands in for one, where torch.compile records no graph), its loop (``run_layers``) calls one compiled function
     for the whole stack, spectra included, and the model's edges around it (its embedding, and the causal model's
-    final norm and output layer: ``GRAPH_EDGES``), once per forward, each call beginning a graph step, and no layer's own
-    compiled forward; output and every parameter's gradient are the eager model's, over updates of one micro-batch and
+    final norm and output layer: ``GRAPH_EDGES``), once per forward, each call beginning a graph step, and no layer's
+    own compiled forward; output and every parameter's gradient are the eager model's, over updates of one micro-batch and
     of two (gradients accumulated), the masked model with padding. Evaluation, and a loop that asks for every layer's
     output, call the layers one by one. SKI's band is computed as on a GPU (``BAND_METHOD``), where the stack's graphs
     run: its CPU GEMM's autograd.Function keeps torch 2.11 from compiling the stack's layers as regions."""
