@@ -536,10 +536,11 @@ def test_cuda_graphs_train_the_whole_stack_as_one_compiled_function(arch, monkey
     assert all(is_compiled(layer) for layer in layers)
 
 
-def region_calls(arch, layers=3, pad=False):
+def region_calls(arch, layers=3, pad=False, edges=False):
     """The regions (``torch.compiler.nested_compile_region``'s ``invoke_subgraph`` calls) in the graph dynamo traces
     for the stack's training forward (``_stack_forward``) of ``arch`` at width 64 with ``layers`` layers, and the
-    distinct subgraphs they call; the graph runs through AOT autograd without a compiler (``aot_eager``)."""
+    distinct subgraphs they call; the graph runs through AOT autograd without a compiler (``aot_eager``). With
+    ``edges``, from the tokens, the model's edges in the graph (``GRAPH_EDGES``)."""
     side = "encoder" if "mlm" in arch else "decoder"
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -554,8 +555,11 @@ def region_calls(arch, layers=3, pad=False):
     x = torch.randn(2, 16, 64, requires_grad=True)
     pad_mask = torch.zeros(2, 16, dtype=torch.bool)
     pad_mask[1, -3:] = True
+    part = getattr(model, side)
+    if edges:
+        x = torch.randint(4, 50, (2, 16))
     y = torch.compile(compiling._stack_forward, backend=backend)(
-        layers_of(model), x, pad_mask if pad else None, None, True)
+        part.layers, x, pad_mask if pad else None, None, True, *([part] if edges else []))
     y.sum().backward()
     return calls
 
@@ -565,16 +569,17 @@ def region_calls(arch, layers=3, pad=False):
 def test_the_stacks_graphs_compile_identical_layers_as_one_region(kind, monkeypatch):
     """--tnn-cuda-graphs compiles the stack's forward as one function (``_stack_forward``), each layer in it a region
     compiled once and stamped out for each identical layer (``STACK_REGIONS``), so that the compile time does not grow
-    with the depth: three layers make three calls of one subgraph, for every kind of TNO and with padding, under each
-    torch that has regions (2.11 compares the regions' graphs: ``REGION_INPUT_COPIES``). SKI's band is computed as on
+    with the depth: three layers make three calls of one subgraph, for every kind of TNO, with padding and with the
+    model's edges in the graph (``GRAPH_EDGES``), under each torch that has regions (2.11 compares the regions' graphs: ``REGION_INPUT_COPIES``). SKI's band is computed as on
     a GPU, the only device the stack's graphs run on (``BAND_METHOD``; on the CPU its banded GEMM is an
     autograd.Function, whose graphs torch 2.11 cannot compare)."""
     from fairseq_tnn.ops import ski
     monkeypatch.setitem(ski.BAND_METHOD, "cpu", ski.BAND_METHOD["cuda"])
     arch = KINDS[kind]
     for pad in [False] + ([True] if "mlm" in arch else []):
-        calls = region_calls(arch, pad=pad)
-        assert len(calls) == 3 and len(set(calls)) == 1, (pad, calls)
+        for edges in [False, True]:
+            calls = region_calls(arch, pad=pad, edges=edges)
+            assert len(calls) == 3 and len(set(calls)) == 1, (pad, edges, calls)
 
 
 @pytest.mark.skipif(not compiling.STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
