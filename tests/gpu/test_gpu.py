@@ -28,7 +28,9 @@ MASKED = wt103_presets("tnn_mlm")
 
 
 def small(arch):
-    return {"decoder_layers": 2} if arch in CAUSAL else {"encoder_layers": 2}
+    # three layers: a region of the stack's graphs reused twice (with two, inductor's faulty reuse of a region's
+    # inputs passed the tests by the chance of the layout on the CPU; docs/performance.md)
+    return {"decoder_layers": 3} if arch in CAUSAL else {"encoder_layers": 3}
 
 
 @pytest.mark.runs_doc(r'^(FAIRSEQ_BIN=\S+ )?python3? -m pytest tests/gpu/test_gpu\.py')
@@ -78,7 +80,7 @@ def test_compiled_equals_eager_on_gpu(arch):
 
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)
 def test_compiled_model_equals_eager_on_gpu(arch):
-    """A 2-layer model with compiled layers against the same eager model, training mode, through the model's own
+    """A 3-layer model with compiled layers against the same eager model, training mode, through the model's own
     loop: on a GPU the compiled layers take their spectra from the model (``stack_spectra``: the RPEs of the stack as
     one batched MLP, outside the graphs), which the per-layer test above does not exercise. Output and every
     parameter's gradient."""
@@ -103,7 +105,7 @@ def test_compiled_model_equals_eager_on_gpu(arch):
 
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)
 def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
-    """A 2-layer stack compiled with --tnn-cuda-graphs against the same eager stack, training mode, through the
+    """A 3-layer stack compiled with --tnn-cuda-graphs against the same eager stack, training mode, through the
     models' loop (``run_layers``): outputs, input gradients and parameter gradients, over updates of one micro-batch
     and of two (gradients accumulated, as --update-freq 2 does, where the first micro-batch's gradients must survive
     the second's graph replays); the whole stack's forward one graph, its backward another, each layer a region of it
@@ -143,7 +145,7 @@ def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
 
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)
 def test_cuda_graphs_with_the_models_edges_equal_eager(arch):
-    """The model, 2 layers, with --tnn-cuda-graphs against the same eager model, training mode, from the tokens: the
+    """The model, 3 layers, with --tnn-cuda-graphs against the same eager model, training mode, from the tokens: the
     stack's graphs then hold the model's edges too (``GRAPH_EDGES``: the embedding, and the causal model's final norm
     and output layer); the logits or masked features, and every parameter's gradient (the embedding's among them:
     the graphs' output), over updates of one micro-batch and of two, the masked model with padding."""
