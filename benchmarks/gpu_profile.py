@@ -673,7 +673,7 @@ def markdown(result) -> str:
            + ("" if not meta.get("graphs") else "The stack's CUDA graphs compile each layer as one region. "
               if meta.get("stack_regions") else "The stack's CUDA graphs compile every layer's operations (no regions). ")
            + ("" if not meta.get("graphs") else "They hold the model's edges (embedding, final norm, output layer). "
-              if meta.get("graph_edges", True) else "The model's edges run eagerly around them (no edges). ")
+              if meta.get("graph_edges") else "The model's edges run eagerly around them (no edges). ")
            + f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates (min beside it), "
            "after a warm-up that lasts until fp16's loss scale stops falling; split: mean of 3 updates synchronised at "
            f"each phase. {unit.capitalize()} ms: the device time of the kernels alone (fairseq's record_function spans "
@@ -878,7 +878,7 @@ def main(argv=None):
     meta = {"device": a.device, "precision": precision, "quick": a.quick, "timed": timed, "compiled": compiled,
             "graphs": graphs, "bf16": bf16, "bf16_weights": bf16_weights, "amp": a.amp,
             "host_overflow": a.host_overflow, "shapes": a.shapes or [], "host_profile": a.host_profile,
-            "stack_regions": compiling.STACK_REGIONS, "graph_edges": getattr(compiling, "GRAPH_EDGES", False),
+            "stack_regions": compiling.STACK_REGIONS, "graph_edges": compiling.GRAPH_EDGES,
             "direct_max_n": a.direct_max_n,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),

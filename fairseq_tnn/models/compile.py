@@ -133,12 +133,17 @@ class CompiledStack:
         # whether the graphs compute the model's edges around the stack (its embedding, and what follows the stack)
         # where the model hands them (GRAPH_EDGES, run_layers' ``edges``); off once compiling them so failed
         self.edges = GRAPH_EDGES
+        self.covered = None  # the model part whose parameters ``cover`` added to ``params``
 
     def cover(self, edges: nn.Module) -> None:
         """The graphs compute ``edges`` too: their parameters join the ones whose gradients the graphs' backward
-        creates (``begin_graph_step``); the layers' own, which ``edges`` holds as well, are not listed twice."""
+        creates (``begin_graph_step``); the layers' own, which ``edges`` holds as well, are not listed twice. Once per
+        model part: ``run_layers`` asks at every training forward."""
+        if self.covered is edges:
+            return
         listed = {id(p) for p in self.params}
         self.params += [p for p in edges.parameters() if id(p) not in listed]
+        self.covered = edges
 
     def begin_graph_step(self) -> None:
         """Before the stack's graphs run for a new training forward. The graphs' outputs live in memory that the

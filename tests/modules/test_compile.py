@@ -482,8 +482,8 @@ def test_cuda_graphs_train_the_whole_stack_as_one_compiled_function(arch, monkey
     CPU stands in for one, where torch.compile records no graph), its loop (``run_layers``) calls one compiled function
     for the whole stack, spectra included, and the model's edges around it (its embedding, and the causal model's
     final norm and output layer: ``GRAPH_EDGES``), once per forward, each call beginning a graph step, and no layer's
-    own compiled forward; output and every parameter's gradient are the eager model's, over updates of one micro-batch and
-    of two (gradients accumulated), the masked model with padding. Evaluation, and a loop that asks for every layer's
+    own compiled forward; output and every parameter's gradient are the eager model's, over updates of one micro-batch
+    and of two (gradients accumulated), the masked model with padding. Evaluation, and a loop that asks for every layer's
     output, call the layers one by one. SKI's band is computed as on a GPU (``BAND_METHOD``), where the stack's graphs
     run: its CPU GEMM's autograd.Function keeps torch 2.11 from compiling the stack's layers as regions."""
     from fairseq_tnn.ops import ski
@@ -570,9 +570,9 @@ def test_the_stacks_graphs_compile_identical_layers_as_one_region(kind, monkeypa
     """--tnn-cuda-graphs compiles the stack's forward as one function (``_stack_forward``), each layer in it a region
     compiled once and stamped out for each identical layer (``STACK_REGIONS``), so that the compile time does not grow
     with the depth: three layers make three calls of one subgraph, for every kind of TNO, with padding and with the
-    model's edges in the graph (``GRAPH_EDGES``), under each torch that has regions (2.11 compares the regions' graphs: ``REGION_INPUT_COPIES``). SKI's band is computed as on
-    a GPU, the only device the stack's graphs run on (``BAND_METHOD``; on the CPU its banded GEMM is an
-    autograd.Function, whose graphs torch 2.11 cannot compare)."""
+    model's edges in the graph (``GRAPH_EDGES``), under each torch that has regions (2.11 compares the regions'
+    graphs: ``REGION_INPUT_COPIES``). SKI's band is computed as on a GPU, the only device the stack's graphs run on
+    (``BAND_METHOD``; on the CPU its banded GEMM is an autograd.Function, whose graphs torch 2.11 cannot compare)."""
     from fairseq_tnn.ops import ski
     monkeypatch.setitem(ski.BAND_METHOD, "cpu", ski.BAND_METHOD["cuda"])
     arch = KINDS[kind]
