@@ -7,13 +7,19 @@ alternated round by round.
     mkdir -p /tmp/old && git archive bd203d5 fairseq_tnn | tar -x -C /tmp/old
     python benchmarks/stack_step.py --trees /tmp/old . --rounds 3      # before and after, alternated
     python benchmarks/stack_step.py --modes compiled one-graph --arch fd_tnn_lm_wt103   # the regions' compile time
+    python benchmarks/stack_step.py --arch fd_tnn_mlm_wt103 --modes compiled dynamic --pad 3 --lengths 48 40 --steps 10
+                                                                        # new lengths: static shapes, dynamo's default
 
 A tree is a folder holding a ``fairseq_tnn`` package (``.``: this checkout), imported by PYTHONPATH (put first on the
 PYTHONPATH the children inherit, so another torch can follow it there). The step is the stack's ``run_layers``
 eagerly, or ``torch.compile(_stack_forward)`` as ``--tnn-cuda-graphs`` compiles the stack (inductor; on the CPU without
-CUDA graphs): ``compiled`` with each layer a region where the torch has them (``STACK_REGIONS``), ``one-graph`` with
-every layer's operations in the stack's graph. The input and the output's gradient are random, 1 x ``--tokens`` x
-``--width``, the parameters' gradients set to None before each step as fairseq's optimizers leave them. It prints,
+CUDA graphs): ``compiled`` with each layer a region where the torch has them (``STACK_REGIONS``) and the graphs' static
+shapes where the tree has them (``GRAPH_SHAPES``), ``one-graph`` with every layer's operations in the stack's graph,
+``dynamic`` as ``compiled`` with dynamo's default shapes (a frame's second shape compiled with symbolic sizes). The
+input and the output's gradient are random, 1 x ``--tokens`` x ``--width`` (a masked preset's last ``--pad`` positions
+padded), the parameters' gradients set to None before each step as fairseq's optimizers leave them. ``--lengths``:
+after the timed steps, one step at each further length in turn, as a masked model's length buckets come, its seconds
+(the compile of that length's graph) or the error that stopped it. It prints,
 per tree, mode and round, the parameter tensors of the stack, the first step's seconds (compiled: the compile, with
 inductor's caches off, ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``), the largest relative difference of the output and
 of any gradient from the eager stack's, and the median and least of ``--steps`` steps after a warm-up (ms); then the
@@ -30,7 +36,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int = 0) -> dict:
+def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int = 0, pad: int = 0,
+        lengths=()) -> dict:
     """The measurement in this process, with whatever ``fairseq_tnn`` PYTHONPATH gives."""
     import contextlib
     import copy
@@ -48,9 +55,19 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
     layers = getattr(model, side).layers
     eager = copy.deepcopy(layers)
     params = list(layers.parameters())
-    x0, g0 = torch.randn(1, tokens, width), torch.randn(1, tokens, width)
-    regions = mode == "compiled" and getattr(compiling, "STACK_REGIONS", False)
-    compiled = torch.compile(compiling._stack_forward) if mode != "eager" else None
+    pad = pad if not causal else 0
+
+    def inputs(n):
+        pad_mask = None
+        if pad:
+            pad_mask = torch.zeros(1, n, dtype=torch.bool)
+            pad_mask[:, n - pad:] = True
+        return torch.randn(1, n, width), torch.randn(1, n, width), pad_mask
+
+    x0, g0, pad_mask = inputs(tokens)
+    regions = mode in ("compiled", "dynamic") and getattr(compiling, "STACK_REGIONS", False)
+    shapes = getattr(compiling, "GRAPH_SHAPES", {}) if mode != "dynamic" else {}
+    compiled = torch.compile(compiling._stack_forward, **shapes) if mode != "eager" else None
     settings = getattr(compiling, "_graph_settings", contextlib.nullcontext)
 
     def step(stack=layers):
@@ -59,9 +76,9 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
         x = x0.clone().requires_grad_()
         if compiled and stack is layers:
             with settings():  # inductor's settings of the stack's graphs, where the tree has them
-                y = compiled(stack, x, None, None, regions)
+                y = compiled(stack, x, pad_mask, None, regions)
         else:
-            y = compiling.run_layers(stack, x)
+            y = compiling.run_layers(stack, x, pad_mask)
         # a random gradient (a post-norm stack's sum of squares is a constant), a copy: the compiled backward of
         # torch 2.11's and 2.13's regions overwrote the gradient it is handed, before the stack's graphs' settings
         # (docs/performance.md)
@@ -82,23 +99,37 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
         start = time.perf_counter()
         step()
         times.append((time.perf_counter() - start) * 1e3)
+    later = []
+    for n in lengths:
+        x0, g0, pad_mask = inputs(n)
+        start = time.perf_counter()
+        try:
+            step()
+            later.append({"tokens": n, "first_s": time.perf_counter() - start})
+        except Exception as err:  # dynamo's failure to compile a length is the finding, reported
+            later.append({"tokens": n, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
     return {"tensors": len(params), "layers": len(layers), "first_s": first, "regions": bool(regions),
             "torch": torch.__version__, **{f"{k}_rel_diff": v for k, v in diffs.items()},
-            "median_ms": statistics.median(times), "least_ms": min(times)}
+            "median_ms": statistics.median(times), "least_ms": min(times), "later": later}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trees", nargs="+", default=["."], help="folders holding a fairseq_tnn package (default: .)")
     p.add_argument("--arch", default="tnn_lm_wt103", help="a wt103 preset (default tnn_lm_wt103)")
-    p.add_argument("--modes", nargs="+", choices=["eager", "compiled", "one-graph"], default=["eager", "compiled"],
+    p.add_argument("--modes", nargs="+", choices=["eager", "compiled", "one-graph", "dynamic"],
+                   default=["eager", "compiled"],
                    help="eager; compiled: the stack's graph with each layer a region where the torch has them; "
-                        "one-graph: every layer's operations in the stack's graph (default: eager compiled)")
+                        "one-graph: every layer's operations in the stack's graph; dynamic: as compiled, with "
+                        "dynamo's default shapes (default: eager compiled)")
     p.add_argument("--layers", type=int, default=0, help="layers of the stack (default 0: the preset's)")
     p.add_argument("--width", type=int, default=64)
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--pad", type=int, default=0, help="a masked preset's last PAD positions padded (default 0)")
+    p.add_argument("--lengths", type=int, nargs="*", default=[],
+                   help="after the timed steps, one step at each of these lengths in turn (default: none)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: measure in this process
     a = p.parse_args(argv)
     for name in ("width", "tokens", "steps", "rounds"):
@@ -106,8 +137,14 @@ def main(argv=None) -> int:
             p.error(f"--{name}={getattr(a, name)} is invalid: must be an integer >= 1")
     if a.layers < 0:
         p.error(f"--layers={a.layers} is invalid: must be an integer >= 1, or 0 for the preset's")
+    for n in [a.tokens] + a.lengths:
+        if not 0 <= a.pad < n:
+            p.error(f"--pad={a.pad} is invalid: must be an integer >= 0 and below each length (--tokens, --lengths: "
+                    f"{n})")
+    if any(n < 1 for n in a.lengths):
+        p.error(f"--lengths={a.lengths} is invalid: each must be an integer >= 1")
     if a.one:
-        print(json.dumps(one(a.arch, a.modes[0], a.width, a.tokens, a.steps, a.layers)))
+        print(json.dumps(one(a.arch, a.modes[0], a.width, a.tokens, a.steps, a.layers, a.pad, a.lengths)))
         return 0
     trees = [os.path.abspath(t) for t in a.trees]
     for tree in trees:
@@ -121,7 +158,8 @@ def main(argv=None) -> int:
                            OMP_NUM_THREADS="1", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1")
                 out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "stack_step.py"), "--one",
                                       "--arch", a.arch, "--modes", mode, "--width", str(a.width), "--tokens",
-                                      str(a.tokens), "--steps", str(a.steps), "--layers", str(a.layers)],
+                                      str(a.tokens), "--steps", str(a.steps), "--layers", str(a.layers), "--pad",
+                                      str(a.pad), "--lengths", *map(str, a.lengths)],
                                      env=env, capture_output=True, text=True, cwd=tree)
                 if out.returncode != 0:
                     print(out.stdout[-2000:], out.stderr[-3000:], file=sys.stderr)
@@ -132,6 +170,10 @@ def main(argv=None) -> int:
                       f"{res['first_s']:.1f} s, rel. diff output {res['output_rel_diff']:.1e} gradient "
                       f"{res['gradient_rel_diff']:.1e}, median {res['median_ms']:.2f} ms, least {res['least_ms']:.2f} ms "
                       f"(torch {res['torch']}{', regions' if res['regions'] else ''})", flush=True)
+                for later in res.get("later", []):
+                    print(f"round {r} {tree} {mode}: then length {later['tokens']}: " + (
+                        f"first step {later['first_s']:.1f} s" if "first_s" in later else f"failed: {later['error']}"),
+                        flush=True)
     print(f"\n| tree | mode | tensors | first step (compile), s: median | largest rel. diff from eager | "
           f"step: median over {a.rounds} round(s), ms | least, ms |\n|---|---|---:|---:|---:|---:|---:|")
     for (tree, mode), rs in results.items():

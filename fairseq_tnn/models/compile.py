@@ -254,6 +254,14 @@ def stack_spectra(layers: nn.ModuleList, x: torch.Tensor, kernel_length: Optiona
 # 37.5 eager; the stack's graphs of aten's own kernels unfused (torch.compile's "cudagraphs" backend) failed to
 # compile there. Both alternatives were removed.
 CUDA_GRAPHS_MODE = {"mode": "reduce-overhead"}
+# Each shape the stack's graphs meet (a masked model's length buckets, a smaller last batch) compiles a graph of its
+# own, with static shapes (torch.compile's ``dynamic=False``), as the CUDA graphs record one graph per shape anyway. By
+# default dynamo compiles the second shape of a frame with symbolic sizes ("automatic dynamic"), and torch 2.13's
+# dynamo then fails to stamp out a reused region (``KeyError`` in ``stamp_out_subgraph``, the region's sizes not bound
+# in the enclosing graph): a masked model's second length bucket sent its stack's graphs to the fallbacks, without
+# the model's edges and then without the regions, for the rest of the run (on the CPU, 2026-11-29;
+# docs/performance.md).
+GRAPH_SHAPES = {"dynamic": False}
 
 
 def _layer_forward(layer: nn.Module, x: torch.Tensor, pad_mask: Optional[torch.Tensor], kernel_length: Optional[int],
@@ -411,7 +419,8 @@ def compile_layers(layers: nn.ModuleList, mode: str = "strict", name: str = "lay
     while the stack trains on a CUDA device its whole forward runs as one CUDA graph and its backward as another
     (``CUDA_GRAPHS_MODE``, ``run_layers``; ``CompiledStack.begin_graph_step``: the gradients they leave)."""
     require(mode in COMPILE_MODES, "tnn_compile", mode, f"must be one of {list(COMPILE_MODES)}")
-    stack_graphs = torch.compile(_stack_forward, **CUDA_GRAPHS_MODE, **_compile_options()) if cuda_graphs else None
+    stack_graphs = torch.compile(_stack_forward, **CUDA_GRAPHS_MODE, **GRAPH_SHAPES,
+                                 **_compile_options()) if cuda_graphs else None
     stack = CompiledStack(mode, name, len(layers), layers.parameters() if cuda_graphs else (), stack_graphs)
     compiled = {}  # one torch.compile per layer class, shared by the stack's layers of that class
     for i, layer in enumerate(layers):

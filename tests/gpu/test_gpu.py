@@ -148,7 +148,8 @@ def test_cuda_graphs_with_the_models_edges_equal_eager(arch):
     """The model, 3 layers, with --tnn-cuda-graphs against the same eager model, training mode, from the tokens: the
     stack's graphs then hold the model's edges too (``GRAPH_EDGES``: the embedding, and the causal model's final norm
     and output layer); the logits or masked features, and every parameter's gradient (the embedding's among them:
-    the graphs' output), over updates of one micro-batch and of two, the masked model with padding."""
+    the graphs' output), over updates of one micro-batch and of two, the masked model with padding and at a second
+    length (a length bucket: its own graphs, again with the regions and the edges, ``GRAPH_SHAPES``)."""
     from fairseq_tnn.models import compile as compiling
     torch.manual_seed(0)
     eager = build_arch(arch, 1000, dropout=0.0, **small(arch)).cuda()
@@ -157,11 +158,11 @@ def test_cuda_graphs_with_the_models_edges_equal_eager(arch):
     part = model.decoder if causal else model.encoder
     compile_layers(part.layers, "strict", "layers", cuda_graphs=True)
     stack = part.layers[0].forward.stack
-    for update, micro_batches in enumerate([1, 2, 2, 1]):
+    for update, (micro_batches, n) in enumerate([(1, 512), (2, 512), (2, 512 if causal else 384), (1, 512)]):
         for p in list(eager.parameters()) + list(model.parameters()):
             p.grad = None
         for _ in range(micro_batches):
-            tokens = torch.randint(4, 1000, (2, 512), device="cuda")
+            tokens = torch.randint(4, 1000, (2, n), device="cuda")
             if not causal:
                 tokens[1, -37:] = part.padding_idx
             if causal:

@@ -873,6 +873,23 @@ def test_stack_step_compiles_the_stack_with_and_without_regions(tmp_path):
     assert ("regions)" in out) == STACK_REGIONS and out.count("regions)") <= 1, out
 
 
+@pytest.mark.slow
+def test_stack_step_compiles_each_new_length_of_a_padded_masked_stack(tmp_path):
+    """benchmarks/stack_step.py --pad --lengths: after the timed steps at the first length, a masked stack (its last
+    positions padded) at each further length in turn: the stack's graphs as they compile (``GRAPH_SHAPES``) compile
+    each length; ``dynamic`` (dynamo's default shapes) reports what happened, a time or dynamo's error (torch 2.13
+    fails to stamp out the regions there: docs/performance.md). A pad as long as a length is refused."""
+    code, out, err = execute([sys.executable, ROOT / "benchmarks/stack_step.py", "--arch", "tnn_mlm_wt103", "--modes",
+                              "compiled", "dynamic", "--layers", 2, "--steps", 2, "--width", 16, "--tokens", 16,
+                              "--pad", 3, "--lengths", 24, 32], command_env(), 600)
+    assert code == 0, err[-3000:]
+    assert re.findall(r"compiled: then length (\d+): first step [0-9.]+ s", out) == ["24", "32"], out
+    assert re.findall(r"dynamic: then length (\d+): (?:first step [0-9.]+ s|failed: \w+)", out) == ["24", "32"], out
+    code, _, err = execute([sys.executable, ROOT / "benchmarks/stack_step.py", "--tokens", 16, "--pad", 3,
+                            "--lengths", 3], command_env(), 60)
+    assert code == 2 and "--pad=3 is invalid: must be an integer >= 0 and below each length" in err, err
+
+
 def test_fft_bytes_counts_the_products_bytes_three_ways(tmp_path):
     """benchmarks/fft_bytes.py --quick: the bytes the FFT product moves per element of x, the reference, real FFTs and
     paired rows side by side, forward and with backward; the paired forward moves fewer where it pairs (from
