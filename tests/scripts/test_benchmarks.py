@@ -932,3 +932,44 @@ def test_toeplitz_direct_times_both_products_side_by_side(tmp_path):
     with pytest.raises(SystemExit):
         toeplitz_direct.main(["--quick", "--device", "cpu", "--rows-per-program", "48", "--out", str(tmp_path / "b")])
     assert not (tmp_path / "b").exists()
+
+
+def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
+    """benchmarks/gpu_run.sh, the next GPU run's calls, with a python3 that records its command lines instead of
+    running them (the calls need a CUDA GPU): each call runs its commands from the repository root (the profiles with
+    an inductor cache of their own and the tree's PYTHONPATH; the versions from each carried tree, one missing
+    skipped), its results and log come back as one archive per call beside status.txt (at most 8 files come back from
+    the device), and its exit status is the calls'; an unknown call is refused before anything runs."""
+    import tarfile
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python3").write_text(
+        '#!/bin/bash\nargs="$*"\necho "$PWD|$PYTHONPATH|${TORCHINDUCTOR_CACHE_DIR:+cache}|$args" >> "$OUT/calls.txt"\n'
+        'out=; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
+        '[ -n "$out" ] && mkdir -p "$out" && echo "| a result |" > "$out/gpu_profile.md"\n'
+        '[[ -n "$FAIL" && "$args" == *"$FAIL"* ]] && exit 3\nexit 0\n')
+    (stub / "python3").chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = command_env(OUT=str(out), PATH=f"{stub}:/usr/bin:/bin")
+    code, stdout, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "update", "versions"], env, 60)
+    assert code == 0, err
+    calls = [line.split("|") for line in (out / "calls.txt").read_text().splitlines() if "gpu_profile" in line]
+    update, *versions = calls
+    assert update[0] == str(ROOT) and update[1].endswith(str(ROOT)) and update[2] == "cache", update
+    assert "--graphs causal/512/tnn6 causal/512/fd3 causal/512/bound_identity" in update[3], update
+    assert all(v[2] == "" and "--host-profile causal/512/tnn6" in v[3] for v in versions), versions
+    carried = sorted({v[0] for v in versions} - {str(ROOT)})
+    assert [v[0] for v in versions].count(str(ROOT)) == 2 and all(
+        c.startswith(str(ROOT / ".gpurun" / "at-")) for c in carried), versions
+    assert sorted(p.name for p in out.iterdir()) == ["calls.txt", "machine.txt", "status.txt", "update.tgz",
+                                                     "versions.tgz"]
+    assert (out / "status.txt").read_text() == "update: exit 0\nversions: exit 0\n"
+    with tarfile.open(out / "update.tgz") as tar:
+        assert sorted(tar.getnames()) == ["update", "update/gpu_profile.md", "update/update.log"]
+    assert "| a result |" in stdout
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "direct"], {**env, "FAIL": "toeplitz_direct"}, 60)
+    assert code == 3 and "direct: exit 3" in (out / "status.txt").read_text(), err
+    calls = (out / "calls.txt").read_text()
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "update", "bogus"], env, 60)
+    assert code == 2 and "unknown call: bogus" in err and (out / "calls.txt").read_text() == calls, err

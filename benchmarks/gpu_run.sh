@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The next GPU run's calls (docs/performance.md, "The next GPU run, prepared"), one per device call:
+#
+#   bash benchmarks/gpu_run.sh CALL...      CALL: tests, direct, update, no-edges, one-graph, direct-update, versions
+#
+# on the GPU machine, from the repository root, with $OUT its output folder; each call's log and results come back as
+# $OUT/CALL.tgz (at most 8 files come back), beside machine.txt and status.txt, and the markdown of its results is
+# printed. Where the machine has no network (docs/references.md, "GPU machine without network"), carry .whl (made
+# beforehand on a machine with network, as references.md says): the wheels are installed into /tmp/site first, once
+# per machine. The older trees the versions call compares are carried as .gpurun/at-REV (made by `git archive`, as
+# performance.md says). Nothing here runs without a CUDA GPU; the calls are sized to fit the device's 10-minute limit
+# per command, two or three at a time: `tests direct` (about 5 minutes), `update no-edges` (about 5), then what is
+# left.
+set -u
+: "${OUT:?the output folder of the device machine}"
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+export PYTHONUNBUFFERED=1 PYTHON=python3
+
+[ $# -gt 0 ] || { echo "usage: bash benchmarks/gpu_run.sh CALL..." >&2; exit 2; }
+for call in "$@"; do
+    case $call in
+    tests | direct | update | no-edges | one-graph | direct-update | versions) ;;
+    *) echo "unknown call: $call (tests, direct, update, no-edges, one-graph, direct-update or versions)" >&2; exit 2 ;;
+    esac
+done
+
+if [ -d .whl ] && ! [ -d /tmp/site/fairseq ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl || exit
+fi
+if [ -d /tmp/site ]; then
+    export FAIRSEQ_BIN=/tmp/site/bin
+    SITE=/tmp/site:
+else
+    SITE=
+fi
+export PYTHONPATH="$SITE$ROOT"
+
+machine() {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'triton', triton.__version__)"
+}
+
+# A profile of causal TNN's graphed update (and, where given, other configurations and options), inductor's cache
+# empty, so that the compile time is a cold one.
+profile() {
+    local out=$1 budget=$2
+    shift 2
+    TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) timeout $((budget + 60)) python3 benchmarks/gpu_profile.py --out "$out" \
+        --timed 8 --compile-budget "$budget" --shapes causal/512 --compiled --bf16-weights "$@"
+}
+
+run_call() {
+    local call=$1 dir=$OUT/$1
+    mkdir -p "$dir"
+    echo "== $call: $(date -u +%H:%M:%S)"
+    case $call in
+    tests)
+        python3 -m pytest -q -p no:cacheprovider tests/ops/test_toeplitz_direct.py tests/gpu/test_gpu.py \
+            -k "direct or cuda_graphs_equal_eager or models_edges or regions or distributed_data_parallel" ;;
+    direct)
+        timeout 150 python3 benchmarks/toeplitz_direct.py --out "$dir" ;;
+    update)
+        profile "$dir" 220 --configs tnn6 fd3 transformer bound_identity \
+            --graphs causal/512/tnn6 causal/512/fd3 causal/512/bound_identity --host-profile causal/512/tnn6 ;;
+    no-edges)
+        profile "$dir" 90 --no-graph-edges --configs tnn6 --graphs causal/512/tnn6 --host-profile causal/512/tnn6 ;;
+    one-graph)
+        profile "$dir" 150 --no-stack-regions --configs tnn6 fd3 --graphs causal/512/tnn6 causal/512/fd3 ;;
+    direct-update)
+        profile "$dir" 150 --direct-max-n 512 --shapes causal/512 masked/512 --configs tnn6 bound_identity \
+            --graphs causal/512/tnn6 masked/512/tnn6 ;;
+    versions)
+        # the host time of the versions, alternated (the current tree, then each older one carried as .gpurun/at-REV)
+        local tree rev k=0
+        for rev in current 97356b1 bd203d5 3cde7bb current 97356b1; do
+            k=$((k + 1))
+            if [ "$rev" = current ]; then tree=$ROOT; else tree=$ROOT/.gpurun/at-$rev; fi
+            [ -d "$tree/fairseq_tnn" ] || { echo "no $tree (carry .gpurun/at-$rev)"; continue; }
+            (cd "$tree" && PYTHONPATH="$SITE$tree" timeout 150 python3 benchmarks/gpu_profile.py --out "$dir/$rev-$k" \
+                --timed 8 --compile-budget 90 --shapes causal/512 --configs tnn6 --compiled --graphs causal/512/tnn6 \
+                --host-profile causal/512/tnn6)
+        done ;;
+    esac
+}
+
+machine > "$OUT/machine.txt" 2>&1
+status=0
+for call in "$@"; do
+    run_call "$call" > "$OUT/$call.log" 2>&1
+    code=$?
+    echo "$call: exit $code" | tee -a "$OUT/status.txt"
+    tail -n 5 "$OUT/$call.log"
+    find "$OUT/$call" -name '*.md' -exec cat {} + 2>/dev/null | head -c 4000
+    # at most 8 files come back from the device: each call's folder and log as one archive
+    mv "$OUT/$call.log" "$OUT/$call/" && tar -czf "$OUT/$call.tgz" -C "$OUT" "$call" && rm -rf "${OUT:?}/$call"
+    [ $code -eq 0 ] || status=$code
+done
+exit $status
