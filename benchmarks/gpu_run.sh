@@ -56,7 +56,8 @@ run_call() {
     echo "== $call: $(date -u +%H:%M:%S)"
     case $call in
     tests)
-        python3 -m pytest -q -p no:cacheprovider tests/ops/test_toeplitz_direct.py tests/gpu/test_gpu.py \
+        # at most 7 minutes, so that `tests direct` fits one device command (10 minutes)
+        timeout 420 python3 -m pytest -q -p no:cacheprovider tests/ops/test_toeplitz_direct.py tests/gpu/test_gpu.py \
             -k "direct or cuda_graphs_equal_eager or models_edges or regions or distributed_data_parallel" ;;
     direct)
         timeout 150 python3 benchmarks/toeplitz_direct.py --out "$dir" ;;
