@@ -55,8 +55,6 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
     layers = getattr(model, side).layers
     eager = copy.deepcopy(layers)
     params = list(layers.parameters())
-    pad = pad if not causal else 0
-
     def inputs(n):
         pad_mask = None
         if pad:
@@ -137,12 +135,15 @@ def main(argv=None) -> int:
             p.error(f"--{name}={getattr(a, name)} is invalid: must be an integer >= 1")
     if a.layers < 0:
         p.error(f"--layers={a.layers} is invalid: must be an integer >= 1, or 0 for the preset's")
+    if any(n < 1 for n in a.lengths):
+        p.error(f"--lengths={a.lengths} is invalid: each must be an integer >= 1")
     for n in [a.tokens] + a.lengths:
         if not 0 <= a.pad < n:
             p.error(f"--pad={a.pad} is invalid: must be an integer >= 0 and below each length (--tokens, --lengths: "
                     f"{n})")
-    if any(n < 1 for n in a.lengths):
-        p.error(f"--lengths={a.lengths} is invalid: each must be an integer >= 1")
+    if a.pad and "_lm" in a.arch:
+        p.error(f"--pad={a.pad} is invalid with --arch {a.arch}: a causal stack takes no padding (a masked preset "
+                f"does, or --pad 0)")
     if a.one:
         print(json.dumps(one(a.arch, a.modes[0], a.width, a.tokens, a.steps, a.layers, a.pad, a.lengths)))
         return 0

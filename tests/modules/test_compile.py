@@ -536,6 +536,19 @@ def test_cuda_graphs_train_the_whole_stack_as_one_compiled_function(arch, monkey
     assert all(is_compiled(layer) for layer in layers)
 
 
+def region_backend(graphs: list):
+    """A torch.compile backend, AOT autograd without a compiler (``aot_eager``), that appends to ``graphs``, for each
+    graph it is given, the subgraphs its regions call (``torch.compiler.nested_compile_region``'s ``invoke_subgraph``
+    calls) and the shapes of its int64 inputs (the tokens, where the model's edges are in the graph)."""
+    def backend(gm, example_inputs):
+        graphs.append(([n.args[0].target for n in gm.graph.nodes
+                        if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph],
+                       [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor) and x.dtype == torch.int64]))
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    return backend
+
+
 def region_calls(arch, layers=3, pad=False, edges=False):
     """The regions (``torch.compiler.nested_compile_region``'s ``invoke_subgraph`` calls) in the graph dynamo traces
     for the stack's training forward (``_stack_forward``) of ``arch`` at width 64 with ``layers`` layers, and the
@@ -545,12 +558,7 @@ def region_calls(arch, layers=3, pad=False, edges=False):
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = build_arch(arch, 50, **{f"{side}_embed_dim": 64, f"{side}_layers": layers, "dropout": 0.0})
-    calls = []
-
-    def backend(gm, example_inputs):
-        calls.extend(n.args[0].target for n in gm.graph.nodes
-                     if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph)
-        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+    graphs = []
 
     x = torch.randn(2, 16, 64, requires_grad=True)
     pad_mask = torch.zeros(2, 16, dtype=torch.bool)
@@ -558,10 +566,10 @@ def region_calls(arch, layers=3, pad=False, edges=False):
     part = getattr(model, side)
     if edges:
         x = torch.randint(4, 50, (2, 16))
-    y = torch.compile(compiling._stack_forward, backend=backend)(
+    y = torch.compile(compiling._stack_forward, backend=region_backend(graphs))(
         part.layers, x, pad_mask if pad else None, None, True, *([part] if edges else []))
     y.sum().backward()
-    return calls
+    return [target for regions, _ in graphs for target in regions]
 
 
 @pytest.mark.skipif(not compiling.STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
@@ -592,14 +600,8 @@ def test_the_stacks_graphs_keep_their_regions_and_edges_at_each_new_shape(arch, 
     regions at its second length (``KeyError``), and the stack fell back to no edges and then no regions for the rest
     of the run (``aot_eager`` here: the failure was dynamo's)."""
     side = "encoder" if "mlm" in arch else "decoder"
-    regions = []
-
-    def backend(gm, example_inputs):
-        regions.append([n.args[0].target for n in gm.graph.nodes
-                        if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph])
-        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
-
-    monkeypatch.setattr(compiling, "CUDA_GRAPHS_MODE", {"backend": backend})
+    graphs = []
+    monkeypatch.setattr(compiling, "CUDA_GRAPHS_MODE", {"backend": region_backend(graphs)})
     monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",  # the CPU stands in for a CUDA device
                         lambda self, layer, x: self.error is None and layer.training and torch.is_grad_enabled())
     torch._dynamo.reset()
@@ -628,6 +630,7 @@ def test_the_stacks_graphs_keep_their_regions_and_edges_at_each_new_shape(arch, 
             assert stack.regions and stack.edges and stack.error is None, (b, n)
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     # one graph per new shape (the last shape is the first's again), each with its three layers as one region
+    regions = [r for r, _ in graphs]
     assert len(regions) == len(set(shapes)) and all(len(r) == 3 and len(set(r)) == 1 for r in regions), regions
 
 
@@ -643,17 +646,8 @@ def test_fairseq_train_through_the_stacks_graphs_loses_what_the_compiled_layers_
     each training forward, compiled one graph per shape (the masked model's: two lengths at least), each with the three
     layers as one region and the model's edges (the tokens in), and nothing fell back (no warning)."""
     from fairseq_tnn.tasks import tnn_language_modeling, tnn_masked_lm
-    stack_graphs, steps = [], []
-
-    def backend(gm, example_inputs):  # the stack's graphs are the ones with regions; the layers' own have none
-        regions = [n.args[0].target for n in gm.graph.nodes
-                   if n.op == "call_function" and n.target is torch.ops.higher_order.invoke_subgraph]
-        if regions:
-            tokens = [tuple(x.shape) for x in example_inputs if isinstance(x, torch.Tensor) and x.dtype == torch.int64]
-            stack_graphs.append((regions, tokens))
-        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
-
-    options = compiling._compile_options
+    compiled, steps = [], []
+    options, backend = compiling._compile_options, region_backend(compiled)
     monkeypatch.setattr(compiling, "_compile_options", lambda: {**options(), "backend": backend})
     monkeypatch.setattr(compiling, "CUDA_GRAPHS_MODE", {})
     monkeypatch.setattr(compiling.CompiledStack, "trains_on_cuda",  # the CPU stands in for a CUDA device
@@ -675,6 +669,7 @@ def test_fairseq_train_through_the_stacks_graphs_loses_what_the_compiled_layers_
         assert len(losses[graphs]) >= 15, log[-3000:]
     assert losses[True] == pytest.approx(losses[False], abs=2e-3), losses
     assert len(steps) == 2 * 12, len(steps)  # every training forward: 12 updates of 2 micro-batches
+    stack_graphs = [g for g in compiled if g[0]]  # the stack's graphs are the ones with regions; the layers' own have none
     shapes = [tokens for _, tokens in stack_graphs]  # the tokens' (batch, length): one graph each
     assert all(len(t) == 1 for t in shapes) and len({t[0][1] for t in shapes}) >= (2 if kind == "masked" else 1), shapes
     assert len(set(map(tuple, shapes))) == len(shapes), shapes

@@ -888,6 +888,9 @@ def test_stack_step_compiles_each_new_length_of_a_padded_masked_stack(tmp_path):
     code, _, err = execute([sys.executable, ROOT / "benchmarks/stack_step.py", "--tokens", 16, "--pad", 3,
                             "--lengths", 3], command_env(), 60)
     assert code == 2 and "--pad=3 is invalid: must be an integer >= 0 and below each length" in err, err
+    code, _, err = execute([sys.executable, ROOT / "benchmarks/stack_step.py", "--arch", "tnn_lm_wt103", "--pad", 3],
+                           command_env(), 60)
+    assert code == 2 and "--pad=3 is invalid with --arch tnn_lm_wt103: a causal stack takes no padding" in err, err
 
 
 def test_fft_bytes_counts_the_products_bytes_three_ways(tmp_path):
