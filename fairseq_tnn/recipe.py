@@ -135,7 +135,8 @@ KNOBS = (
          "[1 on one GPU with TNN_COMPILE, else 0] 1 adds --tnn-cuda-graphs (the compiled layer stack trains as two CUDA "
          "graphs, its forward and its backward, instead of launching some thousand kernels; tnn_lm_wt103's update "
          "2.5x faster than eager on an H200, docs/performance.md), 0 leaves the compiled layers' kernels launched "
-         "one by one. Not the default on several GPUs: untested with DistributedDataParallel there",
+         "one by one. Not the default on several GPUs: under DistributedDataParallel tested on the CPU only, not yet with "
+         "CUDA graphs",
          check=lambda v: v in ("0", "1"), allowed="0 or 1 (--tnn-cuda-graphs)"),
     Knob("OVERSIZED", "drop", "masked presets: what happens to a line longer than a block, drop (counted in the "
          "log) or error (refused before any work)", choices=("drop", "error")),

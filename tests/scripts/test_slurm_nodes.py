@@ -26,9 +26,11 @@ pytestmark = pytest.mark.slow
 
 # 34 updates of 16 sequences x 64 tokens (epoch 1: updates 1-17), a validation and a checkpoint every 8 updates.
 # One task: --batch-size 4 --update-freq 4; 2 nodes x 1 task: --update-freq 2; 2 nodes x 2 tasks: 1.
+# PYTHONFAULTHANDLER: a rank that aborts prints its Python threads' stacks into the job's log (a rank 1 aborted once
+# at exit in CI, "terminate called without an active exception", after it had finished training; not reproduced).
 TRAIN = {"CPU": "1", "MAX_UPDATE": "34", "TOKENS_PER_SAMPLE": "64", "SEQS_PER_UPDATE": "16", "BATCH_PER_GPU": "4",
          "LR": "0.003", "WARMUP_UPDATES": "2", "LOG_INTERVAL": "1", "NUM_WORKERS": "0",
-         "VALIDATE_INTERVAL_UPDATES": "8", "SAVE_INTERVAL_UPDATES": "8"}
+         "VALIDATE_INTERVAL_UPDATES": "8", "SAVE_INTERVAL_UPDATES": "8", "PYTHONFAULTHANDLER": "1"}
 UPDATES = list(range(1, 35))
 SEQS = 16
 CLUSTER = Path(os.environ.get("STATE_DIR") or "/tmp/fairseq-tnn-slurm")  # local_cluster.sh's, for kill-node

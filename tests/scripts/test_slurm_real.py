@@ -22,9 +22,10 @@ pytestmark = pytest.mark.slow
 
 # The tiny causal recipe through train.sbatch's knobs: 6 updates of 8 sequences x 64 tokens, a checkpoint and a
 # validation every 3. One task: --batch-size 4 --update-freq 2; two tasks: --batch-size 4 each, --update-freq 1.
+# PYTHONFAULTHANDLER: as in test_slurm_nodes.py, a rank that aborts prints its Python threads' stacks
 TRAIN = {"CPU": "1", "MAX_UPDATE": "6", "TOKENS_PER_SAMPLE": "64", "SEQS_PER_UPDATE": "8", "BATCH_PER_GPU": "4",
          "LR": "0.003", "WARMUP_UPDATES": "2", "LOG_INTERVAL": "1", "NUM_WORKERS": "0",
-         "VALIDATE_INTERVAL_UPDATES": "3", "SAVE_INTERVAL_UPDATES": "3"}
+         "VALIDATE_INTERVAL_UPDATES": "3", "SAVE_INTERVAL_UPDATES": "3", "PYTHONFAULTHANDLER": "1"}
 UPDATES = list(range(1, 7))
 # The header's GPUs and tasks overridden for a CPU partition, as docs/training.md#slurm says
 CPU_TASKS = ["--gpus-per-node=0", "--cpus-per-task=1"]
