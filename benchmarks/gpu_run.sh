@@ -9,8 +9,8 @@
 # beforehand on a machine with network, as references.md says): the wheels are installed into /tmp/site first, once
 # per machine. The older trees the versions call compares are carried as .gpurun/at-REV (made by `git archive`, as
 # performance.md says). Nothing here runs without a CUDA GPU; the calls are sized to fit the device's 10-minute limit
-# per command, two or three at a time: `tests direct` (about 5 minutes), `update no-edges` (about 5), then what is
-# left.
+# per command and its 15 minutes a session, of which starting the machine takes about 4: `tests` (at most 5.5
+# minutes), then `update` (about 5), then what is left (`no-edges`, `direct`).
 set -u
 : "${OUT:?the output folder of the device machine}"
 cd "$(dirname "$0")/.."
@@ -50,15 +50,35 @@ profile() {
         --timed 8 --compile-budget "$budget" --shapes causal/512 --compiled --bf16-weights "$@"
 }
 
+# One part of the tests call: pytest with what is left of the call's 5.5 minutes (TESTS_END), each test's outcome printed
+# as it ends, the failures' short tracebacks and the durations at the end.
+tests_part() {
+    local left=$((TESTS_END - SECONDS))
+    [ $left -gt 10 ] || { echo "tests: no time left for $*"; return 124; }
+    echo "== tests: $* (at most $left s)"
+    timeout $left python3 -m pytest -v -rfE --tb=short --durations=0 -p no:cacheprovider "$@"
+}
+
 run_call() {
     local call=$1 dir=$OUT/$1
     mkdir -p "$dir"
     echo "== $call: $(date -u +%H:%M:%S)"
     case $call in
     tests)
-        # at most 7 minutes, so that `tests direct` fits one device command (10 minutes)
-        timeout 420 python3 -m pytest -q -p no:cacheprovider tests/ops/test_toeplitz_direct.py tests/gpu/test_gpu.py \
-            -k "direct or cuda_graphs_equal_eager or models_edges or regions or distributed_data_parallel" ;;
+        # at most 5.5 minutes in all, so that a call of its own leaves the device's 15 minutes room for the update's
+        # measurement, in parts, the one that matters most first: the recipe's default path on one GPU (every preset
+        # with the model's edges and the layers as regions in the stack's graphs), then the graphs under
+        # DistributedDataParallel (which decides CUDA_GRAPHS' default on several GPUs), then the stack's graphs
+        # without the edges (the first fallback) and the regions' dropout, then the direct product (off by default).
+        # Each part gets what the parts before it left, and prints each test's outcome as it ends, so that a part cut
+        # short by the timeout still tells what passed.
+        local code=0
+        TESTS_END=$((SECONDS + 330))
+        tests_part tests/gpu/test_gpu.py -k models_edges || code=$?
+        tests_part tests/gpu/test_gpu.py -k distributed_data_parallel || code=$?
+        tests_part tests/gpu/test_gpu.py -k "cuda_graphs_equal_eager or regions" || code=$?
+        tests_part tests/ops/test_toeplitz_direct.py || code=$?
+        return $code ;;
     direct)
         timeout 150 python3 benchmarks/toeplitz_direct.py --out "$dir" ;;
     update)

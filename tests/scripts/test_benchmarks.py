@@ -975,5 +975,15 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "direct"], {**env, "FAIL": "toeplitz_direct"}, 60)
     assert code == 3 and "direct: exit 3" in (out / "status.txt").read_text(), err
     calls = (out / "calls.txt").read_text()
+    # the tests call: four pytest parts, the default path's first; a failing part leaves the others to run
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "tests"], {**env, "FAIL": "distributed"}, 60)
+    parts = [line.split("|")[3] for line in (out / "calls.txt").read_text().splitlines()[len(calls.splitlines()):]
+             if "pytest" in line]
+    assert code == 3 and "tests: exit 3" in (out / "status.txt").read_text(), err
+    assert [p.split(" -p no:cacheprovider ")[1] for p in parts] == [
+        "tests/gpu/test_gpu.py -k models_edges", "tests/gpu/test_gpu.py -k distributed_data_parallel",
+        "tests/gpu/test_gpu.py -k cuda_graphs_equal_eager or regions", "tests/ops/test_toeplitz_direct.py"], parts
+    assert all(p.startswith("-m pytest -v -rfE --tb=short --durations=0") for p in parts), parts
+    calls = (out / "calls.txt").read_text()
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "update", "bogus"], env, 60)
     assert code == 2 and "unknown call: bogus" in err and (out / "calls.txt").read_text() == calls, err
