@@ -11,9 +11,9 @@ the code and both fingerprints, and the fix is skipped or still applied, as its 
 again changes nothing. Each fix's module says why in full; tests/reliability/test_patches.py checks the
 fingerprints against the installed fairseq.
 """
-from . import (atomic_save, bf16, broadcast_unpickle, checkpoint_loader, config_snapshot, device_overflow, fp16_syncs,
-               masked_positions, multi_tensor_optim, numpy2_compat_long, packed_state, progress_bar_log_file, seed,
-               stop_prefetch_at_exit, update_stats)
+from . import (atomic_save, bf16, broadcast_unpickle, checkpoint_loader, config_snapshot, destroy_group_at_end,
+               device_overflow, fp16_syncs, masked_positions, multi_tensor_optim, numpy2_compat_long, packed_state,
+               progress_bar_log_file, seed, stop_prefetch_at_exit, update_stats)
 from .base import Patch
 
 FAIRSEQ = "fairseq 0.12.3.1 (fairseq-fixed)"
@@ -123,6 +123,18 @@ PATCHES = (
         fingerprint="d67f79570225f44d",
         on_mismatch="skip",
         action=stop_prefetch_at_exit.register_at_exit,
+    ),
+    Patch(
+        name="destroy-process-group",
+        why="a rank that ends with its process group alive can abort after training finished (gloo: \"terminate "
+            "called without an active exception\", exit 134, a worker thread releasing a tensor while the interpreter "
+            "finalizes); the group is destroyed once fairseq's distributed_main has returned",
+        versions=f"{FAIRSEQ}; torch 2.x (seen with 2.13); any numpy",
+        checks="fairseq.distributed.utils:distributed_main",
+        fingerprint="ad315b6ea96a8647",
+        on_mismatch="apply",  # it runs fairseq's function whole, then destroys what that leaves
+        replaces="fairseq.distributed.utils:distributed_main",
+        replacement=lambda original: destroy_group_at_end.distributed_main,
     ),
     Patch(
         name="fp16-grads-sync",

@@ -56,8 +56,16 @@ def _hold(event, args):
         while True:
             time.sleep(60)
 
+def _record_exit():  # registered first, so it runs last of the atexit handlers
+    import torch.distributed
+    with open(os.environ["TNN_EXIT_LOG"], "a") as log:
+        log.write(f"{os.environ.get('RANK', '?')} {torch.distributed.is_initialized()}\\n")
+
 if "TNN_WATCH_DIR" in os.environ:
     sys.addaudithook(_record)
+if "TNN_EXIT_LOG" in os.environ:
+    import atexit
+    atexit.register(_record_exit)
 if "TNN_HOLD_WRITES" in os.environ:
     sys.addaudithook(_hold)
 """
@@ -81,7 +89,7 @@ def with_hooks(hook_dir):
 def launch_2_procs(data_bin, save_dir, max_update, hook_dir):
     writes = hook_dir / f"writes_{max_update}.txt"
     env = {"OMP_NUM_THREADS": "1", "TNN_WATCH_DIR": str(save_dir), "TNN_WRITES_LOG": str(writes),
-           "PYTHONPATH": with_hooks(hook_dir)}
+           "TNN_EXIT_LOG": str(hook_dir / f"exits_{max_update}.txt"), "PYTHONPATH": with_hooks(hook_dir)}
     log = run([cli("python"), "-m", "fairseq_tnn.distributed.launch", "--nproc", 2, "--cpu",
                "--log-dir", hook_dir / f"ranks_{max_update}", "--",
                data_bin, *TRAIN, "--max-update", max_update, "--save-dir", save_dir], env=env)
@@ -128,6 +136,11 @@ def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc, hook
     assert "distributed init (rank 1)" in rank_1.read_text()
     assert_only_rank_0_wrote(writes, save_dir)
     assert sorted(p.name for p in save_dir.iterdir()) == ["checkpoint_after_6.pt", "checkpoint_last.pt"]
+    # each rank destroyed its process group before the interpreter finalized (fairseq_tnn/patches/
+    # destroy_group_at_end.py: left alive, a gloo worker thread could abort the finished rank); the launcher's own
+    # process (no RANK) never had one
+    exits = sorted((hook_dir / f"exits_{FIRST}.txt").read_text().splitlines())
+    assert exits == ["0 False", "1 False", "? False"], exits
 
     dist, single = train_inner(log), train_inner(one_proc[1])
     assert sorted(dist) == list(range(1, FIRST + 1)), log[-3000:]

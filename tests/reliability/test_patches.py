@@ -57,6 +57,45 @@ def test_the_plugin_installed_every_patch_and_installing_again_changes_nothing(m
     assert set(statuses.values()) <= {"already installed", "installed", "not needed"}
 
 
+def _rank_main(cfg, exits):
+    """distributed_main's ``main`` for the test below: writes whether this rank's process group is alive, now and
+    when the interpreter exits (atexit runs after distributed_main has returned)."""
+    rank = cfg.distributed_training.distributed_rank
+
+    def record(when):
+        with open(exits, "a") as log:
+            log.write(f"{rank} {when} {torch.distributed.is_initialized()}\n")
+
+    record("main")
+    atexit.register(record, "exit")
+
+
+def test_the_process_group_is_destroyed_where_fairseq_spawns_its_ranks(tmp_path):
+    """fairseq's own start of one process per GPU (``torch.multiprocessing.spawn(fn=distributed_main, ...)`` in
+    call_main) pickles what fairseq.distributed.utils holds as ``distributed_main``: the patch's function, by name,
+    and the spawned ranks run it. Two gloo ranks spawned so on the CPU: each runs fairseq's distributed_main (the
+    group alive in ``main``) and exits with its group destroyed (``destroy-process-group``)."""
+    import pickle
+    from fairseq.dataclass.configs import FairseqConfig
+    from omegaconf import OmegaConf
+    from fairseq_tnn.patches import destroy_group_at_end
+    assert distributed_utils.distributed_main is destroy_group_at_end.distributed_main
+    assert pickle.loads(pickle.dumps(distributed_utils.distributed_main)) is destroy_group_at_end.distributed_main
+    # fairseq's config as fairseq-train builds it (convert_namespace_to_omegaconf: a plain container, the choices as
+    # strings), not the dataclass's defaults, which are its classes: setting those would change them for every test
+    cfg = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(FairseqConfig), resolve=True, enum_to_str=True))
+    cfg.common.cpu, cfg.model = True, {}
+    cfg.distributed_training.distributed_world_size = 2
+    cfg.distributed_training.distributed_backend = "gloo"
+    cfg.distributed_training.distributed_init_method = f"file://{tmp_path / 'rendezvous'}"
+    cfg.distributed_training.distributed_rank = None
+    exits = tmp_path / "exits.txt"
+    torch.multiprocessing.start_processes(distributed_utils.distributed_main,
+                                          args=(_rank_main, cfg, {"exits": str(exits)}), nprocs=2, join=True,
+                                          start_method="spawn")
+    assert sorted(exits.read_text().splitlines()) == ["0 exit False", "0 main True", "1 exit False", "1 main True"]
+
+
 # Run in a fresh interpreter: fairseq first, then the plugin's torch-only layers; what the patches rebind and
 # fairseq's registries are the same objects afterwards, and none of the glue was imported. Then the plugin
 # registers, and they change (the check sees the patches).

@@ -987,3 +987,17 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     calls = (out / "calls.txt").read_text()
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "update", "bogus"], env, 60)
     assert code == 2 and "unknown call: bogus" in err and (out / "calls.txt").read_text() == calls, err
+
+
+def test_gloo_exit_counts_the_ranks_that_abort_with_their_group_alive_and_destroyed(tmp_path, capsys):
+    """benchmarks/gloo_exit.py (docs/reliability.md's figures): a run of each way, spawned gloo ranks, counted; ranks
+    that destroy their group before they return never abort; bad counts are refused before any process starts."""
+    gloo_exit = importlib.import_module("benchmarks.gloo_exit")
+    out = tmp_path / "gloo_exit.json"
+    result = gloo_exit.main(["--runs", "1", "--ranks", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    assert result["counts"]["destroyed"] == {"runs": 1, "runs_with_an_abort": 0, "ranks_aborted": 0}, result
+    assert result["counts"]["alive"]["runs"] == 1 and 0 <= result["counts"]["alive"]["ranks_aborted"] <= 2
+    assert "process group destroyed at exit: 0 of 1 runs lost a rank" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        gloo_exit.main(["--runs", "0"])
