@@ -9,7 +9,7 @@
 # beforehand on a machine with network, as references.md says): the wheels are installed into /tmp/site first, once
 # per machine. The older trees the versions call compares are carried as .gpurun/at-REV (made by `git archive`, as
 # performance.md says). Nothing here runs without a CUDA GPU; the calls are sized to fit the device's 10-minute limit
-# per command and its 15 minutes a session, of which starting the machine takes about 4: `tests` (at most 5.5
+# per command and its 15 minutes a session, of which starting the machine takes about 4: `tests` (at most 5
 # minutes), then `update` (about 5), then what is left (`no-edges`, `direct`).
 set -u
 : "${OUT:?the output folder of the device machine}"
@@ -50,7 +50,7 @@ profile() {
         --timed 8 --compile-budget "$budget" --shapes causal/512 --compiled --bf16-weights "$@"
 }
 
-# One part of the tests call: pytest with what is left of the call's 5.5 minutes (TESTS_END), each test's outcome printed
+# One part of the tests call: pytest with what is left of the call's 5 minutes (TESTS_END), each test's outcome printed
 # as it ends, the failures' short tracebacks and the durations at the end.
 tests_part() {
     local left=$((TESTS_END - SECONDS))
@@ -65,7 +65,7 @@ run_call() {
     echo "== $call: $(date -u +%H:%M:%S)"
     case $call in
     tests)
-        # at most 5.5 minutes in all, so that a call of its own leaves the device's 15 minutes room for the update's
+        # at most 5 minutes in all, so that a call of its own leaves the device's 15 minutes room for the update's
         # measurement, in parts, the one that matters most first: the recipe's default path on one GPU (every preset
         # with the model's edges and the layers as regions in the stack's graphs), then the graphs under
         # DistributedDataParallel (which decides CUDA_GRAPHS' default on several GPUs), then the stack's graphs
@@ -73,7 +73,7 @@ run_call() {
         # Each part gets what the parts before it left, and prints each test's outcome as it ends, so that a part cut
         # short by the timeout still tells what passed.
         local code=0
-        TESTS_END=$((SECONDS + 330))
+        TESTS_END=$((SECONDS + 300))
         tests_part tests/gpu/test_gpu.py -k models_edges || code=$?
         tests_part tests/gpu/test_gpu.py -k distributed_data_parallel || code=$?
         tests_part tests/gpu/test_gpu.py -k "cuda_graphs_equal_eager or regions" || code=$?
