@@ -281,6 +281,18 @@ def mlm_train_cmd(data_bin, *extra, **overrides) -> list:
 LM_TRAIN = lm_args(arch=None, tokens_per_sample=None, batch_size=None)
 
 
+def rank0_updates(log: str) -> dict:
+    """{update: (loss, bsz)} from rank 0's per-update lines of a fairseq-train log (simple format, under fairseq's
+    logging set-up or Python's default one; the other ranks' lines, which torchrun prefixes with ``[rank N]``, left
+    out)."""
+    out = {}
+    for line in log.splitlines():
+        if "train_inner" in line and "num_updates=" in line and not line.startswith("[rank"):
+            fields = dict(re.findall(r"(\w+)=([0-9.]+)", line))
+            out[int(fields["num_updates"])] = (float(fields["loss"]), int(fields["bsz"]))
+    return out
+
+
 def valid_ppls(log: str):
     return [float(m) for m in re.findall(r"valid on 'valid' subset \| loss [0-9.]+ \| ppl ([0-9.]+)", log)]
 

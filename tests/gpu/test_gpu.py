@@ -16,8 +16,8 @@ import sys
 import pytest
 import torch
 
-from helpers import (USER_DIR, assert_compiled_matches_eager, assert_masks_differ, cli, region_dropout_masks, rel, run,
-                     wt103_presets)
+from helpers import (USER_DIR, assert_compiled_matches_eager, assert_masks_differ, cli, rank0_updates,
+                     region_dropout_masks, rel, run, wt103_presets)
 from fairseq_tnn.models.compile import STACK_REGIONS, compile_layers, is_compiled, run_layers, stack_spectra
 from fairseq_tnn.models.build import build_arch
 
@@ -248,12 +248,7 @@ def ddp_on_one_gpu(data_bin, save_dir, graphs):
                "--distributed-world-size", 2, "--distributed-rank", "${local_rank}", "--distributed-init-method",
                "env://", "--distributed-no-spawn", "--distributed-backend", "gloo", "--ddp-backend", "pytorch_ddp",
                "--bucket-cap-mb", 4, "--device-id", 0], env={"OMP_NUM_THREADS": "1"})
-    losses = {}
-    for line in log.splitlines():
-        if "| train_inner |" in line and not line.startswith("[rank"):
-            fields = dict(re.findall(r"(\w+)=([0-9.]+)", line))
-            losses[int(fields["num_updates"])] = float(fields["loss"])
-    return losses, log
+    return {update: loss for update, (loss, _) in rank0_updates(log).items()}, log
 
 
 def test_cuda_graphs_under_distributed_data_parallel_equal_compiled(data_bin, tmp_path):

@@ -9,18 +9,17 @@ layers as regions; cut into pieces, each piece must keep the layers it holds as 
 all-reduces must be the eager ones, with ``--update-freq 2`` (the first micro-batch under DDP's ``no_sync``).
 
 The CPU stands in for the GPU (tests/gpu has the same run on CUDA, with CUDA graphs recorded): a hook installed as
-``sitecustomize`` in the ranks makes the stack's graphs run where they would on a GPU (``CompiledStack.trains_on_cuda``),
-compiles every graph with AOT autograd and no compiler (``aot_eager``: inductor's time spared; dynamo's tracing, the
+``sitecustomize`` in the ranks makes the stack's graphs run where they would on a GPU
+(``CompiledStack.trains_on_cuda``), compiles every graph with AOT autograd and no compiler (``aot_eager``: inductor's time spared; dynamo's tracing, the
 regions and the DDPOptimizer's cuts are the real ones) and records each graph it is given, and lets fairseq's
 ``pytorch_ddp`` wrap a CPU model (fairseq passes CUDA ``device_ids``, which torch refuses for a CPU module)."""
 import json
 import os
-import re
 import sys
 
 import pytest
 
-from helpers import lm_args, mlm_args, run
+from helpers import lm_args, mlm_args, rank0_updates, run
 from fairseq_tnn.models import compile as compiling
 
 pytestmark = [pytest.mark.slow,
@@ -81,11 +80,7 @@ def ddp_ranks(data_bin, run_dir, kind, *options):
                "env://", "--distributed-no-spawn", "--distributed-backend", "gloo", "--ddp-backend", "pytorch_ddp",
                "--bucket-cap-mb", 1, *options], env=env)
     assert "training on 2 devices" in log and "ddp_backend': 'pytorch_ddp'" in log, log[-3000:]
-    losses = {}
-    for line in log.splitlines():
-        if "train_inner" in line and "num_updates=" in line and not line.startswith("[rank"):
-            fields = dict(re.findall(r"(\w+)=([0-9.]+)", line))
-            losses[int(fields["num_updates"])] = float(fields["loss"])
+    losses = {update: loss for update, (loss, _) in rank0_updates(log).items()}
     recorded = [json.loads(line) for line in graphs.read_text().splitlines()] if graphs.exists() else []
     return losses, recorded, log
 

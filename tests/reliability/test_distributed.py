@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import cli, lm_args, mlm_args, run, wait_all
+from helpers import cli, lm_args, mlm_args, rank0_updates, run, wait_all
 from fairseq_tnn.patches.broadcast_unpickle import broadcast_object_slow
 from fairseq_tnn.distributed import launch
 
@@ -69,16 +69,6 @@ if "TNN_EXIT_LOG" in os.environ:
 if "TNN_HOLD_WRITES" in os.environ:
     sys.addaudithook(_hold)
 """
-
-
-def train_inner(log):
-    """{update: (loss, bsz)} from rank 0's per-update log lines."""
-    out = {}
-    for line in log.splitlines():
-        if "| train_inner |" in line and not line.startswith("[rank"):
-            fields = dict(re.findall(r"(\w+)=([0-9.]+)", line))
-            out[int(fields["num_updates"])] = (float(fields["loss"]), int(fields["bsz"]))
-    return out
 
 
 def with_hooks(hook_dir):
@@ -142,7 +132,7 @@ def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc, hook
     exits = sorted((hook_dir / f"exits_{FIRST}.txt").read_text().splitlines())
     assert exits == ["0 False", "1 False", "? False"], exits
 
-    dist, single = train_inner(log), train_inner(one_proc[1])
+    dist, single = rank0_updates(log), rank0_updates(one_proc[1])
     assert sorted(dist) == list(range(1, FIRST + 1)), log[-3000:]
     for update, (loss, bsz) in dist.items():
         # fairseq logs losses rounded to 3 decimals: one rounding step is ~1e-4 of a loss of ~12
@@ -162,7 +152,7 @@ def test_resume_two_processes_from_checkpoint_last(two_procs, one_proc, data_bin
     log, writes = launch_2_procs(data_bin, save_dir, RESUMED, hook_dir)
     assert re.search(rf"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ {FIRST} updates\)", log), log[-3000:]
     assert "Unsupported global" not in log and "Traceback" not in log
-    resumed, single = train_inner(log), train_inner(one_proc[1])
+    resumed, single = rank0_updates(log), rank0_updates(one_proc[1])
     assert sorted(resumed) == list(range(FIRST + 1, RESUMED + 1)), log[-3000:]
     for update, (loss, _) in resumed.items():  # it continues exactly where the uninterrupted run goes
         assert loss == pytest.approx(single[update][0], abs=1.1e-3), (update, resumed, single)
@@ -208,7 +198,7 @@ def test_two_machines_train_as_one_process_with_update_freq_2(data_bin, tmp_path
     assert "training on 2 devices" in node0 and "initialized host" in node1, node1[-3000:]
     assert "train_inner" not in node1  # rank 1 logs warnings only
     assert_only_rank_0_wrote(writes, save_dir)
-    dist, single = train_inner(node0), train_inner(one_proc[1])
+    dist, single = rank0_updates(node0), rank0_updates(one_proc[1])
     assert sorted(dist) == list(range(1, FIRST + 1)), node0[-3000:]
     for update, (loss, bsz) in dist.items():
         assert (loss, bsz) == (single[update][0], 8), (update, dist, single)
@@ -227,7 +217,7 @@ def test_two_machines_of_two_processes_train_as_one_process_with_update_freq_4(d
     (node0, node1), writes = launch_nodes(2, 2, [data_bin, *train, "--save-dir", save_dir], tmp_path, hook_dir)
     assert "training on 4 devices" in node0 and "[rank 3]" in node1, node1[-3000:]
     assert_only_rank_0_wrote(writes, save_dir)
-    dist, single = train_inner(node0), train_inner(single)
+    dist, single = rank0_updates(node0), rank0_updates(single)
     assert sorted(dist) == sorted(single) == [1, 2, 3, 4], node0[-3000:]
     for update, (loss, bsz) in dist.items():
         assert (loss, bsz) == (single[update][0], 8), (update, dist, single)
@@ -275,9 +265,9 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
                 "--save-dir", str(save_dir)]
 
     if kind == "causal":
-        reference = train_inner(request.getfixturevalue("one_proc")[1])
+        reference = rank0_updates(request.getfixturevalue("one_proc")[1])
     else:
-        reference = train_inner(run([cli("fairseq-train"), data_bin, *train, "--update-freq", 2, "--max-update", RESUMED,
+        reference = rank0_updates(run([cli("fairseq-train"), data_bin, *train, "--update-freq", 2, "--max-update", RESUMED,
                                      "--save-dir", tmp_path / "reference"]))
     assert sorted(reference) == list(range(1, RESUMED + 1))
     cmd = command(tmp_path / "checkpoints")
@@ -313,7 +303,7 @@ def test_sigkill_of_a_two_process_run_then_the_same_command_resumes_exactly(data
 
     log = run(cmd, env={"OMP_NUM_THREADS": "1"})
     assert re.search(r"Loaded checkpoint .*checkpoint_last\.pt \(epoch 1 @ 3 updates\)", log), log[-3000:]
-    resumed = train_inner(log)
+    resumed = rank0_updates(log)
     assert sorted(resumed) == list(range(4, RESUMED + 1)), log[-3000:]
     for update, (loss, _) in resumed.items():
         assert loss == pytest.approx(reference[update][0], abs=1.1e-3), (update, resumed, reference)
