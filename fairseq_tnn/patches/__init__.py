@@ -57,10 +57,25 @@ PATCHES = (
         replacement=checkpoint_loader.resume_from_readable,
     ),
     Patch(
+        name="checkpoint-key-order",
+        why="which layout of the parameters a checkpoint's optimizer state was written in (before the RPEs' weights "
+            "were packed, before the layers' Linears were fused, as now) shows in the order of its model's keys, "
+            "which load_checkpoint drops once the model has them; it is noted as the model loads, for "
+            "packed-optimizer-state",
+        versions=f"{FAIRSEQ}; any torch; any numpy",
+        checks="fairseq.trainer:Trainer.load_checkpoint",
+        fingerprint="1c5a8a47fa41ef04",
+        on_mismatch="apply",  # it only notes the keys of what the model loads, whatever loads it
+        replaces="fairseq.trainer:Trainer.load_checkpoint",
+        replacement=packed_state.record_key_order,
+    ),
+    Patch(
         name="packed-optimizer-state",
         why="a checkpoint written before the RPEs' weights were packed or the layers' Linears fused (fairseq_tnn "
             "2026-11-28) keeps an optimizer state per weight where fairseq's state is per parameter tensor, which torch "
-            "refuses to load into the packed model; the states of each packed parameter's weights are merged into its",
+            "refuses to load into the packed model, and a flat state (--fp16, --bf16 on a GPU) in another order of the "
+            "weights where an RPE has LayerNorms, which torch loads misaligned; the state is handed to the optimizer in "
+            "the model's layout, found by the weights' names",
         versions=f"{FAIRSEQ}; any torch; any numpy",
         checks="fairseq.trainer:Trainer._build_optimizer",
         fingerprint="a2c97f3400ed3161",

@@ -113,6 +113,7 @@ def test_a_run_resumed_in_a_later_epoch_equals_the_uninterrupted_run(corpus, uni
     after = updates_of(checkpoint)
     log = run(train_cmd(kind, corpus, save_dir))
     assert re.search(rf"Loaded checkpoint \S*checkpoint_last\.pt \(epoch \d @ {after} updates\)", log), log[-3000:]
+    assert "written in another layout" not in log  # today's checkpoint: its optimizer state is handed on as it is
     assert_continues(reference, log, after)
     assert_same_parameters(parameters(save_dir), parameters(reference_dir))
 
@@ -306,45 +307,151 @@ def test_when_no_checkpoint_can_be_read_the_run_stops_naming_each_and_changes_no
     assert {p.name: sha(p) for p in save_dir.iterdir()} == before
 
 
-def per_weight_optimizer_state(state, sizes):
-    """A packed model's optimizer state in a layout before the packing: each packed entry of ``sizes``
-    (``packed_sizes``) split into one per weight, as a checkpoint of the plugin before 2026-11-28 holds it."""
+# The layouts of the parameters the plugin's checkpoints have had before today's (2026-11-28): the RPEs' weights each
+# apart and the GTU's and GLU's Linears two tensors each; then the RPEs packed and the Linears still apart.
+EARLIER_LAYOUTS = ["before-the-rpe-packing", "before-the-fused-linears"]
+# the tiny causal model with the RPE's norms of --rpe-norm-type layernorm (weights between its Linears, before the
+# packing); {norm type: the options of that run}
+NORMS = {"simplermsnorm": (), "layernorm": ("--rpe-norm-type", "layernorm")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_layernorm(corpus, tmp_path_factory):
+    """(save dir, log) of the three-epoch causal run with the RPEs' LayerNorms, uninterrupted."""
+    save_dir = tmp_path_factory.mktemp("layernorm") / "uninterrupted"
+    return save_dir, run(train_cmd("causal", corpus, save_dir, *NORMS["layernorm"]))
+
+
+def model_of_layout(layout, norm, monkeypatch, vocab=100):
+    """tnn_lm_tiny as the plugin built it in an earlier ``layout`` (``EARLIER_LAYOUTS``), from the modules' stand-ins of
+    tests/modules: ``nn.Linear`` for ``FusedLinear``, and before the RPE packing an ``Rpe`` that does not pack."""
+    from fairseq_tnn.models.build import build_arch
+    from fairseq_tnn.modules import layers
+    from fairseq_tnn.modules.rpe import Rpe
+    with monkeypatch.context() as patch:
+        patch.setattr(layers, "FusedLinear", torch.nn.Linear)
+        if layout == "before-the-rpe-packing":
+            patch.setattr(Rpe, "_pack", lambda self: None)
+        return build_arch("tnn_lm_tiny", vocab, rpe_norm_type=norm)
+
+
+def vocab_of(checkpoint):
+    return checkpoint["model"]["decoder.embed_tokens.weight"].shape[0]
+
+
+def written_in(checkpoint, layout, norm, monkeypatch, flat=False):
+    """A checkpoint of today's model as the plugin wrote it in an earlier ``layout``: its model's keys in that
+    model's order, and its optimizer's state one entry per parameter of that model (``flat``: one flat state, the
+    values in that model's order of parameters, as ``--fp16`` keeps it on a GPU). Each Adam moment is moved by the
+    models' own state_dicts: loaded into today's model as its parameters, saved under the weights' names, loaded into
+    the earlier model and read from its parameters, so that nothing of fairseq_tnn/patches/packed_state.py is used."""
+    from fairseq_tnn.models.build import build_arch
+    vocab = vocab_of(checkpoint)
+    now = build_arch("tnn_lm_tiny", vocab, rpe_norm_type=norm)
+    before = model_of_layout(layout, norm, monkeypatch, vocab)
+    now.load_state_dict(checkpoint["model"])
+    before.load_state_dict(checkpoint["model"])
+    weights = {key: value.clone() for key, value in before.state_dict().items()}  # in the earlier model's order
+    state = checkpoint["last_optimizer_state"]
     (group,) = state["param_groups"]
-    out, ids = {}, []
-    for k, s in enumerate(sizes):
-        entry = state["state"].get(k)
-        for i in range(len(s) if s else 1):
-            if entry is not None:
-                out[len(ids)] = entry if s is None else {
-                    key: v.split(list(s))[i].clone() if isinstance(v, torch.Tensor) and v.dim() > 0 else v
-                    for key, v in entry.items()}
-            ids.append(len(ids))
-    return {**state, "state": out, "param_groups": [{**group, "params": ids}]}
+    params = list(now.parameters())
+    assert len(group["params"]) == len(params)
+    moments = {}
+    for name in ("exp_avg", "exp_avg_sq"):
+        with torch.no_grad():
+            for p, k in zip(params, group["params"]):
+                p.copy_(state["state"][k][name].view_as(p))
+            before.load_state_dict(now.state_dict())
+        moments[name] = [p.detach().clone() for p in before.parameters()]
+    step = state["state"][group["params"][0]]["step"]
+    if flat:
+        entries = {0: {"step": step, **{name: torch.cat([m.flatten() for m in ms]) for name, ms in moments.items()}}}
+    else:
+        entries = {j: {"step": step, **{name: ms[j] for name, ms in moments.items()}}
+                   for j in range(len(moments["exp_avg"]))}
+    return {**checkpoint, "model": weights,
+            "last_optimizer_state": {**state, "state": entries, "param_groups": [{**group, "params": list(entries)}]}}
 
 
-@pytest.mark.parametrize("rpes", [True, False], ids=["before-the-rpe-packing", "before-the-fused-linears"])
-def test_a_checkpoint_from_before_the_packing_resumes_as_if_uninterrupted(corpus, uninterrupted, tmp_path, rpes):
+def test_the_earlier_layouts_stand_ins_are_what_the_plugin_wrote(monkeypatch):
+    """The order of a model's keys in each earlier layout's stand-in (and of its parameters) is what the plugin of
+    that day wrote: the lists below are the first layer's keys of real checkpoints of ``tnn_lm_tiny --rpe-norm-type
+    layernorm`` that the plugin at 234c0c0^ and at 64ea22a^ (the last commits of each layout) wrote on 2026-11-29.
+    The LayerNorms' weights came between an RPE's input projection and its hidden Linears; they come after its
+    Linears now."""
+    rpe = "decoder.layers.0.gtu.tno.rpe."
+    linears = [f"{rpe}{m}.{w}" for m in ("proj", "linears.0", "linears.1", "out") for w in ("weight", "bias")]
+    norms = [f"{rpe}norms.{i}.{w}" for i in range(3) for w in ("weight", "bias")]
+    ahead = ["decoder.embed_tokens.weight", "decoder.layers.0.gtu.uv_proj.weight", "decoder.layers.0.gtu.uv_proj.bias"]
+    written = {"before-the-rpe-packing": ahead + linears[:2] + norms + linears[2:],
+               "before-the-fused-linears": ahead + linears + norms}
+    for layout, keys in written.items():
+        model = model_of_layout(layout, "layernorm", monkeypatch)
+        assert list(model.state_dict())[:len(keys)] == keys, layout
+        params = keys if layout == "before-the-rpe-packing" else ahead + [f"{rpe}packed"] + norms
+        assert [n for n, _ in model.named_parameters()][:len(params)] == params, layout
+
+
+@pytest.mark.parametrize("norm", list(NORMS))
+@pytest.mark.parametrize("layout", EARLIER_LAYOUTS)
+def test_a_checkpoint_from_before_the_packing_resumes_as_if_uninterrupted(corpus, uninterrupted, uninterrupted_layernorm,
+                                                                         tmp_path, monkeypatch, layout, norm):
     """A checkpoint whose optimizer state lists packed weights apart (fp32 Adam keeps one state per parameter tensor;
     the plugin before the RPEs' weights were packed had 2 (layers + 2) tensors per RPE, and before the GTU's and GLU's
-    Linears were fused two per Linear, its RPEs packed already) resumes: the states are merged into the packed
-    parameters' (fairseq_tnn/patches/packed_state.py), and every later update and the final parameters are the
-    uninterrupted run's, bit for bit. Without the merge torch refused the load."""
-    from fairseq_tnn.models.build import build_arch
-    from fairseq_tnn.patches.packed_state import packed_sizes
-    reference_dir, reference = uninterrupted["causal"]
+    Linears were fused two per Linear), with the RPEs' RMS norms (the presets') and with LayerNorms, whose weights
+    came between the RPE's Linears: its state is handed to the optimizer in the packed model's layout
+    (fairseq_tnn/patches/packed_state.py), and every later update and the final parameters are the uninterrupted
+    run's, bit for bit. Without it torch refused the load."""
+    reference_dir, reference = uninterrupted["causal"] if norm == "simplermsnorm" else uninterrupted_layernorm
     checkpoint = torch.load(reference_dir / "checkpoint_2_9.pt", map_location="cpu", weights_only=False)
-    model = build_arch("tnn_lm_tiny", 100)
-    sizes = packed_sizes(model, list(model.parameters()), rpes)
-    packed = checkpoint["last_optimizer_state"]
-    # tnn_lm_tiny: 2 layers, each an RPE and 4 Linears
-    assert sum(1 for s in sizes if s) == (10 if rpes else 8) and len(packed["param_groups"][0]["params"]) == len(sizes)
-    checkpoint["last_optimizer_state"] = per_weight_optimizer_state(packed, sizes)
-    assert len(checkpoint["last_optimizer_state"]["param_groups"][0]["params"]) == sum(len(s) if s else 1 for s in sizes)
+    earlier = written_in(checkpoint, layout, norm, monkeypatch)
+    # tnn_lm_tiny: 2 layers, each an RPE of 4 Linears (and 3 LayerNorms) and 4 Linears outside it
+    norms = 12 if norm == "layernorm" else 0
+    assert len(checkpoint["last_optimizer_state"]["param_groups"][0]["params"]) == 1 + 2 * 5 + norms + 2
+    assert len(earlier["last_optimizer_state"]["param_groups"][0]["params"]) == (
+        1 + 2 * (8 + 8) + norms + 2 if layout == "before-the-rpe-packing" else 1 + 2 * (1 + 8) + norms + 2)
     save_dir = tmp_path / "resumed"
     save_dir.mkdir()
-    torch.save(checkpoint, save_dir / "checkpoint_last.pt")
-    log = run(train_cmd("causal", corpus, save_dir))
-    assert "states merged into" in log and re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 2 @ 9 updates\)",
-                                                     log), log[-3000:]
+    torch.save(earlier, save_dir / "checkpoint_last.pt")
+    log = run(train_cmd("causal", corpus, save_dir, *NORMS[norm]))
+    when = {"before-the-rpe-packing": "before the RPEs' weights were packed",
+            "before-the-fused-linears": "before the GTU's and GLU's Linears were fused"}[layout]
+    assert f"per-tensor states as the model's {1 + 2 * 5 + norms + 2} (written {when})" in log, log[-3000:]
+    assert re.search(r"Loaded checkpoint \S*checkpoint_last\.pt \(epoch 2 @ 9 updates\)", log), log[-3000:]
     assert_continues(reference, log, 9)
     assert_same_parameters(parameters(save_dir), parameters(reference_dir))
+
+
+@pytest.mark.parametrize("norm", list(NORMS))
+def test_a_flat_state_of_an_earlier_layout_is_reordered_by_the_weights_names(corpus, uninterrupted,
+                                                                            uninterrupted_layernorm, monkeypatch, norm):
+    """The flat optimizer state of ``--fp16`` on a GPU (one fp32 tensor per moment, the values in the order of the
+    model's parameters), written in an earlier layout: with the RPEs' LayerNorms before the RPE packing its values
+    are in another order, which torch would load without a word; the patch hands the optimizer the values in the
+    model's order, found by the order of the checkpoint's keys, and leaves a state in that order as it is (fairseq's
+    loss scale kept). The flat state itself needs a GPU (fairseq's FP16Optimizer); its load is the same dict."""
+    from fairseq_tnn.models.build import build_arch
+    from fairseq_tnn.patches.packed_state import in_model_layout, layout
+    reference_dir = (uninterrupted["causal"] if norm == "simplermsnorm" else uninterrupted_layernorm)[0]
+    checkpoint = torch.load(reference_dir / "checkpoint_2_9.pt", map_location="cpu", weights_only=False)
+    state = checkpoint["last_optimizer_state"]
+    now = {name: torch.cat([state["state"][k][name].flatten() for k in state["param_groups"][0]["params"]])
+           for name in ("exp_avg", "exp_avg_sq")}
+    model = build_arch("tnn_lm_tiny", vocab_of(checkpoint), rpe_norm_type=norm)
+    entries = layout(model, list(model.parameters()))
+    for earlier_layout in EARLIER_LAYOUTS:
+        earlier = written_in(checkpoint, earlier_layout, norm, monkeypatch, flat=True)
+        flat = {**earlier["last_optimizer_state"], "loss_scale": 8.0}
+        moved = norm == "layernorm" and earlier_layout == "before-the-rpe-packing"
+        assert torch.equal(flat["state"][0]["exp_avg"], now["exp_avg"]) is not moved, earlier_layout
+        out, what = in_model_layout(flat, entries, list(earlier["model"]))
+        if not moved:
+            assert out is None, earlier_layout
+            continue
+        assert what == "its flat state reordered from the checkpoint's order of weights"
+        assert out["loss_scale"] == 8.0 and out["param_groups"] == flat["param_groups"]
+        for name, values in now.items():
+            assert torch.equal(out["state"][0][name], values), name
+        assert out["state"][0]["step"] == flat["state"][0]["step"]
+        # the checkpoint's order of keys is what tells: without it the state is handed on as it is
+        assert in_model_layout(flat, entries, None) == (None, "")
