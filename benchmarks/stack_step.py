@@ -7,6 +7,7 @@ alternated round by round.
     mkdir -p /tmp/old && git archive bd203d5 fairseq_tnn | tar -x -C /tmp/old
     python benchmarks/stack_step.py --trees /tmp/old . --rounds 3      # before and after, alternated
     python benchmarks/stack_step.py --modes compiled one-graph --arch fd_tnn_lm_wt103   # the regions' compile time
+    python benchmarks/stack_step.py --modes compiled --layers 1 --steps 5 --phases     # where a compile's time goes
     python benchmarks/stack_step.py --arch fd_tnn_mlm_wt103 --modes compiled dynamic --pad 3 --lengths 48 40 --steps 10
                                                                         # new lengths: static shapes, dynamo's default
 
@@ -34,6 +35,29 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# The phases of a compile that ``--phases`` prints, from the phases torch's ``compile_times`` names, which nest (the
+# backend's call holds AOT autograd's, which holds inductor's), so that these do not: dynamo's own work (its compile
+# less the backend's call), AOT autograd's tracing and partitioning of the joint graph, and inductor's compile of the
+# forward and backward graphs (the backward's at the first backward), of which its code generation (on the CPU with
+# the C++ compiler's runs; a GPU's Triton kernels compile in workers, waited for apart). dynamo and AOT autograd are
+# the host's work whatever the device.
+AOT_PHASES = ("aot_collect_metadata", "aot_trace_joint_graph", "_recursive_joint_graph_passes",
+              "min_cut_rematerialization_partition")
+INDUCTOR_PHASES = ("compile_fx.<locals>.fw_compiler_base", "compile_fx.<locals>.bw_compiler")
+
+
+def compile_phases() -> dict:
+    """Seconds this process has spent so far in dynamo, AOT autograd and inductor, and in inductor's code generation
+    (``AOT_PHASES``, ``INDUCTOR_PHASES``)."""
+    from torch._dynamo.utils import compile_times
+    names, values = compile_times(repr="csv", aggregate=True)
+    spent = {n: float(v) for n, v in zip(names, values) if v not in ("", None)}
+    return {"dynamo": spent.get("_compile.compile_inner", 0.0) - spent.get("OutputGraph.call_user_compiler", 0.0),
+            "aot": sum(spent.get(n, 0.0) for n in AOT_PHASES),
+            "inductor": sum(spent.get(n, 0.0) for n in INDUCTOR_PHASES),
+            "codegen": spent.get("GraphLowering.codegen", 0.0)}
 
 
 def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int = 0, pad: int = 0,
@@ -86,6 +110,7 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
     start = time.perf_counter()
     y = step()
     first = time.perf_counter() - start
+    phases = compile_phases() if compiled else {}
     y_ref = step(eager)
     rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))  # noqa: E731
     diffs = {"output": rel(y.detach(), y_ref.detach()),
@@ -107,7 +132,7 @@ def one(arch: str, mode: str, width: int, tokens: int, steps: int, layers_n: int
         except Exception as err:  # dynamo's failure to compile a length is the finding, reported
             later.append({"tokens": n, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
     return {"tensors": len(params), "layers": len(layers), "first_s": first, "regions": bool(regions),
-            "torch": torch.__version__, **{f"{k}_rel_diff": v for k, v in diffs.items()},
+            "torch": torch.__version__, "phases": phases, **{f"{k}_rel_diff": v for k, v in diffs.items()},
             "median_ms": statistics.median(times), "least_ms": min(times), "later": later}
 
 
@@ -128,6 +153,9 @@ def main(argv=None) -> int:
     p.add_argument("--pad", type=int, default=0, help="a masked preset's last PAD positions padded (default 0)")
     p.add_argument("--lengths", type=int, nargs="*", default=[],
                    help="after the timed steps, one step at each of these lengths in turn (default: none)")
+    p.add_argument("--phases", action="store_true",
+                   help="print where the compile's seconds went too: dynamo, AOT autograd, inductor, and inductor's "
+                        "code generation within it (compile_phases)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child: measure in this process
     a = p.parse_args(argv)
     for name in ("width", "tokens", "steps", "rounds"):
@@ -171,6 +199,9 @@ def main(argv=None) -> int:
                       f"{res['first_s']:.1f} s, rel. diff output {res['output_rel_diff']:.1e} gradient "
                       f"{res['gradient_rel_diff']:.1e}, median {res['median_ms']:.2f} ms, least {res['least_ms']:.2f} ms "
                       f"(torch {res['torch']}{', regions' if res['regions'] else ''})", flush=True)
+                if a.phases and res.get("phases"):
+                    print(f"round {r} {tree} {mode}: compile phases, s: " + ", ".join(
+                        f"{k} {v:.1f}" for k, v in res["phases"].items()), flush=True)
                 for later in res.get("later", []):
                     print(f"round {r} {tree} {mode}: then length {later['tokens']}: " + (
                         f"first step {later['first_s']:.1f} s" if "first_s" in later else f"failed: {later['error']}"),

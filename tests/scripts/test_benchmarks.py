@@ -862,15 +862,24 @@ def test_stack_step_times_each_tree_in_its_own_process(tmp_path):
 def test_stack_step_compiles_the_stack_with_and_without_regions(tmp_path):
     """benchmarks/stack_step.py --modes compiled one-graph: the stack's graphs compiled with each layer a region (where
     the torch has them) and with every layer in one graph, the first step's seconds (the compile) reported beside the
-    compiled stack's difference from the eager one, which is a rounding error."""
+    compiled stack's difference from the eager one, which is a rounding error; with --phases, the compile's seconds
+    in dynamo, AOT autograd and inductor."""
     from fairseq_tnn.models.compile import STACK_REGIONS
     code, out, err = execute([sys.executable, ROOT / "benchmarks/stack_step.py", "--modes", "compiled", "one-graph",
-                              "--layers", 2, "--steps", 2, "--width", 16, "--tokens", 8], command_env(), 600)
+                              "--layers", 2, "--steps", 2, "--width", 16, "--tokens", 8, "--phases"], command_env(), 600)
     assert code == 0, err[-3000:]
     rows = re.findall(r"\| \S+ \| (compiled|one-graph) \| 10 \| ([0-9.]+) \| ([0-9.e+-]+) \|", out)
     assert [r[0] for r in rows] == ["compiled", "one-graph"], out
     assert all(float(r[1]) > 0 and float(r[2]) < 1e-4 for r in rows), rows
     assert ("regions)" in out) == STACK_REGIONS and out.count("regions)") <= 1, out
+    # --phases: where each compile's seconds went, parts of the first step's
+    firsts = [float(f) for f in re.findall(r"(?:compiled|one-graph): \d+ tensors, 2 layers, first step ([0-9.]+) s", out)]
+    phases = [dict((k, float(v)) for k, v in re.findall(r"(\w+) ([0-9.]+)", line))
+              for line in re.findall(r"(?:compiled|one-graph): compile phases, s: (.*)", out)]
+    assert len(phases) == len(firsts) == 2 and all(p.keys() == {"dynamo", "aot", "inductor", "codegen"} for p in phases), out
+    for p, first in zip(phases, firsts):
+        assert 0 < p["dynamo"] and 0 < p["aot"] and 0 < p["codegen"] <= p["inductor"] + 0.1, p
+        assert p["dynamo"] + p["aot"] + p["inductor"] <= first + 0.1, (p, first)
 
 
 @pytest.mark.slow
