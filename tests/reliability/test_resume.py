@@ -340,9 +340,10 @@ def vocab_of(checkpoint):
 
 
 def written_in(checkpoint, layout, norm, monkeypatch, flat=False):
-    """A checkpoint of today's model as the plugin wrote it in an earlier ``layout``: its model's keys in that
-    model's order, and its optimizer's state one entry per parameter of that model (``flat``: one flat state, the
-    values in that model's order of parameters, as ``--fp16`` keeps it on a GPU). Each Adam moment is moved by the
+    """A checkpoint of today's model (its optimizer's state per parameter tensor, or flat) as the plugin wrote it in an
+    earlier ``layout``: its model's keys in that model's order, and its optimizer's state one entry per parameter of
+    that model (``flat``: one flat state, the values in that model's order of parameters, as ``--fp16`` keeps it on a
+    GPU). Each Adam moment is moved by the
     models' own state_dicts: loaded into today's model as its parameters, saved under the weights' names, loaded into
     the earlier model and read from its parameters, so that nothing of fairseq_tnn/patches/packed_state.py is used."""
     from fairseq_tnn.models.build import build_arch
@@ -354,16 +355,22 @@ def written_in(checkpoint, layout, norm, monkeypatch, flat=False):
     weights = {key: value.clone() for key, value in before.state_dict().items()}  # in the earlier model's order
     state = checkpoint["last_optimizer_state"]
     (group,) = state["param_groups"]
-    params = list(now.parameters())
-    assert len(group["params"]) == len(params)
+    params = [p for p in now.parameters() if p.requires_grad]  # the optimizer's (fairseq leaves frozen ones out)
+    if len(group["params"]) == 1:  # a flat state (--fp16 on a GPU): the parameters' values one after another
+        (flat,) = state["state"].values()
+        sizes = [p.numel() for p in params]
+        values = {name: flat[name].split(sizes) for name in ("exp_avg", "exp_avg_sq")}
+    else:
+        assert len(group["params"]) == len(params)
+        values = {name: [state["state"][k][name] for k in group["params"]] for name in ("exp_avg", "exp_avg_sq")}
     moments = {}
     for name in ("exp_avg", "exp_avg_sq"):
         with torch.no_grad():
-            for p, k in zip(params, group["params"]):
-                p.copy_(state["state"][k][name].view_as(p))
+            for p, v in zip(params, values[name]):
+                p.copy_(v.view_as(p))
             before.load_state_dict(now.state_dict())
-        moments[name] = [p.detach().clone() for p in before.parameters()]
-    step = state["state"][group["params"][0]]["step"]
+        moments[name] = [p.detach().clone() for p in before.parameters() if p.requires_grad]
+    step = next(iter(state["state"].values()))["step"]
     if flat:
         entries = {0: {"step": step, **{name: torch.cat([m.flatten() for m in ms]) for name, ms in moments.items()}}}
     else:
@@ -455,3 +462,47 @@ def test_a_flat_state_of_an_earlier_layout_is_reordered_by_the_weights_names(cor
         assert out["state"][0]["step"] == flat["state"][0]["step"]
         # the checkpoint's order of keys is what tells: without it the state is handed on as it is
         assert in_model_layout(flat, entries, None) == (None, "")
+
+
+def test_a_flat_fp16_state_of_an_earlier_layout_loads_into_fairseqs_trainer_in_the_models_order(tmp_path, monkeypatch):
+    """fairseq's Trainer with ``--fp16``'s flat fp32 master copy and its flat Adam state (FP16Optimizer, on the CPU as
+    tests/reliability/test_device_overflow.py runs it), a model whose RPEs have LayerNorms: 3 updates, then a save.
+    The checkpoint is rewritten in the layout before the RPE packing, its flat moments in that model's order. A new
+    Trainer loads it, another the checkpoint as saved: the same Adam state, and after 2 more updates each the same
+    weights, bit for bit. Before the fix torch loaded the rewritten state as it was, the moments misaligned."""
+    from benchmarks import trainer as tr
+    from fairseq_tnn import register
+    from fairseq_tnn.patches import device_overflow
+    register()
+    monkeypatch.setattr(device_overflow, "ON", ("cuda", "cpu"))  # the check on the device, on the CPU
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # FP16Optimizer's flat master copy on the CPU
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *args, **kwargs: self)  # fairseq's overflow handler's
+
+    def trainer():
+        torch.manual_seed(0)
+        return tr.build_trainer("causal", "tnn_lm_tiny", None, 32, "cpu", "fp16", False,
+                                tr._dictionary_dir(str(tmp_path), 64), False, extra=NORMS["layernorm"])
+
+    def train(t, seeds):
+        for seed in seeds:
+            assert t.train_step([tr.synthetic_sample("causal", 32, 2, 64, seed=seed)]) is not None
+        return torch.cat([p.detach().float().flatten() for p in t.model.parameters()])
+
+    first = trainer()
+    train(first, range(3))
+    assert first.optimizer.has_flat_params
+    first.consolidate_optimizer()  # as fairseq's checkpoint_utils.save_checkpoint calls them
+    first.save_checkpoint(str(tmp_path / "today.pt"), {})
+    checkpoint = torch.load(tmp_path / "today.pt", map_location="cpu", weights_only=False)
+    earlier = written_in(checkpoint, "before-the-rpe-packing", "layernorm", monkeypatch, flat=True)
+    (today,), (before,) = (c["last_optimizer_state"]["state"].values() for c in (checkpoint, earlier))
+    assert not torch.equal(before["exp_avg"], today["exp_avg"])  # the same values, in another order
+    torch.save(earlier, tmp_path / "earlier.pt")
+    resumed = {}
+    for name in ("today", "earlier"):
+        t = trainer()
+        t.load_checkpoint(str(tmp_path / f"{name}.pt"))
+        (state,) = t.optimizer.fp32_optimizer.optimizer.state.values()
+        assert torch.equal(state["exp_avg"], today["exp_avg"]) and torch.equal(state["exp_avg_sq"], today["exp_avg_sq"])
+        resumed[name] = train(t, range(3, 5))
+    assert torch.equal(resumed["earlier"], resumed["today"])
