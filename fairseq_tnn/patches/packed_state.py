@@ -73,11 +73,16 @@ def layout(model: torch.nn.Module, params: Sequence[torch.Tensor]) -> List[tuple
     return out
 
 
+def model_order(entries: List[tuple]) -> List[Tuple[str, int]]:
+    """Every (key, size) of ``entries`` (``layout``) in the model's order: the order of its optimizer's values."""
+    return [ks for _, _, keys in entries for ks in keys]
+
+
 def written_order(entries: List[tuple], key_order: Optional[Sequence[str]]) -> List[Tuple[str, int]]:
     """Every (key, size) of ``entries`` in the order the checkpoint's writer held them: the order of its keys
     (``key_order``), the criterion's after the model's. Where ``key_order`` is unknown or lacks a key: the model's
     order."""
-    now = [ks for _, _, keys in entries for ks in keys]
+    now = model_order(entries)
     if key_order is None:
         return now
     position = {k: i for i, k in enumerate(key_order)}
@@ -153,7 +158,7 @@ def reordered_flat(state: Dict, entries: List[tuple], order: List[tuple]) -> Opt
     """A flat optimizer state (one parameter holding every value) written in ``order``, in the order of ``entries``;
     None where it is not one, or is in that order already."""
     (group,) = state["param_groups"]
-    now = [ks for _, _, keys in entries for ks in keys]
+    now = model_order(entries)
     total = sum(s for _, s in now)
     if len(group["params"]) != 1 or order == now:
         return None
@@ -184,7 +189,7 @@ def in_model_layout(state: Dict, entries: List[tuple], key_order: Optional[Seque
     if n == 1 and len(entries) > 1:
         flat = reordered_flat(state, entries, order)
         return (flat, "its flat state reordered from the checkpoint's order of weights") if flat else (None, "")
-    now = [ks for _, _, keys in entries for ks in keys]
+    now = model_order(entries)
     if n == len(entries) and order == now:
         return None, ""
     for packed, when in LAYOUTS:

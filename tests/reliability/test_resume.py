@@ -343,9 +343,9 @@ def written_in(checkpoint, layout, norm, monkeypatch, flat=False):
     """A checkpoint of today's model (its optimizer's state per parameter tensor, or flat) as the plugin wrote it in an
     earlier ``layout``: its model's keys in that model's order, and its optimizer's state one entry per parameter of
     that model (``flat``: one flat state, the values in that model's order of parameters, as ``--fp16`` keeps it on a
-    GPU). Each Adam moment is moved by the
-    models' own state_dicts: loaded into today's model as its parameters, saved under the weights' names, loaded into
-    the earlier model and read from its parameters, so that nothing of fairseq_tnn/patches/packed_state.py is used."""
+    GPU). Each Adam moment is moved by the models' own state_dicts: loaded into today's model as its parameters, saved
+    under the weights' names, loaded into the earlier model and read from its parameters, so that nothing of
+    fairseq_tnn/patches/packed_state.py is used."""
     from fairseq_tnn.models.build import build_arch
     vocab = vocab_of(checkpoint)
     now = build_arch("tnn_lm_tiny", vocab, rpe_norm_type=norm)
