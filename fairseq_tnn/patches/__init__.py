@@ -141,9 +141,10 @@ PATCHES = (
     ),
     Patch(
         name="destroy-process-group",
-        why="a rank that ends with its process group alive can abort after training finished (gloo: \"terminate "
-            "called without an active exception\", exit 134, a worker thread releasing a tensor while the interpreter "
-            "finalizes); the group is destroyed once fairseq's distributed_main has returned",
+        why="a rank that ends with its process groups' threads running can abort after training finished (gloo: "
+            "\"terminate called without an active exception\", exit 134, a worker thread releasing a tensor while the "
+            "interpreter finalizes); torch.distributed.nn is imported before the groups exist, and once fairseq's "
+            "distributed_main has returned they are destroyed and their last references dropped",
         versions=f"{FAIRSEQ}; torch 2.x (seen with 2.13); any numpy",
         checks="fairseq.distributed.utils:distributed_main",
         fingerprint="ad315b6ea96a8647",

@@ -58,8 +58,10 @@ def _hold(event, args):
 
 def _record_exit():  # registered first, so it runs last of the atexit handlers
     import torch.distributed
+    # imported here: imported at start-up, fairseq would take the plugin for imported and not register it
+    from fairseq_tnn.distributed.threads import gloo_threads
     with open(os.environ["TNN_EXIT_LOG"], "a") as log:
-        log.write(f"{os.environ.get('RANK', '?')} {torch.distributed.is_initialized()}\\n")
+        log.write(f"{os.environ.get('RANK', '?')} {torch.distributed.is_initialized()} {len(gloo_threads())}\\n")
 
 if "TNN_WATCH_DIR" in os.environ:
     sys.addaudithook(_record)
@@ -126,11 +128,11 @@ def test_two_processes_train_as_one_with_update_freq_2(two_procs, one_proc, hook
     assert "distributed init (rank 1)" in rank_1.read_text()
     assert_only_rank_0_wrote(writes, save_dir)
     assert sorted(p.name for p in save_dir.iterdir()) == ["checkpoint_after_6.pt", "checkpoint_last.pt"]
-    # each rank destroyed its process group before the interpreter finalized (fairseq_tnn/patches/
-    # destroy_group_at_end.py: left alive, a gloo worker thread could abort the finished rank); the launcher's own
-    # process (no RANK) never had one
+    # each rank destroyed its process groups, and their gloo threads had stopped, before the interpreter finalized
+    # (fairseq_tnn/patches/destroy_group_at_end.py: left alive, a gloo worker thread could abort the finished rank);
+    # the launcher's own process (no RANK) never had one
     exits = sorted((hook_dir / f"exits_{FIRST}.txt").read_text().splitlines())
-    assert exits == ["0 False", "1 False", "? False"], exits
+    assert exits == ["0 False 0", "1 False 0", "? False 0"], exits
 
     dist, single = rank0_updates(log), rank0_updates(one_proc[1])
     assert sorted(dist) == list(range(1, FIRST + 1)), log[-3000:]

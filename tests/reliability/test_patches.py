@@ -7,6 +7,7 @@ as CheckpointReadError and a refused object as CheckpointRefusedError, and docs/
 patches in the code."""
 import argparse
 import atexit
+import importlib
 import json
 import logging
 import re
@@ -21,6 +22,7 @@ from fairseq.distributed import utils as distributed_utils
 from fairseq.logging import progress_bar as progress_bar_module
 
 from fairseq_tnn import patches, register
+from fairseq_tnn.distributed.threads import gloo_threads
 from fairseq_tnn.patches import base, checkpoint_loader, stop_prefetch_at_exit
 from helpers import ROOT
 
@@ -58,13 +60,19 @@ def test_the_plugin_installed_every_patch_and_installing_again_changes_nothing(m
 
 
 def _rank_main(cfg, exits):
-    """distributed_main's ``main`` for the test below: writes whether this rank's process group is alive, now and
-    when the interpreter exits (atexit runs after distributed_main has returned)."""
+    """distributed_main's ``main`` for the test below: holds the groups as fairseq-train does (torch.distributed.nn
+    imported once the default group exists, as torch._dynamo imports it when fairseq builds the optimizer; fairseq's
+    global group in a reference cycle, as the trainer's legacy DDP holds it), and writes whether this rank's process
+    group is initialized and how many gloo threads run, now and when the interpreter exits (atexit runs after
+    distributed_main has returned)."""
     rank = cfg.distributed_training.distributed_rank
+    importlib.import_module("torch.distributed.nn")
+    cycle = {"group": distributed_utils.get_global_group()}
+    cycle["self"] = cycle
 
     def record(when):
         with open(exits, "a") as log:
-            log.write(f"{rank} {when} {torch.distributed.is_initialized()}\n")
+            log.write(f"{rank} {when} {torch.distributed.is_initialized()} {len(gloo_threads())}\n")
 
     record("main")
     atexit.register(record, "exit")
@@ -74,7 +82,8 @@ def test_the_process_group_is_destroyed_where_fairseq_spawns_its_ranks(tmp_path)
     """fairseq's own start of one process per GPU (``torch.multiprocessing.spawn(fn=distributed_main, ...)`` in
     call_main) pickles what fairseq.distributed.utils holds as ``distributed_main``: the patch's function, by name,
     and the spawned ranks run it. Two gloo ranks spawned so on the CPU: each runs fairseq's distributed_main (the
-    group alive in ``main``) and exits with its group destroyed (``destroy-process-group``)."""
+    groups alive in ``main``, held as fairseq-train holds them) and exits with its groups destroyed and their threads
+    stopped (``destroy-process-group``)."""
     import pickle
     from fairseq.dataclass.configs import FairseqConfig
     from omegaconf import OmegaConf
@@ -93,7 +102,9 @@ def test_the_process_group_is_destroyed_where_fairseq_spawns_its_ranks(tmp_path)
     torch.multiprocessing.start_processes(distributed_utils.distributed_main,
                                           args=(_rank_main, cfg, {"exits": str(exits)}), nprocs=2, join=True,
                                           start_method="spawn")
-    assert sorted(exits.read_text().splitlines()) == ["0 exit False", "0 main True", "1 exit False", "1 main True"]
+    records = sorted(line.rsplit(" ", 1) for line in exits.read_text().splitlines())
+    assert [when for when, _ in records] == ["0 exit False", "0 main True", "1 exit False", "1 main True"], records
+    assert [int(threads) > 0 for _, threads in records] == [False, True, False, True], records
 
 
 # Run in a fresh interpreter: fairseq first, then the plugin's torch-only layers; what the patches rebind and

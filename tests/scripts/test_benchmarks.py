@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from fairseq_tnn.distributed.threads import GLOO_THREADS
 from helpers import ROOT, command_env, execute
 
 SECTIONS = {"causal", "bidirectional", "rpe", "layer"}
@@ -998,15 +999,20 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     assert code == 2 and "unknown call: bogus" in err and (out / "calls.txt").read_text() == calls, err
 
 
-def test_gloo_exit_counts_the_ranks_that_abort_with_their_group_alive_and_destroyed(tmp_path, capsys):
-    """benchmarks/gloo_exit.py (docs/reliability.md's figures): a run of each way, spawned gloo ranks, counted; ranks
-    that destroy their group before they return never abort; bad counts are refused before any process starts."""
+def test_gloo_exit_counts_the_ranks_that_abort_with_their_group_alive_held_and_released(tmp_path, capsys):
+    """benchmarks/gloo_exit.py (docs/reliability.md's figures): a run of each way, spawned gloo ranks, counted. A group
+    destroyed but held (torch.distributed.nn imported after it exists) keeps its threads running as the rank returns,
+    as one left alive does; a released one has none left, and its ranks never abort. Bad counts are refused before any
+    process starts."""
     gloo_exit = importlib.import_module("benchmarks.gloo_exit")
     out = tmp_path / "gloo_exit.json"
     result = gloo_exit.main(["--runs", "1", "--ranks", "2", "--out", str(out)])
     assert json.loads(out.read_text()) == result
-    assert result["counts"]["destroyed"] == {"runs": 1, "runs_with_an_abort": 0, "ranks_aborted": 0}, result
-    assert result["counts"]["alive"]["runs"] == 1 and 0 <= result["counts"]["alive"]["ranks_aborted"] <= 2
-    assert "process group destroyed at exit: 0 of 1 runs lost a rank" in capsys.readouterr().out
+    counts = result["counts"]
+    assert counts["released"] == {"runs": 1, "runs_with_an_abort": 0, "ranks_aborted": 0, "gloo_threads_left": []}
+    for way in ("alive", "held"):
+        assert counts[way]["runs"] == 1 and 0 <= counts[way]["ranks_aborted"] <= 2, result
+        assert counts[way]["gloo_threads_left"] and set(counts[way]["gloo_threads_left"]) <= set(GLOO_THREADS), result
+    assert "process group released at exit: 0 of 1 runs lost a rank" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         gloo_exit.main(["--runs", "0"])

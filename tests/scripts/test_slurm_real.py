@@ -31,9 +31,12 @@ UPDATES = list(range(1, 7))
 CPU_TASKS = ["--gpus-per-node=0", "--cpus-per-task=1"]
 DONE = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
         "PREEMPTED"}
-# Installed as sitecustomize in the requeued job: its first attempt stops (sleeps) before it writes
-# TNN_HOLD_WRITES, so that the test requeues it after the checkpoint at update 3 and before the run ends.
-HOLD = """
+# Installed as sitecustomize in the jobs' processes. A job given TNN_HOLD_WRITES stops (sleeps) in its first attempt
+# before it writes that file, so that the test requeues it after a checkpoint and before the run ends. A job given
+# TNN_EXIT_LOG has each fairseq-train rank write, when its interpreter exits (atexit, after fairseq's
+# distributed_main has returned), its rank, its node and how many gloo process-group threads still run there
+# (fairseq_tnn/patches/destroy_group_at_end.py stops them, so that none can abort the finished rank).
+HOOK = """
 import os, sys, time
 
 def _hold(event, args):
@@ -42,8 +45,44 @@ def _hold(event, args):
         while True:
             time.sleep(60)
 
-sys.addaudithook(_hold)
+def _record_exit():  # registered first, so it runs last of the atexit handlers
+    if "fairseq_cli.train" in sys.modules:  # a rank, not the job's other Python processes
+        # imported here: imported at start-up, fairseq would take the plugin for imported and not register it
+        from fairseq_tnn.distributed.threads import gloo_threads
+        with open(os.environ["TNN_EXIT_LOG"], "a") as log:
+            log.write(f"{os.environ.get('SLURM_PROCID', '?')} {os.uname().nodename} {len(gloo_threads())}\\n")
+
+if "TNN_HOLD_WRITES" in os.environ:
+    sys.addaudithook(_hold)
+if "TNN_EXIT_LOG" in os.environ:
+    import atexit
+    atexit.register(_record_exit)
 """
+
+
+def with_hook(hook_dir, env):
+    """env with hook_dir (holding HOOK as its sitecustomize.py) first on the jobs' PYTHONPATH."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(hook_dir), os.environ.get("PYTHONPATH")]))}
+
+
+def exits_of(path):
+    """The ranks' records of TNN_EXIT_LOG: sorted [(rank, node, gloo threads still running)]."""
+    return sorted((int(rank), node, int(threads)) for rank, node, threads in
+                  (line.split() for line in path.read_text().splitlines()))
+
+
+def failure_report(record, log):
+    """A job's state and what its log says of a failure, for an assertion's message: scontrol's main fields; every
+    line that reports an error, with the 60 lines after a fatal error (faulthandler's stacks of the Python threads of
+    a rank that aborted); and the log's last 40 lines."""
+    fields = ("JobId", "JobState", "Reason", "ExitCode", "Restarts", "NodeList", "BatchHost")
+    lines = log.splitlines()
+    marks = [i for i, line in enumerate(lines)
+             if re.search(r"Fatal Python error|terminate called|Traceback|srun: error|slurmstepd: error|Error", line)]
+    shown = sorted({j for i in marks for j in range(i, min(len(lines), i + (61 if "Fatal" in lines[i] else 1)))})
+    errors = "\n".join(lines[i] for i in shown[:400])
+    return (f"job {' '.join(f'{k}={record.get(k)}' for k in fields)}\n--- its log's error lines ---\n{errors}\n"
+            f"--- its log's end ---\n" + "\n".join(lines[-40:]))
 
 
 def no_cluster(nodes=1):
@@ -136,17 +175,16 @@ def submitted(data_bin, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
     hook = root / "hook"
     hook.mkdir()
-    (hook / "sitecustomize.py").write_text(HOLD)
+    (hook / "sitecustomize.py").write_text(HOOK)
     train = SLURM / "train.sbatch"
 
     def submit(name, tasks, **env):
-        env = {**TRAIN, "DATA": str(data_bin), "SAVE_ROOT": str(root), "RUN_NAME": name, **env}
+        env = with_hook(hook, {**TRAIN, "DATA": str(data_bin), "SAVE_ROOT": str(root), "RUN_NAME": name,
+                               "TNN_EXIT_LOG": str(root / f"exits-{name}.txt"), **env})
         return name, sbatch(train, ["tnn_lm_tiny"], [*CPU_TASKS, f"--ntasks-per-node={tasks}"], env, root)
 
     held = str(root / "requeued" / "checkpoint_1_6.pt")
-    ids = dict([submit("two", 2), submit("one", 1),
-                submit("requeued", 1, FORCE="1", TNN_HOLD_WRITES=held,
-                       PYTHONPATH=os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])))])
+    ids = dict([submit("two", 2), submit("one", 1), submit("requeued", 1, FORCE="1", TNN_HOLD_WRITES=held)])
     yield root, ids
     subprocess.run(["scancel", *ids.values()], check=False)  # whatever a failed test left
 
@@ -156,7 +194,7 @@ def one_task(submitted):
     root, ids = submitted
     (record,) = wait(ids["one"])
     log = log_of(root, ids["one"])
-    assert record["JobState"] == "COMPLETED", log[-3000:]
+    assert record["JobState"] == "COMPLETED", failure_report(record, log)
     return root / "one", log
 
 
@@ -184,7 +222,7 @@ def test_requeue_resumes_from_checkpoint_last_and_keeps_both_attempts_in_the_log
         time.sleep(0.2)
     (record,) = wait(job)
     log = out.read_text()
-    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", (record, log[-3000:])
+    assert record["JobState"] == "COMPLETED" and record["Restarts"] == "1", failure_report(record, log)
 
     first, marker, second = log.partition(f"*** JOB {job} ON ")
     assert marker and "CANCELLED AT" in second.splitlines()[0] and "DUE TO JOB REQUEUE" in second.splitlines()[0]
@@ -205,7 +243,10 @@ def test_two_tasks_on_one_node_train_as_one_task_at_the_same_tokens_per_update(s
     root, ids = submitted
     (record,) = wait(ids["two"])
     log = log_of(root, ids["two"])
-    assert record["JobState"] == "COMPLETED", log[-3000:]
+    assert record["JobState"] == "COMPLETED", failure_report(record, log)
+    # both ranks ended with their process groups' threads stopped (destroy_group_at_end.py)
+    exits = exits_of(root / "exits-two.txt")
+    assert [(rank, threads) for rank, _, threads in exits] == [(0, 0), (1, 0)], exits
     assert "train.sbatch: tnn_lm_tiny: 1 node(s) x 2 CPU task(s), update-freq 1" in log
     assert "distributed init (rank 0)" in log and "distributed init (rank 1)" in log
     assert "training on 2 devices" in log and "Traceback" not in log
