@@ -8,7 +8,7 @@ for it (or, with ``--in-flight``, leave it in flight), and return, in one of thr
 
 - ``alive``: the group left as it is (fairseq's ``distributed_main`` leaves it so);
 - ``held``: destroyed (``torch.distributed.destroy_process_group()``) but still referenced, as fairseq-train held it
-  until 2026-11-30: ``torch.distributed.nn`` imported after the group exists, which keeps it in its functions'
+  before commit d2d0967: ``torch.distributed.nn`` imported after the group exists, which keeps it in its functions'
   default arguments (torch._dynamo imports it when fairseq builds the optimizer);
 - ``released``: ``torch.distributed.nn`` imported before the group exists, and the group destroyed: its threads stop
   before the rank returns (what ``fairseq_tnn/patches/destroy_group_at_end.py`` does).
