@@ -1,7 +1,7 @@
 """How often a gloo rank that ends with its process group alive aborts at exit, against one that destroys it but
 still holds it, and one that releases it.
 
-    python benchmarks/gloo_exit.py --runs 40        # ~6 minutes on 2 cores
+    python benchmarks/gloo_exit.py --runs 40        # ~10 minutes on 2 cores (--in-flight --runs 12: ~3)
 
 Each run starts ``--ranks`` processes (spawned, one thread each) that join one gloo group, run one all-gather and wait
 for it (or, with ``--in-flight``, leave it in flight), and return, in one of three ways:
