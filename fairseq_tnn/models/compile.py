@@ -241,7 +241,7 @@ def stack_spectra(layers: nn.ModuleList, x: torch.Tensor, kernel_length: Optiona
     if (isinstance(forward, CompiledForward) and forward.stack.error is None
             and x.device.type not in SPECTRA_FROM_THE_MODEL):
         return [None] * len(layers)
-    return layer_spectra(layers, x.shape[1], kernel_length, x.device)
+    return layer_spectra(layers, x.shape[1], kernel_length, x.device, x.dtype)
 
 
 # How --tnn-cuda-graphs compiles the stack: its whole training forward, the layers' spectra computed together
@@ -317,7 +317,7 @@ def _stack_forward(layers: nn.ModuleList, x: torch.Tensor, pad_mask: Optional[to
     if edges is not None:
         x = edges.stack_input(x)
     layer_call = _layer_region if regions else _layer_forward
-    for layer, spectrum in zip(layers, layer_spectra(layers, x.shape[1], kernel_length, x.device)):
+    for layer, spectrum in zip(layers, layer_spectra(layers, x.shape[1], kernel_length, x.device, x.dtype)):
         if regions and REGION_INPUT_COPIES:
             spectrum = _own_storage(spectrum)
         x = layer_call(layer, x, pad_mask, kernel_length, spectrum)

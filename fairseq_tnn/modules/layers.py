@@ -5,7 +5,7 @@ from typing import Callable, Iterable, Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.toeplitz import causal_toeplitz_tail
+from ..ops.toeplitz import causal_toeplitz_tail, direct_product
 from .activations import get_activation
 from .linear import FusedLinear
 from .norm import build_norm
@@ -176,9 +176,12 @@ class TnnLayer(nn.Module):
         return self._residual(x, lambda h: self.gtu.step(h, pad_mask, cache, start))
 
 
-def layer_spectra(layers, n: int, kernel_length: Optional[int] = None, device=None) -> Iterable:
-    """For a forward of n positions through ``layers`` (a model's stack), each layer's ``spectrum`` argument, in
-    order: the spectra of their TNOs computed together where they train (autograd on) and are alike
+def layer_spectra(layers, n: int, kernel_length: Optional[int] = None, device=None,
+                  dtype: torch.dtype = torch.float32) -> Iterable:
+    """For a forward of n positions through ``layers`` (a model's stack), on a ``dtype`` residual stream on
+    ``device``, each layer's ``spectrum`` argument, in order (``SpectralTno.mixing_kernel``: TNN's kernels in time
+    where its products of n positions run by direct summation, ``toeplitz.direct_product``; the spectra otherwise):
+    the spectra of their TNOs computed together where they train (autograd on) and are alike
     (``SpectralTno.stacked_spectra``: the RPEs as one batched MLP, the operations of one layer's spectrum instead of
     one per layer); otherwise each layer's own, computed when the loop reaches its layer (without autograd, in
     evaluation and generation, each spectrum is then freed once its layer is done, where all of them at once would
@@ -191,12 +194,13 @@ def layer_spectra(layers, n: int, kernel_length: Optional[int] = None, device=No
     tnos = [layer.gtu.tno for layer in layers]
     if not tnos or not isinstance(tnos[0], SpectralTno):
         return [None] * len(layers)
+    direct = direct_product(n, dtype, device)
     if torch.is_grad_enabled():
-        stacked = SpectralTno.stacked_spectra(tnos, tnos[0].spectrum_length(n, kernel_length), device)
+        stacked = SpectralTno.stacked_spectra(tnos, tnos[0].spectrum_length(n, kernel_length), device, direct)
         if stacked is not None:
             return stacked
-    return (tno.spectrum(tno.spectrum_length(n, kernel_length), device) if isinstance(tno, SpectralTno) else None
-            for tno in tnos)
+    return (tno.mixing_kernel(tno.spectrum_length(n, kernel_length), direct, device)
+            if isinstance(tno, SpectralTno) else None for tno in tnos)
 
 
 class MaskedLMHead(nn.Module):

@@ -506,6 +506,16 @@ def spectrum_kernel(spectrum: torch.Tensor, size: int, n: int) -> Tuple[torch.Te
 DIRECT_MAX_N = 0
 
 
+def direct_product(n: int, dtype: torch.dtype, device) -> bool:
+    """Whether a ``dbn`` product of n positions on a tensor of ``dtype`` on ``device`` runs by direct summation here:
+    n <= ``DIRECT_MAX_N`` and the kernels run there (``toeplitz_direct.supports_on``), compiled too where they are
+    Triton operators (``TRITON_OPS``: not under the interpreter)."""
+    if n > DIRECT_MAX_N:
+        return False
+    from . import toeplitz_direct  # imports Triton: only where asked for
+    return toeplitz_direct.supports_on(dtype, device) and (toeplitz_direct.TRITON_OPS or not fast.compiling())
+
+
 def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "bnd", causal: bool = False) -> torch.Tensor:
     """y = first n of irfft(rfft(x, size) * spectrum), in x's dtype.
 
@@ -516,10 +526,9 @@ def fft_conv(x: torch.Tensor, spectrum: torch.Tensor, size: int, layout: str = "
     kernel's, zero at the negative lags) sums the lower triangle only; the FFT product is the same either way.
     """
     check_layout(layout)
-    if layout == "dbn" and x.shape[-1] <= DIRECT_MAX_N:
-        from . import toeplitz_direct  # imports Triton: only where asked for
-        if toeplitz_direct.supports(x) and (toeplitz_direct.TRITON_OPS or not fast.compiling()):
-            return toeplitz_direct.direct_conv(x, spectrum, size, causal)
+    if layout == "dbn" and direct_product(x.shape[-1], x.dtype, x.device):
+        from . import toeplitz_direct
+        return toeplitz_direct.direct_conv(x, spectrum, size, causal)
     cdt = torch.complex128 if fft_dtype(x) == torch.float64 else torch.complex64
     spec = spectrum.to(cdt)
     conv = spectral_conv if fast.compiling() else SpectralConv.apply  # the same function and gradients

@@ -61,9 +61,16 @@ INTERPRETED = AVAILABLE and os.environ.get("TRITON_INTERPRET", "0") not in ("", 
 def supports(x: torch.Tensor) -> bool:
     """Whether the kernels can run on ``x``'s device: Triton is there, and x is on a CUDA device (or on the CPU under
     the interpreter); fp16, bf16 or fp32 (fp64 keeps the FFT product)."""
-    if not AVAILABLE or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    return supports_on(x.dtype, x.device)
+
+
+def supports_on(dtype: torch.dtype, device) -> bool:
+    """``supports`` for a tensor of ``dtype`` on ``device`` (a ``torch.device`` or its string; None: the CPU, where
+    tensors are made by default)."""
+    if not AVAILABLE or dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return False
-    return x.is_cuda or (x.device.type == "cpu" and INTERPRETED)
+    kind = "cpu" if device is None else torch.device(device).type
+    return kind == "cuda" or (kind == "cpu" and INTERPRETED)
 
 
 def _scale_kernel(k_ptr, scaled_ptr, scale_ptr, size, BLOCK: constexpr):
@@ -250,7 +257,8 @@ def _lag_grad(g: torch.Tensor, x: torch.Tensor, size: int, causal: bool, wrap=_s
 
 class DirectToeplitz(torch.autograd.Function):
     """y = T x for x (c, rows, n) and T[t, s] = kernel[c, (t - s) mod size], kernel (c, size) fp32, size >= 2n - 1;
-    ``causal``: T's upper triangle taken as zero (a causal kernel's), neither summed nor given a gradient."""
+    ``causal``: T's upper triangle taken as zero (a causal kernel's), neither summed nor given a gradient, and
+    size >= n is enough (the lags 0 .. n - 1 are the entries read)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -306,8 +314,9 @@ def _direct(x: torch.Tensor, kernel: torch.Tensor, causal: bool) -> torch.Tensor
 
 
 def direct_toeplitz(x: torch.Tensor, kernel: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """T x along x's last dim for x (c, *batch, n), T the circulant column ``kernel`` (c, size) restricted to
-    n x n (``causal``: its lower triangle, the lags 0 .. n - 1); in x's dtype, differentiable in both."""
+    """T x along x's last dim for x (c, *batch, n), T the circulant column ``kernel`` (c, size), size >= 2n - 1,
+    restricted to n x n; ``causal``: its lower triangle, the lags 0 .. n - 1, which is all the product reads, so
+    that a causal kernel may also be given as its lags alone (c, m), m >= n. In x's dtype, differentiable in both."""
     c, n = x.shape[0], x.shape[-1]
     y = _direct(x.reshape(c, -1, n), kernel.float(), causal)
     return y.view(x.shape)

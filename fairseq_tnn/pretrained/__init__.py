@@ -151,7 +151,8 @@ class CausalStack(nn.Module):
                 pad_mask = None
         x = self.dropout(self.embed_scale * self.embed_tokens(tokens))  # (b, n, d)
         # the layers' spectra, computed together while training (their RPEs as one batched MLP), as in the fairseq models
-        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], kernel_length, x.device)):
+        spectra = layer_spectra(self.layers, x.shape[1], kernel_length, x.device, x.dtype)
+        for layer, spectrum in zip(self.layers, spectra):
             x = layer(x, pad_mask, kernel_length, spectrum)
         if self.final_norm is not None:
             x = self.final_norm(x)
@@ -195,7 +196,7 @@ class BidirectionalStack(nn.Module):
         if self.layernorm_embedding is not None:
             x = self.layernorm_embedding(x)
         x = self.dropout(x)
-        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], None, x.device)):
+        for layer, spectrum in zip(self.layers, layer_spectra(self.layers, x.shape[1], None, x.device, x.dtype)):
             x = layer(x, pad_mask, None, spectrum)
         if self.final_norm is not None:
             x = self.final_norm(x)

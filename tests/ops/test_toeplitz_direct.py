@@ -149,8 +149,11 @@ def test_direct_supports_names_what_it_runs_on(monkeypatch):
     assert not toeplitz_direct.supports(torch.zeros(2, dtype=torch.float64))
     monkeypatch.setattr(toeplitz_direct, "INTERPRETED", True)
     assert toeplitz_direct.supports(torch.zeros(2))
+    assert toeplitz_direct.supports_on(torch.float16, None) and toeplitz_direct.supports_on(torch.bfloat16, "cpu")
     monkeypatch.setattr(toeplitz_direct, "INTERPRETED", False)
     assert not toeplitz_direct.supports(torch.zeros(2))
+    assert not toeplitz_direct.supports_on(torch.float32, None)
+    assert toeplitz_direct.supports_on(torch.float32, "cuda:1")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -207,6 +210,134 @@ def test_the_tnos_train_the_same_with_the_direct_product(tno_type, causal, devic
     assert len(direct) == len(fft) >= 3  # y, x and at least the RPE's weights
     for got, want in zip(direct, fft):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+
+def _fft_operations(fn):
+    """fn()'s result, and the FFT operators (``aten._fft_*``) it dispatched."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ffts(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if "_fft_" in func.__name__:
+                self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Ffts() as mode:
+        out = fn()
+    return out, mode.names
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_a_tnn_stack_hands_the_direct_product_its_kernels_in_time(causal, device, monkeypatch):
+    """Where the product runs by direct summation, a TNN stack's kernels go to it as the RPEs give them, in time
+    (``stacked_spectra(direct=True)``: causal the lags 0 .. n - 1, bidirectional the circulant column): no FFT of
+    the kernels and no inverse FFT back, forward or backward, and the same output and every gradient as the FFT
+    product; each kernel is the TNO's own ``time_kernel``, whose real FFT is its ``spectrum``."""
+    from fairseq_tnn.modules.tno import build_tno
+    from fairseq_tnn.modules.tno.base import SpectralTno
+    n = 50
+    tnos = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        tnos.append(build_tno("tnn", 6, causal).to(device))
+    x = torch.randn(6, 3, n, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
+    cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(device)
+    leaves = [x, *(p for t in tnos for p in t.parameters())]
+
+    def run(direct):
+        stacked = SpectralTno.stacked_spectra(tnos, n, device, direct)
+        ys = [t(x, layout="dbn", spectrum=k) for t, k in zip(tnos, stacked)]
+        return stacked, (*ys, *torch.autograd.grad(sum((y * cot).sum() for y in ys), leaves))
+
+    spectra, fft = run(False)
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", n)
+    (kernels, direct), ffts = _fft_operations(lambda: run(True))
+    assert ffts == []
+    for tno, (kernel, size), (spectrum, _) in zip(tnos, kernels, spectra):
+        assert not kernel.is_complex() and kernel.shape == (6, n if causal else size)
+        own, own_size = tno.time_kernel(n, device)
+        assert own_size == size
+        torch.testing.assert_close(kernel, own)
+        torch.testing.assert_close(tno.spectrum_of(kernel, size), spectrum)
+    assert len(direct) == len(fft) == 3 + 1 + 3 * len(list(tnos[0].parameters()))
+    for got, want in zip(direct, fft):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+    if device == "cuda":  # compiled, as the stack's CUDA graphs take it: the kernels and the products in one graph
+        def product(x):
+            stacked = SpectralTno.stacked_spectra(tnos, n, device, True)
+            return sum((t(x, layout="dbn", spectrum=k) * cot).sum() for t, k in zip(tnos, stacked))
+        torch._dynamo.reset()
+        loss = torch.compile(product, fullgraph=True)(x)
+        compiled = torch.autograd.grad(loss, leaves)
+        for got, want in zip(compiled, direct[3:]):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
+
+
+def test_a_kernel_in_time_takes_the_fft_where_the_direct_product_cannot_run(monkeypatch):
+    """A TNN layer handed its kernel in time where its product does not run directly (longer than
+    ``DIRECT_MAX_N`` here; compiled on the CPU, whose interpreted kernels are no operators) transforms it and takes
+    the FFT product: the same output and gradients as from its spectrum. FD-TNN has no kernel in time."""
+    from fairseq_tnn.modules.tno import build_tno
+    torch.manual_seed(0)
+    tno = build_tno("tnn", 6, False)
+    x = torch.randn(6, 2, 30, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 29)
+    y, ffts = _fft_operations(lambda: tno(x, layout="dbn", spectrum=tno.time_kernel(30)))
+    assert ffts.count("_fft_r2c.default") == 2  # the kernel's and the input's
+    want = tno(x, layout="dbn", spectrum=tno.spectrum(30))
+    torch.testing.assert_close(y, want)
+    leaves = [x, *tno.parameters()]
+    for got, ref in zip(torch.autograd.grad(y.square().sum(), leaves), torch.autograd.grad(want.square().sum(), leaves)):
+        torch.testing.assert_close(got, ref)
+    # compiled where the kernels are no operators (the CPU's interpreter): traced whole, the FFT product
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 30)
+    if not toeplitz_direct.TRITON_OPS:
+        kernel, size = tno.time_kernel(30)
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x, k: tno(x, layout="dbn", spectrum=(k, size)), backend="aot_eager",
+                                 fullgraph=True)(x, kernel)
+        torch.testing.assert_close(compiled, want)
+    fd = build_tno("fd", 6, True)
+    assert not fd.kernel_in_time
+    with pytest.raises(NotImplementedError, match="--tno-type fd gives its kernel as a spectrum only"):
+        fd.time_kernel(30)
+
+
+@pytest.mark.parametrize("arch", ["tnn_lm_wt103", "tnn_mlm_wt103"])
+def test_tnn_models_train_the_same_with_the_direct_product_and_no_fft(arch, device, monkeypatch):
+    """A TNN model's training forward and backward with ``DIRECT_MAX_N`` on: its layers' products by direct
+    summation, handed their kernels in time (``layer_spectra``), dispatch no FFT at all, and give the same loss and
+    every parameter's gradient as with the FFT product."""
+    from fairseq_tnn.models.build import build_arch
+    side = "decoder" if "_lm_" in arch else "encoder"
+    torch.manual_seed(0)
+    model = build_arch(arch, 50, **{f"{side}_layers": 3, f"{side}_embed_dim": 16, "glu_dim": 16,
+                                    "dropout": 0.0}).to(device)
+    tokens = torch.randint(4, 50, (2, 40), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def run():
+        model.zero_grad()
+        loss = model(tokens)[0].float().logsumexp(-1).sum()
+        loss.backward()
+        return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    fft = run()
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 40)
+    calls = []
+    apply = toeplitz_direct._apply
+    monkeypatch.setattr(toeplitz_direct, "_apply", lambda *a: calls.append(a[3]) or apply(*a))
+    direct, ffts = _fft_operations(run)
+    assert ffts == []
+    assert len(calls) == 6  # each layer's forward and input gradient
+    torch.testing.assert_close(direct[0], fft[0], rtol=1e-5, atol=0)
+    assert direct[1].keys() == fft[1].keys()
+    for name, g in fft[1].items():
+        torch.testing.assert_close(direct[1][name], g, rtol=1e-4, atol=1e-5 * g.abs().max().item(), msg=name)
 
 
 COMPILE_FOR_HOPPER = r'''

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Tuple, Type
 import torch
 from torch import nn
 
-from ...ops.toeplitz import fft_conv, seq_shape, swap_kernel_layout
+from ...ops.toeplitz import direct_product, fft_conv, fft_dtype, seq_shape, swap_kernel_layout
 from ..activations import ACTIVATIONS
 from ..norm import NORM_CHOICES
 from ..rpe import Rpe
@@ -181,9 +181,17 @@ class Tno(nn.Module):
 class SpectralTno(Tno):
     """A TNO whose matrix is exactly Toeplitz, applied as one FFT product: subclasses give
     ``spectrum(n)``, the rfft of the matrix's circulant embedding, and ``kernel(n)``, its coefficients
-    in time (incremental decoding, pictures, the dense references in the tests)."""
+    in time (incremental decoding, pictures, the dense references in the tests).
+
+    Where the product runs by direct summation instead (``toeplitz.direct_product``: short sequences on a GPU), a
+    TNO whose RPE gives its kernel in time (``kernel_in_time``: TNN's) hands that kernel over as it is
+    (``time_kernel``), with no FFT of it and no inverse FFT back: the ``spectrum`` a forward takes is then a real
+    tensor."""
 
     supports_incremental = True
+    # Whether the RPE's output at ``rpe_positions`` is the kernel in time that ``spectrum_of`` transforms (causal: its
+    # lags 0 .. n - 1; bidirectional: the circulant column), given by ``time_kernel``.
+    kernel_in_time = False
 
     def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
         """(d, size // 2 + 1) complex spectrum for sequences of length n, and the FFT size."""
@@ -193,6 +201,17 @@ class SpectralTno(Tno):
         """The Toeplitz coefficients for length n, channel-major: pos (d, n) for lags 0 .. n-1 and
         neg (d, n-1) for lags -1 .. -(n-1), None when causal; float32 (float64 for float64 weights)."""
         raise NotImplementedError
+
+    def time_kernel(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
+        """(d, m) real, what ``spectrum(n)`` is the real FFT of (``kernel_in_time``), and that FFT's size: causal,
+        the lags 0 .. n - 1 (m = n; the FFT zero-pads them); bidirectional, the circulant column (m = size)."""
+        raise NotImplementedError(f"--tno-type {self.name} gives its kernel as a spectrum only "
+                                  "(kernel_in_time is False)")
+
+    def mixing_kernel(self, n: int, direct: bool, device=None) -> Tuple[torch.Tensor, int]:
+        """What a forward of n positions applies: ``time_kernel(n)`` where its product runs by direct summation
+        (``direct``) and the TNO has one (``kernel_in_time``), ``spectrum(n)`` otherwise."""
+        return self.time_kernel(n, device) if direct and self.kernel_in_time else self.spectrum(n, device)
 
     def decoding_kernel(self, n: int, device=None) -> torch.Tensor:
         return self.kernel(n, device)[0]
@@ -206,20 +225,29 @@ class SpectralTno(Tno):
                 spectrum: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
         """``kernel_length``: where the kernel depends on the length (``kernel_depends_on_length``), apply that
         of max(n, kernel_length) positions (a planned generation's; None: the input's n); ignored otherwise.
-        ``spectrum``: (spectrum, FFT size) as ``spectrum`` gives it for that length, computed beforehand
-        (``stacked_spectra``); None: computed here."""
+        ``spectrum``: (spectrum, FFT size) as ``mixing_kernel`` gives it for that length, computed beforehand
+        (``stacked_spectra``): complex, or real where it is the kernel in time (``time_kernel``); None: computed
+        here."""
+        n = seq_shape(x, layout)[0]
+        direct = layout == "dbn" and direct_product(n, x.dtype, x.device)
         if spectrum is None:
-            spectrum = self.spectrum(self.spectrum_length(seq_shape(x, layout)[0], kernel_length), x.device)
+            spectrum = self.mixing_kernel(self.spectrum_length(n, kernel_length), direct, x.device)
         spec, size = spectrum
+        if not spec.is_complex():  # the kernel in time: summed directly, or (where that cannot run here) transformed
+            if direct:
+                from ...ops.toeplitz_direct import direct_toeplitz
+                return direct_toeplitz(x, spec, causal=self.causal)
+            spec = self.spectrum_of(spec, size)
         return fft_conv(x, swap_kernel_layout(spec, layout), size, layout, causal=self.causal)
 
     @staticmethod
-    def stacked_spectra(tnos, n: int, device=None) -> Optional[List[Tuple[torch.Tensor, int]]]:
-        """The ``spectrum(n)`` of each of ``tnos`` (a model's layers'), computed together: their RPEs as one
-        batched MLP (``Rpe.stacked_channel_major``) and the spectra as one transform, the operations of one TNO's
-        spectrum instead of one per TNO (eagerly, each operation costs a GPU 10-25 microseconds of host time).
-        None where that does not apply: fewer than two, of different types, settings or directions, without an
-        RPE, or RPEs that do not stack (``Rpe.stackable``: also the references on, ``fast.references``)."""
+    def stacked_spectra(tnos, n: int, device=None, direct: bool = False) -> Optional[List[Tuple[torch.Tensor, int]]]:
+        """The ``mixing_kernel(n, direct)`` of each of ``tnos`` (a model's layers'), computed together: their RPEs as
+        one batched MLP (``Rpe.stacked_channel_major``) and the spectra as one transform (none with ``direct`` where
+        the RPEs give the kernels in time), the operations of one TNO's spectrum instead of one per TNO (eagerly,
+        each operation costs a GPU 10-25 microseconds of host time). None where that does not apply: fewer than
+        two, of different types, settings or directions, without an RPE, or RPEs that do not stack
+        (``Rpe.stackable``: also the references on, ``fast.references``)."""
         first = tnos[0] if tnos else None
         if (len(tnos) < 2 or not hasattr(first, "rpe_positions")
                 or any(type(t) is not type(first) or t.causal != first.causal or t.settings != first.settings
@@ -229,6 +257,8 @@ class SpectralTno(Tno):
         if not Rpe.stackable(rpes):
             return None
         positions, scale, size = first.rpe_positions(n, device)
-        spectra = first.spectrum_of(Rpe.stacked_channel_major(rpes, positions, scale), size)  # (L, d, F)
+        k = Rpe.stacked_channel_major(rpes, positions, scale)  # (L, d, m)
+        # the kernels in time (L, d, m) as the direct product takes them, or the spectra (L, d, F)
+        kernels = k.to(fft_dtype(k)) if direct and first.kernel_in_time else first.spectrum_of(k, size)
         # unbind: one operation in the backward gathers the L gradients (indexing would add one per TNO)
-        return [(spec, size) for spec in spectra.unbind(0)]
+        return [(kernel, size) for kernel in kernels.unbind(0)]

@@ -36,6 +36,7 @@ class TnnTno(SpectralTno):
     name = "tnn"
     summary = "tnn (Qin et al.: RPE MLP of the lag x decay)"
     Settings = TnnSettings
+    kernel_in_time = True
 
     def __init__(self, dim: int, causal: bool, settings: Optional[TnnSettings] = None, **values):
         super().__init__(dim, causal, settings, **values)
@@ -76,6 +77,14 @@ class TnnTno(SpectralTno):
             return lag_function_spectrum(self.coefficients, n, size, self.causal, device), size
         lags, scale, size = self.rpe_positions(n, device)
         return self.spectrum_of(self.rpe.channel_major(lags, scale), size), size
+
+    def time_kernel(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
+        if not fast.enabled():  # the reference, as lag_function_spectrum evaluates it
+            size = next_fast_len(2 * n - 1)
+            return self.coefficients(*self._lags(n, size, device)), size
+        lags, scale, size = self.rpe_positions(n, device)
+        k = self.rpe.channel_major(lags, scale)
+        return k.to(fft_dtype(k)), size
 
     def rpe_positions(self, n: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor], int]:
         """The fast path's RPE input for length n: the lags (of the circulant column where bidirectional, as
