@@ -5,15 +5,21 @@ the FFT product's mixing is 41-61 times its floor).
     python benchmarks/toeplitz_direct.py --out results/toeplitz-direct          # on a CUDA GPU (about a minute)
     TRITON_INTERPRET=1 python benchmarks/toeplitz_direct.py --quick --device cpu --out /tmp/td   # the test's smoke run
 
-For each shape (a TNO's channels, the per-GPU batch, the length; x in ``--dtype``, fp16 by default on CUDA, the
-spectrum of a random kernel, causal at the causal shape, where the direct product sums T's lower triangle), the FFT
-product and the direct one with each ``--rows-per-program`` (``ROWS_PER_PROGRAM``: how many rows, sequences times
+For each shape (a TNO's channels, the per-GPU batch, the length; x in ``--dtype``, fp16 by default on CUDA, a
+random kernel, causal at the causal shape, where the direct product sums T's lower triangle), the FFT product and the
+direct one with each ``--rows-per-program`` (``ROWS_PER_PROGRAM``: how many rows, sequences times
 output tiles, a program stacks beside each tile of T it gathers; 32 and 64 by default), each way's forward and forward
-with backward (x's and the spectrum's gradients) in interleaved rounds, timed by CUDA events (the CPU's clock on the
+with backward (x's and the operand's gradients) in interleaved rounds, timed by CUDA events (the CPU's clock on the
 CPU), with their medians and least times, the ratio FFT / direct of the medians, the first call's seconds (Triton's
 compilation, on the first shape), and the largest differences of each direct way's output and gradients (x's, and the
 kernel's coefficients' through the spectrum) from the FFT's, relative to the FFT's largest value. Writes
 ``toeplitz_direct.json`` and ``toeplitz_direct.md``.
+
+``--operand``: what the product is handed, as a TNO hands it. ``kernel`` (the default; TNN's, whose stack hands the
+direct product its kernels in time): the FFT way transforms the kernel (``KernelRfft``) and takes the FFT product, the
+direct way sums the kernel as it is (``direct_toeplitz``; causal: the lags 0 .. n - 1, bidirectional: the circulant
+column). ``spectrum`` (FD-TNN's, whose kernel is made in frequency): the FFT product of the spectrum against
+``direct_conv``, which takes the spectrum back to the column by an irfft first.
 """
 import argparse
 import os
@@ -37,37 +43,53 @@ SHAPES = [("causal 8 x 512, d 1536", 1536, 8, 512, True), ("16 x 512, d 2304", 2
           ("8 x 1024, d 2304", 2304, 8, 1024, False), ("4 x 2048, d 2304", 2304, 4, 2048, False)]
 QUICK_SHAPES = [("causal 2 x 40, d 3", 3, 2, 40, True), ("17 x 70, d 2", 2, 17, 70, False)]
 
+# --operand: what the product is handed, as the markdown names it
+OPERANDS = {"kernel": "kernel in time (TNN)", "spectrum": "spectrum (FD-TNN)"}
+
+
 def _ways(rows_per_program: List[int]) -> List[str]:
     """"fft", then "direct/M" for each M of ``--rows-per-program``."""
     return ["fft"] + [f"direct/{m}" for m in rows_per_program]
 
 
-def _inputs(d: int, b: int, n: int, causal: bool, dtype, device):
+def _operand(pos, neg, size: int, operand: str):
+    """What the product is handed (``--operand``) for the kernel's coefficients pos (d, n) and neg (d, n - 1) (None
+    where causal): the kernel in time (pos where causal, the circulant column otherwise), or its spectrum."""
+    from fairseq_tnn.ops import toeplitz
+    if operand == "spectrum":
+        return toeplitz.kernel_spectrum(pos, neg, size, layout="dbn")
+    return pos if neg is None else toeplitz.circulant_column(pos, neg, size)
+
+
+def _inputs(d: int, b: int, n: int, causal: bool, dtype, device, operand: str):
     """x and its output's gradient (d, b, n), the kernel's coefficients pos (d, n) and neg (d, n - 1) (None where
-    causal), its spectrum, and the FFT size."""
+    causal), the product's operand (``_operand``), and the FFT size."""
     from fairseq_tnn.ops import toeplitz
     g = torch.Generator().manual_seed(0)
     size = toeplitz.next_fast_len(2 * n - 1)
     decay = torch.exp(-torch.arange(n) / (n / 4))
     pos = (torch.randn(d, n, generator=g) * decay / n ** 0.5).to(device)
     neg = None if causal else (torch.randn(d, n - 1, generator=g) * decay[1:] / n ** 0.5).to(device)
-    spectrum = toeplitz.kernel_spectrum(pos, neg, size, layout="dbn")
     x = torch.randn(d, b, n, generator=g).to(device=device, dtype=dtype)
     cot = torch.randn(d, b, n, generator=g).to(device=device, dtype=dtype)
-    return x, cot, pos, neg, spectrum, size
+    return x, cot, pos, neg, _operand(pos, neg, size, operand), size
 
 
-def _product(way: str, causal: bool) -> Callable:
-    """The product of ``way``: "fft", or "direct/M", the direct one with ``ROWS_PER_PROGRAM`` M (set at each call:
-    its backward reads it too, within the call)."""
+def _product(way: str, causal: bool, operand: str) -> Callable:
+    """The product of ``way`` on ``operand`` (``--operand``): "fft", or "direct/M", the direct one with
+    ``ROWS_PER_PROGRAM`` M (set at each call: its backward reads it too, within the call)."""
     from fairseq_tnn.ops import toeplitz, toeplitz_direct
     if way == "fft":
-        return lambda x, s, size: toeplitz.fft_conv(x, s, size, layout="dbn")
+        if operand == "spectrum":
+            return lambda x, s, size: toeplitz.fft_conv(x, s, size, layout="dbn")
+        return lambda x, k, size: toeplitz.fft_conv(x, toeplitz.KernelRfft.apply(k, size), size, layout="dbn")
     rows = int(way.split("/")[1])
 
     def direct(x, s, size):
         toeplitz_direct.ROWS_PER_PROGRAM = rows
-        return toeplitz_direct.direct_conv(x, s, size, causal)
+        if operand == "spectrum":
+            return toeplitz_direct.direct_conv(x, s, size, causal)
+        return toeplitz_direct.direct_toeplitz(x, s, causal)
     return direct
 
 
@@ -87,15 +109,14 @@ def _clock(device: str):
     return timed
 
 
-def _differences(way: str, x, cot, pos, neg, size, causal) -> Dict[str, float]:
-    """A direct way's output and the gradients of x and of the kernel's coefficients (through its spectrum, as a
+def _differences(way: str, x, cot, pos, neg, size, causal, operand: str) -> Dict[str, float]:
+    """A direct way's output and the gradients of x and of the kernel's coefficients (through the operand, as a
     TNO's parameters get theirs) against the FFT's: max |direct - fft| / max |fft|."""
-    from fairseq_tnn.ops import toeplitz
     results = []
     for product in ("fft", way):
         leaves = [t.detach().clone().requires_grad_() for t in (x, pos, neg) if t is not None]
-        spectrum = toeplitz.kernel_spectrum(leaves[1], leaves[2] if neg is not None else None, size, layout="dbn")
-        y = _product(product, causal)(leaves[0], spectrum, size)
+        handed = _operand(leaves[1], leaves[2] if neg is not None else None, size, operand)
+        y = _product(product, causal, operand)(leaves[0], handed, size)
         gx, *gk = torch.autograd.grad(y, leaves, cot)
         results.append((y, gx, torch.cat([g.flatten() for g in gk])))
     return {name: ((direct.double() - fft.double()).abs().max() / fft.double().abs().max()).item()
@@ -103,14 +124,14 @@ def _differences(way: str, x, cot, pos, neg, size, causal) -> Dict[str, float]:
 
 
 def measure(label: str, d: int, b: int, n: int, causal: bool, dtype, device: str, rounds: int,
-            ways: List[str]) -> Dict:
-    x, cot, pos, neg, spectrum, size = _inputs(d, b, n, causal, dtype, device)
+            ways: List[str], operand: str = "kernel") -> Dict:
+    x, cot, pos, neg, spectrum, size = _inputs(d, b, n, causal, dtype, device, operand)
     timed = _clock(device)
     row: Dict = {"shape": label, "channels": d, "batch": b, "n": n, "causal": causal, "size": size}
     xg, sg = x.detach().clone().requires_grad_(), spectrum.detach().clone().requires_grad_()
     steps = {}
     for way in ways:
-        product = _product(way, causal)
+        product = _product(way, causal, operand)
         steps[way] = {
             "forward": lambda product=product: product(x, spectrum, size),
             "forward_backward": lambda product=product: torch.autograd.grad(product(xg, sg, size), (xg, sg), cot),
@@ -129,12 +150,13 @@ def measure(label: str, d: int, b: int, n: int, causal: bool, dtype, device: str
         row[way] = {part: {"median_ms": statistics.median(v), "least_ms": min(v)} for part, v in times[way].items()}
     row["fft_over_direct"] = {way: {part: row["fft"][part]["median_ms"] / row[way][part]["median_ms"]
                                     for part in ("forward", "forward_backward")} for way in ways[1:]}
-    row["differences"] = {way: _differences(way, x, cot, pos, neg, size, causal) for way in ways[1:]}
+    row["differences"] = {way: _differences(way, x, cot, pos, neg, size, causal, operand) for way in ways[1:]}
     return row
 
 
 def markdown(result: Dict) -> str:
-    out = [f"# The Toeplitz product by FFT and by direct summation ({result['dtype']}, {result['device_name']})", "",
+    out = [f"# The Toeplitz product by FFT and by direct summation ({result['dtype']}, {result['device_name']}, "
+           f"handed the {OPERANDS[result['operand']]})", "",
            f"torch {result['torch']}, triton {result['triton']}; median of {result['rounds']} interleaved rounds, ms; "
            "`python benchmarks/toeplitz_direct.py`", "",
            "| shape | way (direct/M: M rows a program) | forward / with backward | FFT / this way | this - FFT: output, "
@@ -157,6 +179,9 @@ def main(argv=None) -> Dict:
     p.add_argument("--rows-per-program", type=int, nargs="+", default=[32, 64], metavar="M",
                    help="the direct product's rows per program (toeplitz_direct.ROWS_PER_PROGRAM), each a way of its "
                         "own (default 32 64; powers of 2 from 16 to 128)")
+    p.add_argument("--operand", choices=sorted(OPERANDS), default="kernel",
+                   help="what the product is handed: kernel (in time, as a TNN stack hands it; the FFT way "
+                        "transforms it) or spectrum (as FD-TNN hands it; the direct way takes it back by an irfft)")
     add_device_options(p, rounds=20)
     add_out_options(p, "results/toeplitz-direct")
     a = p.parse_args(argv)
@@ -175,13 +200,13 @@ def main(argv=None) -> Dict:
     ways = _ways(a.rows_per_program)
     default = toeplitz_direct.ROWS_PER_PROGRAM
     try:
-        rows = [measure(label, d, max(1, b // a.batch_scale), n, causal, dtype, a.device, a.rounds, ways)
+        rows = [measure(label, d, max(1, b // a.batch_scale), n, causal, dtype, a.device, a.rounds, ways, a.operand)
                 for label, d, b, n, causal in (QUICK_SHAPES if a.quick else SHAPES)]
     finally:
         toeplitz_direct.ROWS_PER_PROGRAM = default
     import triton
     result = {"rows": rows, "ways": ways, "torch": torch.__version__, "triton": triton.__version__, "dtype": name,
-              "device": a.device, "rounds": a.rounds,
+              "device": a.device, "rounds": a.rounds, "operand": a.operand,
               "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "CPU, Triton's interpreter"}
     md = markdown(result)
     write_results(a.out, "toeplitz_direct", result, md)

@@ -920,17 +920,25 @@ def test_fft_bytes_counts_the_products_bytes_three_ways(tmp_path):
     assert paired < real, (paired, real)  # the inverse FFT's copy of its input is gone
 
 
-def test_toeplitz_direct_times_both_products_side_by_side(tmp_path):
+@pytest.mark.parametrize("operand", ["kernel", "spectrum"])
+def test_toeplitz_direct_times_both_products_side_by_side(operand, tmp_path, monkeypatch):
     """benchmarks/toeplitz_direct.py --quick on the CPU (Triton's interpreter, tests/conftest.py): the FFT product's
     and the direct one's forward and forward with backward, the direct one at two ``ROWS_PER_PROGRAM`` (restored
-    after), their ratios, and the direct ways' differences from the FFT's, at fp32's rounding; and refusals, before any
-    work: where the kernels cannot run, an output already there, rows per program the kernels do not take."""
+    after), their ratios, and the direct ways' differences from the FFT's, at fp32's rounding, handed the kernel in
+    time (TNN's: the direct way sums it with no FFT, the FFT way transforms it) or its spectrum (FD-TNN's: the
+    direct way takes it back by an irfft); and refusals, before any work: where the kernels cannot run, an output
+    already there, rows per program the kernels do not take."""
     from benchmarks import toeplitz_direct
     from fairseq_tnn.ops import toeplitz_direct as ops
     default = ops.ROWS_PER_PROGRAM
+    calls = []
+    for name in ("direct_conv", "direct_toeplitz"):
+        monkeypatch.setattr(ops, name, (lambda f, name: lambda *a: calls.append(name) or f(*a))(getattr(ops, name), name))
     result = toeplitz_direct.main(["--quick", "--device", "cpu", "--rounds", "2", "--rows-per-program", "16", "64",
-                                   "--out", str(tmp_path)])
-    assert "| causal 2 x 40, d 3 | direct/64 |" in (tmp_path / "toeplitz_direct.md").read_text()
+                                   "--operand", operand, "--out", str(tmp_path)])
+    md = (tmp_path / "toeplitz_direct.md").read_text()
+    assert "| causal 2 x 40, d 3 | direct/64 |" in md
+    assert f"handed the {toeplitz_direct.OPERANDS[operand]})" in md and result["operand"] == operand
     assert len(result["rows"]) == 2 and result["ways"] == ["fft", "direct/16", "direct/64"]
     assert ops.ROWS_PER_PROGRAM == default
     for row in result["rows"]:
@@ -940,6 +948,8 @@ def test_toeplitz_direct_times_both_products_side_by_side(tmp_path):
         for differences in row["differences"].values():
             assert set(differences) == {"output", "x_grad", "kernel_grad"}
             assert max(differences.values()) < 1e-5, differences
+    # the kernel summed as it is; the spectrum taken back to the kernel first (direct_conv's irfft)
+    assert set(calls) == ({"direct_toeplitz"} if operand == "kernel" else {"direct_conv", "direct_toeplitz"})
     with pytest.raises(SystemExit):
         toeplitz_direct.main(["--quick", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path)])  # no --force
     with pytest.raises(SystemExit):
