@@ -80,8 +80,8 @@ run_call() {
         tests_part tests/ops/test_toeplitz_direct.py || code=$?
         return $code ;;
     direct)
-        # handed the kernel in time first (TNN's stacks hand it so; the FFT way transforms it), then the spectrum
-        # (FD-TNN's, which the direct way takes back by an irfft)
+        # handed the kernel in time first (TNN's and causal FD-TNN's stacks hand it so; the FFT way transforms it),
+        # then the spectrum (bidirectional FD-TNN's, which the direct way takes back by an irfft)
         local code=0
         timeout 110 python3 benchmarks/toeplitz_direct.py --out "$dir" || code=$?
         timeout 80 python3 benchmarks/toeplitz_direct.py --operand spectrum --out "$dir/spectrum" || code=$?

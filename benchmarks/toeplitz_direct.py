@@ -15,11 +15,11 @@ compilation, on the first shape), and the largest differences of each direct way
 kernel's coefficients' through the spectrum) from the FFT's, relative to the FFT's largest value. Writes
 ``toeplitz_direct.json`` and ``toeplitz_direct.md``.
 
-``--operand``: what the product is handed, as a TNO hands it. ``kernel`` (the default; TNN's, whose stack hands the
-direct product its kernels in time): the FFT way transforms the kernel (``KernelRfft``) and takes the FFT product, the
-direct way sums the kernel as it is (``direct_toeplitz``; causal: the lags 0 .. n - 1, bidirectional: the circulant
-column). ``spectrum`` (FD-TNN's, whose kernel is made in frequency): the FFT product of the spectrum against
-``direct_conv``, which takes the spectrum back to the column by an irfft first.
+``--operand``: what the product is handed, as a TNO hands it. ``kernel`` (the default; TNN's and causal FD-TNN's,
+whose stacks hand the direct product their kernels in time): the FFT way transforms the kernel (``KernelRfft``) and
+takes the FFT product, the direct way sums the kernel as it is (``direct_toeplitz``; causal: the lags 0 .. n - 1,
+bidirectional: the circulant column). ``spectrum`` (bidirectional FD-TNN's, whose RPE gives the spectrum itself): the
+FFT product of the spectrum against ``direct_conv``, which takes the spectrum back to the column by an irfft first.
 """
 import argparse
 import os
@@ -44,7 +44,7 @@ SHAPES = [("causal 8 x 512, d 1536", 1536, 8, 512, True), ("16 x 512, d 2304", 2
 QUICK_SHAPES = [("causal 2 x 40, d 3", 3, 2, 40, True), ("17 x 70, d 2", 2, 17, 70, False)]
 
 # --operand: what the product is handed, as the markdown names it
-OPERANDS = {"kernel": "kernel in time (TNN)", "spectrum": "spectrum (FD-TNN)"}
+OPERANDS = {"kernel": "kernel in time (TNN, causal FD-TNN)", "spectrum": "spectrum (bidirectional FD-TNN)"}
 
 
 def _ways(rows_per_program: List[int]) -> List[str]:
@@ -180,8 +180,9 @@ def main(argv=None) -> Dict:
                    help="the direct product's rows per program (toeplitz_direct.ROWS_PER_PROGRAM), each a way of its "
                         "own (default 32 64; powers of 2 from 16 to 128)")
     p.add_argument("--operand", choices=sorted(OPERANDS), default="kernel",
-                   help="what the product is handed: kernel (in time, as a TNN stack hands it; the FFT way "
-                        "transforms it) or spectrum (as FD-TNN hands it; the direct way takes it back by an irfft)")
+                   help="what the product is handed: kernel (in time, as TNN's and causal FD-TNN's stacks hand it; "
+                        "the FFT way transforms it) or spectrum (as a bidirectional FD-TNN hands it; the direct way "
+                        "takes it back by an irfft)")
     add_device_options(p, rounds=20)
     add_out_options(p, "results/toeplitz-direct")
     a = p.parse_args(argv)

@@ -22,7 +22,8 @@ channel's scaled to at most 1 (``_scale_kernel``; the 10-bit significand TF32 wo
 bf16 x enters as TF32 (which holds it exactly) with the coefficients rounded to TF32, fp32 as it is; all accumulate
 in fp32. ``direct_conv`` is the product of a spectrum, the coefficients taken by one irfft of the (channels x size)
 spectrum, whose gradient autograd carries back to the spectrum: the same function and gradients as ``fft_conv``,
-within rounding.
+within rounding. A TNO that makes its kernel in time before transforming it (TNN's RPE, causal FD-TNN's Hilbert
+transform: ``SpectralTno.kernel_in_time``) hands ``direct_toeplitz`` that kernel instead, with no FFT either way.
 
 Triton is optional: it ships with torch's CUDA builds; without it (a CPU-only torch) ``AVAILABLE`` is False and
 nothing here runs. On the CPU the kernels run only under Triton's interpreter (``INTERPRETED``), which the tests use

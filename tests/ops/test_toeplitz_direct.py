@@ -232,19 +232,22 @@ def _fft_operations(fn):
     return out, mode.names
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-def test_a_tnn_stack_hands_the_direct_product_its_kernels_in_time(causal, device, monkeypatch):
-    """Where the product runs by direct summation, a TNN stack's kernels go to it as the RPEs give them, in time
-    (``stacked_spectra(direct=True)``: causal the lags 0 .. n - 1, bidirectional the circulant column): no FFT of
-    the kernels and no inverse FFT back, forward or backward, and the same output and every gradient as the FFT
-    product; each kernel is the TNO's own ``time_kernel``, whose real FFT is its ``spectrum``."""
+@pytest.mark.parametrize("tno_type,causal", [("tnn", True), ("tnn", False), ("fd", True)],
+                         ids=["tnn-causal", "tnn-bidirectional", "fd-causal"])
+def test_a_stack_hands_the_direct_product_its_kernels_in_time(tno_type, causal, device, monkeypatch):
+    """Where the product runs by direct summation, a TNN stack's kernels go to it in time, as the RPEs give them
+    (``stacked_spectra(direct=True)``: causal the lags 0 .. n - 1, bidirectional the circulant column), and a causal
+    FD-TNN stack's as its Hilbert transform makes them (its lags 0 .. N'): no FFT of the kernels and no inverse FFT
+    back, forward or backward (FD-TNN: only the Hilbert transform's inverse FFT, and its gradient's), and the same
+    output and every gradient as the FFT product; each kernel is the TNO's own ``time_kernel``, whose real FFT is its
+    ``spectrum``."""
     from fairseq_tnn.modules.tno import build_tno
     from fairseq_tnn.modules.tno.base import SpectralTno
     n = 50
     tnos = []
     for seed in range(3):
         torch.manual_seed(seed)
-        tnos.append(build_tno("tnn", 6, causal).to(device))
+        tnos.append(build_tno(tno_type, 6, causal).to(device))
     x = torch.randn(6, 3, n, generator=torch.Generator().manual_seed(1)).to(device).requires_grad_()
     cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(device)
     leaves = [x, *(p for t in tnos for p in t.parameters())]
@@ -257,13 +260,14 @@ def test_a_tnn_stack_hands_the_direct_product_its_kernels_in_time(causal, device
     spectra, fft = run(False)
     monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", n)
     (kernels, direct), ffts = _fft_operations(lambda: run(True))
-    assert ffts == []
+    assert ffts == ([] if tno_type == "tnn" else ["_fft_c2r.default", "_fft_r2c.default"])
     for tno, (kernel, size), (spectrum, _) in zip(tnos, kernels, spectra):
-        assert not kernel.is_complex() and kernel.shape == (6, n if causal else size)
+        length = {"tnn": n if causal else size, "fd": size // 2 + 1}[tno_type]  # FD: the lags 0 .. N'
+        assert not kernel.is_complex() and kernel.shape == (6, length)
         own, own_size = tno.time_kernel(n, device)
         assert own_size == size
         torch.testing.assert_close(kernel, own)
-        torch.testing.assert_close(tno.spectrum_of(kernel, size), spectrum)
+        torch.testing.assert_close(toeplitz.KernelRfft.apply(kernel, size), spectrum)
     assert len(direct) == len(fft) == 3 + 1 + 3 * len(list(tnos[0].parameters()))
     for got, want in zip(direct, fft):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item())
@@ -281,7 +285,8 @@ def test_a_tnn_stack_hands_the_direct_product_its_kernels_in_time(causal, device
 def test_a_kernel_in_time_takes_the_fft_where_the_direct_product_cannot_run(monkeypatch):
     """A TNN layer handed its kernel in time where its product does not run directly (longer than
     ``DIRECT_MAX_N`` here; compiled on the CPU, whose interpreted kernels are no operators) transforms it and takes
-    the FFT product: the same output and gradients as from its spectrum. FD-TNN has no kernel in time."""
+    the FFT product: the same output and gradients as from its spectrum. A bidirectional FD-TNN has no kernel in
+    time (its RPE gives the spectrum)."""
     from fairseq_tnn.modules.tno import build_tno
     torch.manual_seed(0)
     tno = build_tno("tnn", 6, False)
@@ -292,7 +297,8 @@ def test_a_kernel_in_time_takes_the_fft_where_the_direct_product_cannot_run(monk
     want = tno(x, layout="dbn", spectrum=tno.spectrum(30))
     torch.testing.assert_close(y, want)
     leaves = [x, *tno.parameters()]
-    for got, ref in zip(torch.autograd.grad(y.square().sum(), leaves), torch.autograd.grad(want.square().sum(), leaves)):
+    grads = [torch.autograd.grad(out.square().sum(), leaves) for out in (y, want)]
+    for got, ref in zip(*grads):
         torch.testing.assert_close(got, ref)
     # compiled where the kernels are no operators (the CPU's interpreter): traced whole, the FFT product
     monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 30)
@@ -302,17 +308,18 @@ def test_a_kernel_in_time_takes_the_fft_where_the_direct_product_cannot_run(monk
         compiled = torch.compile(lambda x, k: tno(x, layout="dbn", spectrum=(k, size)), backend="aot_eager",
                                  fullgraph=True)(x, kernel)
         torch.testing.assert_close(compiled, want)
-    fd = build_tno("fd", 6, True)
-    assert not fd.kernel_in_time
-    with pytest.raises(NotImplementedError, match="--tno-type fd gives its kernel as a spectrum only"):
+    fd = build_tno("fd", 6, False)
+    assert not fd.kernel_in_time and build_tno("fd", 6, True).kernel_in_time
+    with pytest.raises(NotImplementedError, match="--tno-type fd bidirectional gives its kernel as a spectrum only"):
         fd.time_kernel(30)
 
 
-@pytest.mark.parametrize("arch", ["tnn_lm_wt103", "tnn_mlm_wt103"])
-def test_tnn_models_train_the_same_with_the_direct_product_and_no_fft(arch, device, monkeypatch):
-    """A TNN model's training forward and backward with ``DIRECT_MAX_N`` on: its layers' products by direct
-    summation, handed their kernels in time (``layer_spectra``), dispatch no FFT at all, and give the same loss and
-    every parameter's gradient as with the FFT product."""
+@pytest.mark.parametrize("arch", ["tnn_lm_wt103", "tnn_mlm_wt103", "fd_tnn_lm_wt103"])
+def test_models_train_the_same_with_the_direct_product_and_no_fft_of_the_kernels(arch, device, monkeypatch):
+    """A TNN or causal FD-TNN model's training forward and backward with ``DIRECT_MAX_N`` on: its layers' products
+    by direct summation, handed their kernels in time (``layer_spectra``), dispatch no FFT at all (FD-TNN: its
+    stack's Hilbert transform's one inverse FFT and its gradient's), and give the same loss and every parameter's
+    gradient as with the FFT product."""
     from fairseq_tnn.models.build import build_arch
     side = "decoder" if "_lm_" in arch else "encoder"
     torch.manual_seed(0)
@@ -332,7 +339,7 @@ def test_tnn_models_train_the_same_with_the_direct_product_and_no_fft(arch, devi
     apply = toeplitz_direct._apply
     monkeypatch.setattr(toeplitz_direct, "_apply", lambda *a: calls.append(a[3]) or apply(*a))
     direct, ffts = _fft_operations(run)
-    assert ffts == []
+    assert ffts == ([] if arch.startswith("tnn") else ["_fft_c2r.default", "_fft_r2c.default"])
     assert len(calls) == 6  # each layer's forward and input gradient
     torch.testing.assert_close(direct[0], fft[0], rtol=1e-5, atol=0)
     assert direct[1].keys() == fft[1].keys()

@@ -925,8 +925,8 @@ def test_toeplitz_direct_times_both_products_side_by_side(operand, tmp_path, mon
     """benchmarks/toeplitz_direct.py --quick on the CPU (Triton's interpreter, tests/conftest.py): the FFT product's
     and the direct one's forward and forward with backward, the direct one at two ``ROWS_PER_PROGRAM`` (restored
     after), their ratios, and the direct ways' differences from the FFT's, at fp32's rounding, handed the kernel in
-    time (TNN's: the direct way sums it with no FFT, the FFT way transforms it) or its spectrum (FD-TNN's: the
-    direct way takes it back by an irfft); and refusals, before any work: where the kernels cannot run, an output
+    time (TNN's and causal FD-TNN's: the direct way sums it with no FFT, the FFT way transforms it) or its spectrum
+    (bidirectional FD-TNN's: the direct way takes it back by an irfft); and refusals, before any work: where the kernels cannot run, an output
     already there, rows per program the kernels do not take."""
     from benchmarks import toeplitz_direct
     from fairseq_tnn.ops import toeplitz_direct as ops

@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Tuple, Type
 import torch
 from torch import nn
 
-from ...ops.toeplitz import direct_product, fft_conv, fft_dtype, seq_shape, swap_kernel_layout
+from ...ops.toeplitz import KernelRfft, direct_product, fft_conv, seq_shape, swap_kernel_layout
 from ..activations import ACTIVATIONS
 from ..norm import NORM_CHOICES
 from ..rpe import Rpe
@@ -184,13 +184,13 @@ class SpectralTno(Tno):
     in time (incremental decoding, pictures, the dense references in the tests).
 
     Where the product runs by direct summation instead (``toeplitz.direct_product``: short sequences on a GPU), a
-    TNO whose RPE gives its kernel in time (``kernel_in_time``: TNN's) hands that kernel over as it is
-    (``time_kernel``), with no FFT of it and no inverse FFT back: the ``spectrum`` a forward takes is then a real
-    tensor."""
+    TNO whose spectrum is the real FFT of a kernel in time it computes first (``kernel_in_time``: TNN's, the RPE's
+    output; causal FD-TNN's, the Hilbert transform's causal kernel) hands that kernel over (``time_kernel``), with
+    no FFT of it and no inverse FFT back: the ``spectrum`` a forward takes is then a real tensor."""
 
     supports_incremental = True
-    # Whether the RPE's output at ``rpe_positions`` is the kernel in time that ``spectrum_of`` transforms (causal: its
-    # lags 0 .. n - 1; bidirectional: the circulant column), given by ``time_kernel``.
+    # Whether ``spectrum_of`` is the real FFT of ``time_kernel_of`` (of the RPE's output at ``rpe_positions``), so that
+    # ``time_kernel`` gives the kernel in time without a transform of its own.
     kernel_in_time = False
 
     def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
@@ -204,9 +204,17 @@ class SpectralTno(Tno):
 
     def time_kernel(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
         """(d, m) real, what ``spectrum(n)`` is the real FFT of (``kernel_in_time``), and that FFT's size: causal,
-        the lags 0 .. n - 1 (m = n; the FFT zero-pads them); bidirectional, the circulant column (m = size)."""
-        raise NotImplementedError(f"--tno-type {self.name} gives its kernel as a spectrum only "
-                                  "(kernel_in_time is False)")
+        the lags 0 .. m - 1, m >= n (the FFT zero-pads them); bidirectional, the circulant column (m = size)."""
+        if not self.kernel_in_time:
+            raise NotImplementedError(f"--tno-type {self.name} {'causal' if self.causal else 'bidirectional'} gives "
+                                      "its kernel as a spectrum only (kernel_in_time is False)")
+        positions, scale, size = self.rpe_positions(n, device)
+        return self.time_kernel_of(self.rpe.channel_major(positions, scale), size), size
+
+    def time_kernel_of(self, k: torch.Tensor, size: int) -> torch.Tensor:
+        """The kernel in time from the RPE's output k (..., d, m) at ``rpe_positions`` (``kernel_in_time``), float32
+        (float64 for float64 k): ``spectrum_of(k, size)`` is its real FFT of ``size``."""
+        raise NotImplementedError
 
     def mixing_kernel(self, n: int, direct: bool, device=None) -> Tuple[torch.Tensor, int]:
         """What a forward of n positions applies: ``time_kernel(n)`` where its product runs by direct summation
@@ -237,7 +245,7 @@ class SpectralTno(Tno):
             if direct:
                 from ...ops.toeplitz_direct import direct_toeplitz
                 return direct_toeplitz(x, spec, causal=self.causal)
-            spec = self.spectrum_of(spec, size)
+            spec = KernelRfft.apply(spec, size)
         return fft_conv(x, swap_kernel_layout(spec, layout), size, layout, causal=self.causal)
 
     @staticmethod
@@ -259,6 +267,6 @@ class SpectralTno(Tno):
         positions, scale, size = first.rpe_positions(n, device)
         k = Rpe.stacked_channel_major(rpes, positions, scale)  # (L, d, m)
         # the kernels in time (L, d, m) as the direct product takes them, or the spectra (L, d, F)
-        kernels = k.to(fft_dtype(k)) if direct and first.kernel_in_time else first.spectrum_of(k, size)
+        kernels = first.time_kernel_of(k, size) if direct and first.kernel_in_time else first.spectrum_of(k, size)
         # unbind: one operation in the backward gathers the L gradients (indexing would add one per TNO)
         return [(kernel, size) for kernel in kernels.unbind(0)]

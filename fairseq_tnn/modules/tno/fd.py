@@ -46,6 +46,17 @@ class FdTno(SpectralTno):
         size, omegas = fd_grid(n, device)
         return omegas, None, size
 
+    @property
+    def kernel_in_time(self) -> bool:
+        """Causal: the spectrum is the real FFT of the Hilbert transform's causal kernel (``time_kernel_of``).
+        Bidirectional: the RPE gives the spectrum itself, whose kernel in time would take an inverse FFT."""
+        return self.causal
+
+    def time_kernel_of(self, k: torch.Tensor, size: int) -> torch.Tensor:
+        """Causal: the lags 0 .. N' of the kernel whose spectrum ``hilbert_causal_spectrum`` gives
+        (``fd_causal_kernel``)."""
+        return fd_causal_kernel(k, layout="dbn")
+
     def spectrum_of(self, k: torch.Tensor, size: int) -> torch.Tensor:
         """The spectrum from the RPE's output k (..., d, N'+1) causal, (..., 2d, N'+1) bidirectional."""
         if self.causal:

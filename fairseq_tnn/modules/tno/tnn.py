@@ -82,9 +82,11 @@ class TnnTno(SpectralTno):
         if not fast.enabled():  # the reference, as lag_function_spectrum evaluates it
             size = next_fast_len(2 * n - 1)
             return self.coefficients(*self._lags(n, size, device)), size
-        lags, scale, size = self.rpe_positions(n, device)
-        k = self.rpe.channel_major(lags, scale)
-        return k.to(fft_dtype(k)), size
+        return super().time_kernel(n, device)
+
+    def time_kernel_of(self, k: torch.Tensor, size: int) -> torch.Tensor:
+        """The RPE's output itself: the lags 0 .. n - 1 causal, the circulant column bidirectional."""
+        return k.to(fft_dtype(k))
 
     def rpe_positions(self, n: int, device=None) -> Tuple[torch.Tensor, Optional[torch.Tensor], int]:
         """The fast path's RPE input for length n: the lags (of the circulant column where bidirectional, as
