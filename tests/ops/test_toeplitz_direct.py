@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from helpers import on
+from helpers import on, rel
 from fairseq_tnn.ops import toeplitz, toeplitz_direct
 from fairseq_tnn.ops.toeplitz import fft_conv, kernel_spectrum, next_fast_len, toeplitz_ref
 
@@ -345,6 +345,38 @@ def test_models_train_the_same_with_the_direct_product_and_no_fft_of_the_kernels
     assert direct[1].keys() == fft[1].keys()
     for name, g in fft[1].items():
         torch.testing.assert_close(direct[1][name], g, rtol=1e-4, atol=1e-5 * g.abs().max().item(), msg=name)
+
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_stacks_cuda_graphs_take_the_direct_product(monkeypatch):
+    """On a CUDA GPU: ``tnn_lm_wt103`` (3 layers) with ``--tnn-cuda-graphs`` (the recipe's default on one GPU: the stack's
+    graphs, the model's edges and the layers as regions in them) and ``DIRECT_MAX_N`` on, so that the graphs hold the
+    kernels in time and the Triton operators: the logits and every parameter's gradient equal the eager model's with
+    the same products, over updates of one micro-batch and of two, with no fallback."""
+    import copy
+    from fairseq_tnn.models.build import build_arch
+    from fairseq_tnn.models.compile import compile_layers
+    monkeypatch.setattr(toeplitz, "DIRECT_MAX_N", 512)
+    torch.manual_seed(0)
+    eager = build_arch("tnn_lm_wt103", 1000, dropout=0.0, decoder_layers=3).cuda()
+    model = copy.deepcopy(eager)
+    compile_layers(model.decoder.layers, "strict", "layers", cuda_graphs=True)
+    stack = model.decoder.layers[0].forward.stack
+    for update, micro_batches in enumerate([1, 2, 1]):
+        for p in list(eager.parameters()) + list(model.parameters()):
+            p.grad = None
+        for _ in range(micro_batches):
+            tokens = torch.randint(4, 1000, (2, 512), device="cuda")
+            ye, yg = eager(tokens)[0], model(tokens)[0]
+            assert rel(yg, ye) < 1e-5, ("output", update, float(rel(yg, ye)))
+            g = torch.randn_like(ye)
+            ye.backward(g)
+            yg.backward(g)
+        for (name, pe), pg in zip(eager.named_parameters(), model.parameters()):
+            assert rel(pg.grad, pe.grad) < 1e-4, (name, update, float(rel(pg.grad, pe.grad)))
+    assert stack.error is None and stack.graphs is not None
 
 
 COMPILE_FOR_HOPPER = r'''
