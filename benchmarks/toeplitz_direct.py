@@ -125,16 +125,16 @@ def _differences(way: str, x, cot, pos, neg, size, causal, operand: str) -> Dict
 
 def measure(label: str, d: int, b: int, n: int, causal: bool, dtype, device: str, rounds: int,
             ways: List[str], operand: str = "kernel") -> Dict:
-    x, cot, pos, neg, spectrum, size = _inputs(d, b, n, causal, dtype, device, operand)
+    x, cot, pos, neg, handed, size = _inputs(d, b, n, causal, dtype, device, operand)
     timed = _clock(device)
     row: Dict = {"shape": label, "channels": d, "batch": b, "n": n, "causal": causal, "size": size}
-    xg, sg = x.detach().clone().requires_grad_(), spectrum.detach().clone().requires_grad_()
+    xg, hg = x.detach().clone().requires_grad_(), handed.detach().clone().requires_grad_()
     steps = {}
     for way in ways:
         product = _product(way, causal, operand)
         steps[way] = {
-            "forward": lambda product=product: product(x, spectrum, size),
-            "forward_backward": lambda product=product: torch.autograd.grad(product(xg, sg, size), (xg, sg), cot),
+            "forward": lambda product=product: product(x, handed, size),
+            "forward_backward": lambda product=product: torch.autograd.grad(product(xg, hg, size), (xg, hg), cot),
         }
         t = time.perf_counter()
         steps[way]["forward_backward"]()  # the first call: Triton's compilation for the direct way

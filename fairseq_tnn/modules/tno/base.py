@@ -208,8 +208,14 @@ class SpectralTno(Tno):
         if not self.kernel_in_time:
             raise NotImplementedError(f"--tno-type {self.name} {'causal' if self.causal else 'bidirectional'} gives "
                                       "its kernel as a spectrum only (kernel_in_time is False)")
+        k, size = self.rpe_output(n, device)
+        return self.time_kernel_of(k, size), size
+
+    def rpe_output(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
+        """The RPE's output (d, m) at ``rpe_positions(n)`` with their scale, and the FFT size: what ``spectrum_of``
+        and ``time_kernel_of`` take."""
         positions, scale, size = self.rpe_positions(n, device)
-        return self.time_kernel_of(self.rpe.channel_major(positions, scale), size), size
+        return self.rpe.channel_major(positions, scale), size
 
     def time_kernel_of(self, k: torch.Tensor, size: int) -> torch.Tensor:
         """The kernel in time from the RPE's output k (..., d, m) at ``rpe_positions`` (``kernel_in_time``), float32

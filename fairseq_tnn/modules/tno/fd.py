@@ -38,8 +38,8 @@ class FdTno(SpectralTno):
         self.rpe = Rpe(dim if causal else 2 * dim, s.rpe_dim, s.rpe_layers, str(s.rpe_activation), str(s.rpe_norm_type))
 
     def spectrum(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
-        omegas, _, size = self.rpe_positions(n, device)
-        return self.spectrum_of(self.rpe.channel_major(omegas), size), size
+        k, size = self.rpe_output(n, device)
+        return self.spectrum_of(k, size), size
 
     def rpe_positions(self, n: int, device=None) -> Tuple[torch.Tensor, None, int]:
         """The RPE's input for length n: the frequencies of ``fd_grid`` (no per-position scale), and the FFT size."""
@@ -70,7 +70,6 @@ class FdTno(SpectralTno):
         kernel the full forward uses when called with ``kernel_length=n``. Bidirectional: the inverse FFT of
         the complex response."""
         if self.causal:
-            _, omegas = fd_grid(n, device)
-            return fd_causal_kernel(self.rpe.channel_major(omegas), layout="dbn")[:, :n], None
+            return self.time_kernel(n, device)[0][:, :n], None
         spec, size = self.spectrum(n, device)
         return spectrum_kernel(spec, size, n)

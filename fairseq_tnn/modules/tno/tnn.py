@@ -75,8 +75,8 @@ class TnnTno(SpectralTno):
         if not fast.enabled():  # the reference: lags and decay built at every call
             size = next_fast_len(2 * n - 1)
             return lag_function_spectrum(self.coefficients, n, size, self.causal, device), size
-        lags, scale, size = self.rpe_positions(n, device)
-        return self.spectrum_of(self.rpe.channel_major(lags, scale), size), size
+        k, size = self.rpe_output(n, device)
+        return self.spectrum_of(k, size), size
 
     def time_kernel(self, n: int, device=None) -> Tuple[torch.Tensor, int]:
         if not fast.enabled():  # the reference, as lag_function_spectrum evaluates it
