@@ -65,7 +65,7 @@ run_call() {
     echo "== $call: $(date -u +%H:%M:%S)"
     case $call in
     tests)
-        # at most 5 minutes in all, so that a call of its own leaves the device's 15 minutes room for the update's
+        # at most 5 minutes in all (TESTS_SECONDS, where a call runs tests and update together), so that a call of its own leaves the device's 15 minutes room for the update's
         # measurement, in parts, the one that matters most first: the recipe's default path on one GPU (every preset
         # with the model's edges and the layers as regions in the stack's graphs), then the graphs under
         # DistributedDataParallel (which decides CUDA_GRAPHS' default on several GPUs), then the stack's graphs
@@ -73,7 +73,7 @@ run_call() {
         # Each part gets what the parts before it left, and prints each test's outcome as it ends, so that a part cut
         # short by the timeout still tells what passed.
         local code=0
-        TESTS_END=$((SECONDS + 300))
+        TESTS_END=$((SECONDS + ${TESTS_SECONDS:-300}))
         tests_part tests/gpu/test_gpu.py -k models_edges || code=$?
         tests_part tests/gpu/test_gpu.py -k distributed_data_parallel || code=$?
         tests_part tests/gpu/test_gpu.py -k "cuda_graphs_equal_eager or regions" || code=$?
