@@ -12,6 +12,7 @@ from torch import nn
 
 from ..modules.layers import layer_spectra
 from ..modules.tno.base import require
+from ..ops import fast
 from .config import COMPILE_MODES, compile_mode, cuda_graphs
 
 logger = logging.getLogger(__name__)
@@ -71,9 +72,10 @@ GRAPH_INDUCTOR_SETTINGS = {"allow_buffer_reuse": False, "inplace_buffers": False
 @contextlib.contextmanager
 def _graph_settings():
     """Around a call of the stack's graphs (``run_layers``): ``_compiling`` and inductor's ``GRAPH_INDUCTOR_SETTINGS``,
-    patched for the call only (the compilations it makes take them; inductor's caches key on them)."""
+    patched for the call only (the compilations it makes take them; inductor's caches key on them), and
+    ``fast.cuda_graphs`` (the operators' constants built inside the graphs, the forward's rows paired)."""
     import torch._inductor.config
-    with _compiling(), torch._inductor.config.patch(GRAPH_INDUCTOR_SETTINGS):
+    with _compiling(), torch._inductor.config.patch(GRAPH_INDUCTOR_SETTINGS), fast.cuda_graphs():
         yield
 
 

@@ -22,6 +22,8 @@ _enabled = True
 # Constants per (key, device); a few lengths per model (training, validation, generation), so a small bound
 _CACHE: "OrderedDict" = OrderedDict()
 CACHE_SIZE = 64
+# Whether the calls running now are the stack's CUDA graphs' (``cuda_graphs``)
+_in_cuda_graphs = False
 
 
 def enabled() -> bool:
@@ -39,6 +41,29 @@ def references():
         yield
     finally:
         _enabled = saved
+
+
+@contextlib.contextmanager
+def cuda_graphs():
+    """Around the calls of the stack's CUDA graphs (models/compile.py, ``run_layers``): each graph's warm-up runs and
+    its recording alike, where the operators that run as dispatched (a custom operator's forward) allocate from the
+    graphs' private memory pool. Inside, ``constant`` builds its tensors anew at every call, and caches none: a
+    cached tensor made there would live on in the pool, which the graphs' replays overwrite and the graph trees refuse
+    ("Detected 1 tensor(s) in the cudagraph pool not tracked as outputs", the ninth GPU run), and one cached before
+    and evicted later would leave the recorded graph reading freed memory. So the graph records the few kernels that
+    build it.
+    The Toeplitz product pairs its rows there (ops/toeplitz.py, ``pair_dim``)."""
+    global _in_cuda_graphs
+    saved, _in_cuda_graphs = _in_cuda_graphs, True
+    try:
+        yield
+    finally:
+        _in_cuda_graphs = saved
+
+
+def in_cuda_graphs() -> bool:
+    """Whether the calls running now are the stack's CUDA graphs' (``cuda_graphs``)."""
+    return _in_cuda_graphs
 
 
 def compiling() -> bool:
@@ -62,9 +87,16 @@ def constant(key: Hashable, device, make: Callable[[], torch.Tensor]):
     then returned from the cache. The caller must not modify it in place.
 
     Built outside inference mode and without autograd, so a tensor first made during generation can take
-    part in training later. Under torch.compile (which folds such constants itself) and with the
-    references on, it is built anew at every call."""
-    if not _enabled or compiling():
+    part in training later. Under torch.compile (which folds such constants itself), inside the stack's CUDA
+    graphs (``cuda_graphs``) and with the references on, it is built anew at every call.
+
+    ``make`` may run while a CUDA graph records (a custom operator's forward runs its operations inside the stack's
+    graphs, and a path taken only there builds its constants there): it must build on the device, from ``full``,
+    ``arange`` and the like, with single elements set by ``fill_``. A Python number assigned to one element of a CUDA
+    tensor (``t[0] = 1.0``) is copied from the host as a 0-dim CPU tensor, and so is ``torch.tensor([...],
+    device=...)``: a copy from pageable memory, which a capture refuses ("Cannot copy between CPU and CUDA tensors
+    during CUDA graph capture", the ninth GPU run; tests/ops/test_fast_paths.py)."""
+    if not _enabled or compiling() or _in_cuda_graphs:
         return make()
     full_key = (key, str(torch.device(device) if device is not None else torch.device("cpu")))
     hit = _CACHE.get(full_key)

@@ -59,9 +59,9 @@ def _causal_fold(size: int, device, dtype) -> torch.Tensor:
 def _make_causal_fold(size: int, device, dtype) -> torch.Tensor:
     half = size // 2
     fold = torch.zeros(size, device=device, dtype=dtype)
-    fold[0] = 1.0
-    fold[1:half] = 2.0
-    fold[half] = 1.0
+    fold[0].fill_(1.0)  # fill_, not ``fold[0] = 1.0``, a copy from the host (``fast.constant``)
+    fold[1:half].fill_(2.0)
+    fold[half].fill_(1.0)
     return fold
 
 
@@ -119,8 +119,8 @@ def fd_bidirectional_spectrum(k_real: torch.Tensor, k_imag: torch.Tensor, layout
 def _ends_mask(length: int, device, dtype) -> torch.Tensor:
     """(length,) ones with zeros at both ends."""
     mask = torch.ones(length, device=device, dtype=dtype)
-    mask[0] = 0.0
-    mask[-1] = 0.0
+    mask[0].fill_(0.0)  # fill_, not ``mask[0] = 0.0``, a copy from the host (``fast.constant``)
+    mask[-1].fill_(0.0)
     return mask
 
 

@@ -113,7 +113,8 @@ def interp_weights(n: int, r: int, device=None, dtype=torch.float32) -> Tuple[to
     i = torch.arange(n, device=device)
     if r_eff == 1:  # n == 1
         index = torch.zeros(1, 2, dtype=torch.long, device=device)
-        weight = torch.tensor([[1.0, 0.0]], dtype=dtype, device=device)
+        weight = torch.zeros(1, 2, dtype=dtype, device=device)
+        weight[0, 0].fill_(1.0)  # no copy from the host (``fast.constant``)
         return index, weight
     num = i * (r_eff - 1)  # i / h = num / (n - 1)
     lo = torch.div(num, n - 1, rounding_mode="floor")

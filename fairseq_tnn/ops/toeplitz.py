@@ -88,9 +88,9 @@ def autocast_off(device_type: str):
 def _half_weights(size: int, device, dtype) -> torch.Tensor:
     """(size//2+1,) 1 at DC (and Nyquist for even size), 2 elsewhere: how often a bin occurs."""
     w = torch.full((size // 2 + 1,), 2.0, device=device, dtype=dtype)
-    w[0] = 1.0
+    w[0].fill_(1.0)  # fill_, not ``w[0] = 1.0``, a copy from the host (``fast.constant``)
     if size % 2 == 0:
-        w[-1] = 1.0
+        w[-1].fill_(1.0)
     return w
 
 
@@ -139,10 +139,11 @@ def padded_rfft(x: torch.Tensor, size: int, dtype: torch.dtype) -> torch.Tensor:
 # their time, docs/performance.md), so the CPU keeps them.
 PAIRED_FFT_DEVICES = frozenset({"cuda"})
 # Where the rows are paired: in code torch.compile traces (the compiled backward, where inductor fuses the packing,
-# the two-sided spectrum and the Hermitian part into its kernels) and in a forward a CUDA graph records (the stack's
-# graphs replay its kernels, not its operations); eagerly too only with this on (the tests). An eager forward and
-# backward dispatch 17 more operations a TNO paired (the packing, the two-sided spectrum, the Hermitian part), and an
-# eager update on a GPU is bound by the host's dispatch, not by the bytes.
+# the two-sided spectrum and the Hermitian part into its kernels) and in a forward the stack's CUDA graphs run
+# (``fast.in_cuda_graphs``: they replay its kernels, not its operations; its warm-up runs pair too, so that the
+# graph records the path they ran, with its cuFFT plans made); eagerly too only with this on (the tests). An eager
+# forward and backward dispatch 17 more operations a TNO paired (the packing, the two-sided spectrum, the Hermitian
+# part), and an eager update on a GPU is bound by the host's dispatch, not by the bytes.
 PAIR_EAGERLY = False
 # The rows per kernel from which a forward that runs its operations (not traced: a CUDA graph records the custom
 # operator's forward as it runs) pairs them. Its two-sided spectrum (``two_sided``) costs passes over a d x size
@@ -161,7 +162,7 @@ def pair_dim(x: torch.Tensor, spectrum_shape) -> Optional[int]:
     ``PAIRED_FORWARD_MIN_ROWS`` rows per kernel; None: the rows go through real FFTs one by one."""
     if x.device.type not in PAIRED_FFT_DEVICES or not fast.enabled():
         return None
-    if not (PAIR_EAGERLY or fast.compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if not (PAIR_EAGERLY or fast.compiling() or fast.in_cuda_graphs()):
         return None
     kernels = math.prod(spectrum_shape[:-1])
     if not fast.compiling() and x.numel() // x.shape[-1] < PAIRED_FORWARD_MIN_ROWS * kernels:
@@ -205,10 +206,10 @@ def _two_sided_factors(size: int, scale: float, device, dtype) -> torch.Tensor:
     size / 2 for an even size); each times ``scale``."""
     def make():
         factors = torch.full((size, 2), scale, device=device, dtype=dtype)
-        factors[size // 2 + 1:, 1] = -scale
-        factors[0, 1] = 0.0
+        factors[size // 2 + 1:, 1].fill_(-scale)
+        factors[0, 1].fill_(0.0)  # built while the stack's graphs record the paired forward: no copy from the host
         if size % 2 == 0:
-            factors[size // 2, 1] = 0.0
+            factors[size // 2, 1].fill_(0.0)
         return factors
     return fast.constant(("two-sided", size, scale, dtype), device, make)
 
@@ -233,7 +234,7 @@ def one_sided_hermitian(parts: torch.Tensor, size: int) -> torch.Tensor:
     # bins -f mod size for f = 0 .. size // 2
     mirrored = torch.cat([parts[..., :1, :], parts[..., (size + 1) // 2:, :].flip(-2)], dim=-2)
     halves = fast.constant(("hermitian-halves", parts.dtype), parts.device,
-                           lambda: torch.tensor([0.5, -0.5], device=parts.device, dtype=parts.dtype))
+                           lambda: 0.5 - torch.arange(2, device=parts.device, dtype=parts.dtype))  # 0.5, -0.5
     # (re[f] + re[-f]) / 2, (im[f] - im[-f]) / 2
     return parts[..., : size // 2 + 1, :] * 0.5 + mirrored * halves
 

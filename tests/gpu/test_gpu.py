@@ -144,13 +144,21 @@ def test_cuda_graphs_equal_eager_with_gradient_accumulation(arch):
 
 
 @pytest.mark.parametrize("arch", CAUSAL + MASKED)
-def test_cuda_graphs_with_the_models_edges_equal_eager(arch):
+def test_cuda_graphs_with_the_models_edges_equal_eager(arch, monkeypatch):
     """The model, 3 layers, with --tnn-cuda-graphs against the same eager model, training mode, from the tokens: the
     stack's graphs then hold the model's edges too (``GRAPH_EDGES``: the embedding, and the causal model's final norm
     and output layer); the logits or masked features, and every parameter's gradient (the embedding's among them:
     the graphs' output), over updates of one micro-batch and of two, the masked model with padding and at a second
-    length (a length bucket: its own graphs, again with the regions and the edges, ``GRAPH_SHAPES``)."""
+    length (a length bucket: its own graphs, again with the regions and the edges, ``GRAPH_SHAPES``). The forward
+    pairs its rows as the recipe's batches (8 or 16 rows) make it do (``PAIRED_FORWARD_MIN_ROWS``, lowered to
+    1 for the test's 2), with its constants built anew: in the ninth GPU run that path first built them while the graphs
+    recorded, and the capture refused their copies from the host."""
+    from collections import OrderedDict
+
     from fairseq_tnn.models import compile as compiling
+    from fairseq_tnn.ops import fast, toeplitz
+    monkeypatch.setattr(toeplitz, "PAIRED_FORWARD_MIN_ROWS", 1)
+    monkeypatch.setattr(fast, "_CACHE", OrderedDict())
     torch.manual_seed(0)
     eager = build_arch(arch, 1000, dropout=0.0, **small(arch)).cuda()
     model = copy.deepcopy(eager)

@@ -291,3 +291,83 @@ def test_fast_paths_dispatch_fewer_operations(tno_type, causal, settings, fewer_
         ref_fwd, ref_bwd = counts()
     assert ref_fwd - fast_fwd >= fewer_forward, (fast_fwd, ref_fwd)
     assert ref_bwd - fast_bwd >= fewer_backward, (fast_bwd, ref_bwd)
+
+
+def test_constants_are_built_on_their_device_without_copies_from_the_host(monkeypatch):
+    """Every constant the TNOs' fast paths build (``fast.constant``), the paired product's among them, is made by
+    operations on its device: no copy of host data. While a CUDA graph records, such a copy fails (the ninth GPU run:
+    the two-sided spectrum's factors, first built while the stack's graphs recorded the paired forward), and
+    ``t[0] = 1.0`` is one (a 0-dim CPU tensor copied onto one element of a CUDA tensor), as is ``torch.tensor([...],
+    device=...)``. On the CPU they show among the operations ``make`` dispatches as a tensor made from Python data
+    (``lift_fresh``, ``scalar_tensor``), which on a GPU is made on the host and then copied."""
+    from collections import OrderedDict
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from fairseq_tnn.ops import toeplitz
+
+    class Dispatched(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    built = {}
+    constant = fast.constant
+
+    def recorded_constant(key, device, make):
+        def make_recorded():
+            with Dispatched() as mode:
+                out = make()
+            built[key] = mode.ops
+            return out
+        return constant(key, device, make_recorded)
+
+    monkeypatch.setattr(fast, "_CACHE", OrderedDict())
+    monkeypatch.setattr(fast, "constant", recorded_constant)
+    monkeypatch.setattr(toeplitz, "PAIRED_FFT_DEVICES", frozenset({"cpu"}))
+    monkeypatch.setattr(toeplitz, "PAIR_EAGERLY", True)
+    monkeypatch.setattr(toeplitz, "PAIRED_FORWARD_MIN_ROWS", 0)
+    torch.manual_seed(0)
+    for tno_type, causal, settings in TNOS:
+        tno = build_tno(tno_type, 8, causal, **settings)
+        x = torch.randn(8, 2, 37, requires_grad=True)
+        tno(x, layout="dbn").sum().backward()
+    x = torch.randn(2, 5, 8, requires_grad=True)
+    SimpleRMSNorm(8)(x).sum().backward()
+    kinds = {key[0] for key in built}
+    # the paired product's (two-sided spectrum, Hermitian part), FFT bins, FD's, TNN's, SKI's, the norm's
+    assert {"two-sided", "hermitian-halves", "bin-factor", "causal-fold", "imag-ends-mask", "fd-grid", "tnn-lags",
+            "rms-eps"} <= kinds, kinds
+    copies = {key: [op for op in ops if op in ("lift_fresh", "lift_fresh_copy", "scalar_tensor")]
+              for key, ops in built.items()}
+    assert not any(copies.values()), {key: ops for key, ops in copies.items() if ops}
+
+
+def test_constants_inside_the_stacks_cuda_graphs_are_built_anew_and_not_cached():
+    """Inside the stack's CUDA graphs (``fast.cuda_graphs``: their warm-up runs and recording) a constant is built at
+    every call and left out of the cache: cached, it would live on in the graphs' memory pool, which the graph trees
+    refuse (the ninth GPU run), or be evicted while a recorded graph still reads it. Outside, it is built once."""
+    from collections import OrderedDict
+    cache = OrderedDict()
+    built = []
+
+    def make():
+        built.append(torch.arange(3.0))
+        return built[-1]
+
+    import fairseq_tnn.ops.fast as fast_module
+    saved = fast_module._CACHE
+    fast_module._CACHE = cache
+    try:
+        with fast.cuda_graphs():
+            assert fast.in_cuda_graphs()
+            a, b = fast.constant("k", "cpu", make), fast.constant("k", "cpu", make)
+        assert not fast.in_cuda_graphs() and a is not b and len(built) == 2 and not cache
+        c, d = fast.constant("k", "cpu", make), fast.constant("k", "cpu", make)
+        assert c is d and len(built) == 3 and len(cache) == 1
+    finally:
+        fast_module._CACHE = saved
