@@ -127,19 +127,19 @@ def test_train_nproc_defaults_to_the_visible_gpus(data_bin, tmp_path):
     assert argv[0] == cli("fairseq-train") and flags(argv)["--update-freq"] == ["16"]
 
 
-def test_cuda_graphs_are_the_default_on_one_gpu_only(data_bin, tmp_path):
-    """CUDA_GRAPHS' default: 1 for one GPU process (the configuration the GPU tests ran), 0 for several (untested with
-    DistributedDataParallel), where CUDA_GRAPHS=1 still asks for them."""
+def test_cuda_graphs_are_the_default_on_one_gpu_and_on_several(data_bin, tmp_path):
+    """CUDA_GRAPHS' default: 1 for one GPU process and for several (DistributedDataParallel with the graphs, tested
+    on a GPU in the ninth run), on one node or two; CUDA_GRAPHS=0 turns them off."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text("#!/bin/sh\nfor i in 0 1; do echo \"GPU $i: NVIDIA H100 (UUID: GPU-$i)\"; done\n")
     (fake / "nvidia-smi").chmod(0o755)
     env = {"PATH": f"{fake}:{os.environ['PATH']}", "SAVE_ROOT": str(tmp_path)}
     assert "--tnn-cuda-graphs" in dry_train("tnn_lm_wt103", data_bin, NPROC="1", **env)
-    assert "--tnn-cuda-graphs" not in dry_train("tnn_lm_wt103", data_bin, **env)  # NPROC: the 2 GPUs
-    assert "--tnn-cuda-graphs" not in dry_train("tnn_lm_wt103", data_bin, NPROC="1", NNODES="2", NODE_RANK="0",
-                                                 MASTER_ADDR="10.0.0.1", MASTER_PORT="29500", **env)
-    assert "--tnn-cuda-graphs" in dry_train("tnn_lm_wt103", data_bin, CUDA_GRAPHS="1", **env)
+    assert "--tnn-cuda-graphs" in dry_train("tnn_lm_wt103", data_bin, **env)  # NPROC: the 2 GPUs
+    assert "--tnn-cuda-graphs" in dry_train("tnn_lm_wt103", data_bin, NPROC="1", NNODES="2", NODE_RANK="0",
+                                             MASTER_ADDR="10.0.0.1", MASTER_PORT="29500", **env)
+    assert "--tnn-cuda-graphs" not in dry_train("tnn_lm_wt103", data_bin, CUDA_GRAPHS="0", **env)
 
 
 def test_train_multiprocess_command_is_accepted_by_the_launcher(data_bin, tmp_path):
