@@ -51,12 +51,35 @@ profile() {
 }
 
 # One part of the tests call: pytest with what is left of the call's 5 minutes (TESTS_END), each test's outcome printed
-# as it ends, the failures' short tracebacks and the durations at the end.
+# as it ends, the failures' short tracebacks and the durations at the end. A test that crashes the process (a signal:
+# the ninth GPU run's segmentation fault in a compiled backward) would leave the rest of the part unrun: the generated
+# code its trace names is kept (CRASH_DIR, and its lines before the crash printed), and the part runs again without
+# the tests that have an outcome and the one that crashed, as long as time is left.
 tests_part() {
-    local left=$((TESTS_END - SECONDS))
-    [ $left -gt 10 ] || { echo "tests: no time left for $*"; return 124; }
-    echo "== tests: $* (at most $left s)"
-    timeout $left python3 -m pytest -v -rfE --tb=short --durations=0 -p no:cacheprovider "$@"
+    local left code crashed file line deselect=() seen
+    while :; do
+        left=$((TESTS_END - SECONDS))
+        [ $left -gt 10 ] || { echo "tests: no time left for $*"; return 124; }
+        echo "== tests: $* (at most $left s)${deselect[*]:+ ${deselect[*]}}"
+        timeout $left python3 -m pytest -v -rfE --tb=short --durations=0 -p no:cacheprovider "$@" "${deselect[@]}" \
+            2>&1 | tee "$CRASH_DIR/part.log"
+        code=${PIPESTATUS[0]}
+        [ "$code" -gt 128 ] || return "$code"
+        crashed=$(grep -oE '^tests/[^ ]+::[^ ]+' "$CRASH_DIR/part.log" | tail -n 1)
+        echo "== tests: the process ended by signal $((code - 128)) in ${crashed:-an unknown test}"
+        seen=$(grep -oE 'File "[^"]+\.py", line [0-9]+ in call' "$CRASH_DIR/part.log" | head -n 1)
+        if [ -n "$seen" ]; then
+            file=$(sed -E 's/File "([^"]+)".*/\1/' <<< "$seen")
+            line=$(sed -E 's/.* line ([0-9]+) .*/\1/' <<< "$seen")
+            cp "$file" "$CRASH_DIR/crash-$SECONDS.py" 2>/dev/null &&
+                sed -n "$((line > 40 ? line - 40 : 1)),${line}p" "$file"
+        fi
+        [ -n "$crashed" ] || return "$code"
+        for t in $(grep -oE '^tests/[^ ]+::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)' "$CRASH_DIR/part.log" \
+                   | cut -d' ' -f1) "$crashed"; do
+            deselect+=(--deselect "$t")
+        done
+    done
 }
 
 run_call() {
@@ -65,15 +88,16 @@ run_call() {
     echo "== $call: $(date -u +%H:%M:%S)"
     case $call in
     tests)
-        # at most 5 minutes in all (TESTS_SECONDS, where a call runs tests and update together), so that a call of its own leaves the device's 15 minutes room for the update's
-        # measurement, in parts, the one that matters most first: the recipe's default path on one GPU (every preset
-        # with the model's edges and the layers as regions in the stack's graphs), then the graphs under
-        # DistributedDataParallel (which decides CUDA_GRAPHS' default on several GPUs), then the stack's graphs
+        # at most 5 minutes in all (TESTS_SECONDS, where a call runs tests and update together), so that a call of its
+        # own leaves the device's 15 minutes room for the update's measurement, in parts, the one that matters most
+        # first: the recipe's default path on one GPU (every preset with the model's edges and the layers as regions in
+        # the stack's graphs), then the graphs under DistributedDataParallel (CUDA_GRAPHS' default on several GPUs
+        # rests on it since the ninth run), then the stack's graphs
         # without the edges (the first fallback) and the regions' dropout, then the direct product (off by default).
         # Each part gets what the parts before it left, and prints each test's outcome as it ends, so that a part cut
         # short by the timeout still tells what passed.
         local code=0
-        TESTS_END=$((SECONDS + ${TESTS_SECONDS:-300}))
+        TESTS_END=$((SECONDS + ${TESTS_SECONDS:-300})) CRASH_DIR=$dir
         tests_part tests/gpu/test_gpu.py -k models_edges || code=$?
         tests_part tests/gpu/test_gpu.py -k distributed_data_parallel || code=$?
         tests_part tests/gpu/test_gpu.py -k "cuda_graphs_equal_eager or regions" || code=$?

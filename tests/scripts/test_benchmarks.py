@@ -970,7 +970,11 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
         '#!/bin/bash\nargs="$*"\necho "$PWD|$PYTHONPATH|${TORCHINDUCTOR_CACHE_DIR:+cache}|$args" >> "$OUT/calls.txt"\n'
         'out=; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
         '[ -n "$out" ] && mkdir -p "$out" && echo "| a result |" > "$out/gpu_profile.md"\n'
-        '[[ -n "$FAIL" && "$args" == *"$FAIL"* ]] && exit 3\nexit 0\n')
+        '[[ -n "$FAIL" && "$args" == *"$FAIL"* ]] && exit 3\n'
+        # a crash, once: one test passed, the next one ended the process by a segmentation fault in generated code
+        'if [[ -n "$CRASH" && "$args" == *"$CRASH"* && ! -e "$OUT/crashed" ]]; then touch "$OUT/crashed"\n'
+        '  echo "tests/gpu/test_gpu.py::test_a[x] PASSED"; echo "tests/gpu/test_gpu.py::test_b[y] Fatal Python error"\n'
+        '  echo "  File \\"$GENERATED\\", line 2 in call"; exit 139\nfi\nexit 0\n')
     (stub / "python3").chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
@@ -1004,6 +1008,25 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
         "tests/gpu/test_gpu.py -k models_edges", "tests/gpu/test_gpu.py -k distributed_data_parallel",
         "tests/gpu/test_gpu.py -k cuda_graphs_equal_eager or regions", "tests/ops/test_toeplitz_direct.py"], parts
     assert all(p.startswith("-m pytest -v -rfE --tb=short --durations=0") for p in parts), parts
+    # a part whose process crashes: the generated code its trace names kept, the part run again without the tests
+    # that have an outcome and the one that crashed
+    calls = (out / "calls.txt").read_text()
+    generated = tmp_path / "generated.py"
+    generated.write_text("def call(args):\n    crash(args)\n")
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "tests"],
+                           {**env, "CRASH": "models_edges", "GENERATED": str(generated)}, 60)
+    parts = [line.split("|")[3] for line in (out / "calls.txt").read_text().splitlines()[len(calls.splitlines()):]
+             if "pytest" in line]
+    assert code == 0 and "tests: exit 0" in (out / "status.txt").read_text(), err
+    assert [p.split(" -p no:cacheprovider ")[1] for p in parts[:2]] == [
+        "tests/gpu/test_gpu.py -k models_edges", "tests/gpu/test_gpu.py -k models_edges --deselect "
+        "tests/gpu/test_gpu.py::test_a[x] --deselect tests/gpu/test_gpu.py::test_b[y]"], parts
+    assert len(parts) == 5, parts
+    with tarfile.open(out / "tests.tgz") as tar:
+        kept = [name for name in tar.getnames() if name.startswith("tests/crash-")]
+        assert len(kept) == 1 and tar.extractfile(kept[0]).read() == generated.read_bytes(), tar.getnames()
+        log = tar.extractfile("tests/tests.log").read().decode()
+    assert "ended by signal 11 in tests/gpu/test_gpu.py::test_b[y]\ndef call(args):\n    crash(args)\n" in log, log
     calls = (out / "calls.txt").read_text()
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "update", "bogus"], env, 60)
     assert code == 2 and "unknown call: bogus" in err and (out / "calls.txt").read_text() == calls, err
