@@ -86,7 +86,8 @@ def test_hydra_experiment_trains_two_updates_with_the_local_launcher(data_bin, t
     log = run([cli("fairseq-hydra-train"), "--config-dir", ROOT / "configs" / "experiments", "--config-name",
                "ski_tnn_mlm_wt103", f"task.data={data_bin}", f"common.user_dir={USER_DIR}",
                f"hydra.searchpath=[file://{ROOT / 'configs'}]", "hydra/launcher=local", f"hydra.run.dir={tmp_path / 'run'}",
-               "common.cpu=true", "common.fp16=false", "model.tnn_compile=false",  # the GPU recipe's, off on CPU
+               # the GPU recipe's, off on the CPU
+               "common.cpu=true", "common.fp16=false", "model.tnn_compile=false", "model.tnn_cuda_graphs=false",
                "model.encoder_embed_dim=32", "model.encoder_layers=1",
                "model.ski_rank=8", "model.ski_taps=5", "task.tokens_per_sample=128", "dataset.batch_size=4",
                "optimization.update_freq=[1]", "optimization.max_update=2", "dataset.disable_validation=true",
