@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The next GPU run's calls (docs/performance.md, "The next GPU run, prepared"), one per device call:
 #
-#   bash benchmarks/gpu_run.sh CALL...      CALL: tests, direct, update, no-edges, one-graph, direct-update, versions
+#   bash benchmarks/gpu_run.sh CALL...      CALL: tests, direct, update, targets, no-edges, one-graph, direct-update,
+#                                                  versions
 #
 # on the GPU machine, from the repository root, with $OUT its output folder; each call's log and results come back as
 # $OUT/CALL.tgz (at most 8 files come back), beside machine.txt and status.txt, and the markdown of its results is
@@ -20,8 +21,9 @@ export PYTHONUNBUFFERED=1 PYTHON=python3
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/gpu_run.sh CALL..." >&2; exit 2; }
 for call in "$@"; do
     case $call in
-    tests | direct | update | no-edges | one-graph | direct-update | versions) ;;
-    *) echo "unknown call: $call (tests, direct, update, no-edges, one-graph, direct-update or versions)" >&2; exit 2 ;;
+    tests | direct | update | targets | no-edges | one-graph | direct-update | versions) ;;
+    *) echo "unknown call: $call (tests, direct, update, targets, no-edges, one-graph, direct-update or versions)" >&2
+       exit 2 ;;
     esac
 done
 
@@ -113,6 +115,14 @@ run_call() {
     update)
         profile "$dir" 220 --configs tnn6 fd3 transformer bound_identity \
             --graphs causal/512/tnn6 causal/512/fd3 causal/512/bound_identity --host-profile causal/512/tnn6 ;;
+    targets)
+        # every target of issue 39 side by side in one run (its "done when"): the three shapes, every configuration
+        # eager, the stack's graphs (the recipe's default) of each row a target compares, in this order while the
+        # compile budget lasts, and fairseq's --bf16 of causal TNN; about 8-9 minutes, a call of its own
+        TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) timeout 540 python3 benchmarks/gpu_profile.py --out "$dir" --timed 8 \
+            --compile-budget 330 --compiled --graphs causal/512/tnn6 causal/512/fd3 causal/512/tnn3 \
+            causal/512/bound_identity masked/2048/ski masked/2048/tnn6 masked/2048/fd3 masked/2048/bound_identity \
+            masked/512/tnn6 masked/512/fd3 --bf16-weights causal/512/tnn6 ;;
     no-edges)
         profile "$dir" 90 --no-graph-edges --configs tnn6 --graphs causal/512/tnn6 --host-profile causal/512/tnn6 ;;
     one-graph)

@@ -996,6 +996,16 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     with tarfile.open(out / "update.tgz") as tar:
         assert sorted(tar.getnames()) == ["update", "update/gpu_profile.md", "update/update.log"]
     assert "| a result |" in stdout
+    # the targets call: the three shapes (no --shapes), the graphs of every row a target compares, in one process
+    before = len((out / "calls.txt").read_text().splitlines())
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "targets"], env, 60)
+    (targets,) = [line.split("|") for line in (out / "calls.txt").read_text().splitlines()[before:]
+                  if "gpu_profile" in line]
+    assert code == 0 and targets[2] == "cache" and "--shapes" not in targets[3], (err, targets)
+    graphs = targets[3].split("--graphs ")[1].split(" --")[0].split()
+    assert {"causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "masked/512/tnn6", "masked/512/fd3",
+            "masked/2048/tnn6", "masked/2048/fd3", "masked/2048/ski"} <= set(graphs), graphs
+    assert "--bf16-weights causal/512/tnn6" in targets[3] and (out / "targets.tgz").exists(), targets
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "direct"], {**env, "FAIL": "toeplitz_direct"}, 60)
     assert code == 3 and "direct: exit 3" in (out / "status.txt").read_text(), err
     calls = (out / "calls.txt").read_text()
