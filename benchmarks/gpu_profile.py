@@ -92,8 +92,9 @@ COMPILED_DEFAULT = ["causal/512/tnn6", "causal/512/fd3", "causal/512/bound_ident
                     "masked/2048/ski", "masked/2048/tnn6", "masked/2048/bound_identity", "masked/2048/fd3",
                     "masked/512/ski", "masked/512/fd3", "masked/512/tnn6"]
 QUICK_COMPILED_DEFAULT: List[str] = []
-# compiled with CUDA graphs (--tnn-cuda-graphs), each right after its compiled run: the same configurations
-GRAPHS_DEFAULT = COMPILED_DEFAULT[:8]
+# compiled with CUDA graphs (--tnn-cuda-graphs, the recipe's default on a GPU), each right after its compiled run: every
+# configuration one of issue 39's targets compares (``targets``; benchmarks/gpu_run.sh's targets call), in that order
+GRAPHS_DEFAULT = [key for key in COMPILED_DEFAULT if key != "masked/512/ski"]
 # measured again in bf16 as the recipe's PRECISION=bf16 trains (fairseq's --bf16: --bf16-weights) in each mode the
 # main precision measured them (issue 39: bf16 within 1.1x of fp16); bf16 autocast (--bf16) on request only
 BF16_DEFAULT = ["causal/512/tnn6"]

@@ -213,10 +213,9 @@ def kind(preset: str) -> str:
     raise RecipeError(f"unknown preset '{preset}'; choose one of: {' '.join(PRESETS)}")
 
 
-def read(preset: str, env: Optional[Mapping[str, str]] = None, world: int = 1) -> Dict[str, str]:
-    """The values of KNOBS for preset from env (default os.environ), checked, with KIND, PRESET and WORLD (the
-    number of processes)."""
-    return read_knobs(KNOBS, env, known={"PRESET": preset, "KIND": kind(preset), "WORLD": str(world)})
+def read(preset: str, env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The values of KNOBS for preset from env (default os.environ), checked, with KIND and PRESET."""
+    return read_knobs(KNOBS, env, known={"PRESET": preset, "KIND": kind(preset)})
 
 
 def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[Mapping[str, str]] = None,
@@ -224,7 +223,7 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
     """The paper's recipe for preset on world processes, its knobs read from env (default os.environ): the
     fairseq-train arguments after the program, data first, checkpoints and logs in save_dir."""
     env = os.environ if env is None else env
-    knobs = read(preset, env, world)
+    knobs = read(preset, env)
     kind_ = knobs["KIND"]
     if kind_ == "causal" and env.get("OVERSIZED"):
         raise RecipeError(f"OVERSIZED={env['OVERSIZED']} applies to the masked presets only (a causal preset's blocks "

@@ -178,15 +178,15 @@ class TnnLayer(nn.Module):
 
 def layer_spectra(layers, n: int, kernel_length: Optional[int] = None, device=None,
                   dtype: torch.dtype = torch.float32) -> Iterable:
-    """For a forward of n positions through ``layers`` (a model's stack), on a ``dtype`` residual stream on
-    ``device``, each layer's ``spectrum`` argument, in order (``SpectralTno.mixing_kernel``: the kernels in time,
-    TNN's and causal FD-TNN's, where their products of n positions run by direct summation,
-    ``toeplitz.direct_product``; the spectra otherwise): the spectra of their TNOs computed together where they train (autograd on) and are alike
-    (``SpectralTno.stacked_spectra``: the RPEs as one batched MLP, the operations of one layer's spectrum instead of
-    one per layer); otherwise each layer's own, computed when the loop reaches its layer (without autograd, in
-    evaluation and generation, each spectrum is then freed once its layer is done, where all of them at once would
-    hold L of them, 1.2 GB for a causal wt103 model at 14,336 tokens; with autograd every layer keeps its spectrum
-    for the backward anyway); None for a TNO that is not spectral (SKI), which computes its own mixing.
+    """For a forward of n positions through ``layers`` (a model's stack), on a ``dtype`` residual stream on ``device``,
+    each layer's ``spectrum`` argument, in order (``SpectralTno.mixing_kernel``: the kernels in time, TNN's and causal
+    FD-TNN's, where their products of n positions run by direct summation, ``toeplitz.direct_product``; the spectra
+    otherwise): the spectra of their TNOs computed together where they train (autograd on) and are alike
+    (``SpectralTno.stacked_spectra``: the RPEs as one batched MLP, the operations of one layer's spectrum instead of one
+    per layer); otherwise each layer's own, computed when the loop reaches its layer (without autograd, in evaluation
+    and generation, each spectrum is then freed once its layer is done, where all of them at once would hold L of them,
+    1.2 GB for a causal wt103 model at 14,336 tokens; with autograd every layer keeps its spectrum for the backward
+    anyway); None for a TNO that is not spectral (SKI), which computes its own mixing.
 
     The models hand these to eager layers, and to compiled ones on a GPU, whose graphs then hold the FFT convolution
     and not the RPE, the FFT of its output or FD's Hilbert transform, launched once per layer (and compiled into each

@@ -340,10 +340,10 @@ def test_models_train_the_same_with_the_direct_product_and_no_fft_of_the_kernels
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_stacks_cuda_graphs_take_the_direct_product(monkeypatch):
-    """On a CUDA GPU: ``tnn_lm_wt103`` (3 layers) with ``--tnn-cuda-graphs`` (the recipe's default on one GPU: the stack's
+    """On a CUDA GPU: ``tnn_lm_wt103`` (3 layers) with ``--tnn-cuda-graphs`` (the recipe's default on GPUs: the stack's
     graphs, the model's edges and the layers as regions in them) and ``DIRECT_MAX_N`` on, so that the graphs hold the
-    kernels in time and the Triton operators: the logits and every parameter's gradient equal the eager model's with
-    the same products, over updates of one micro-batch and of two, with no fallback."""
+    kernels in time and the Triton operators: the logits and every parameter's gradient equal the eager model's with the
+    same products, over updates of one micro-batch and of two, with no fallback."""
     import copy
     from fairseq_tnn.models.build import build_arch
     from fairseq_tnn.models.compile import compile_layers

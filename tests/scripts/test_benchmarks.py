@@ -926,8 +926,8 @@ def test_toeplitz_direct_times_both_products_side_by_side(operand, tmp_path, mon
     and the direct one's forward and forward with backward, the direct one at two ``ROWS_PER_PROGRAM`` (restored
     after), their ratios, and the direct ways' differences from the FFT's, at fp32's rounding, handed the kernel in
     time (TNN's and causal FD-TNN's: the direct way sums it with no FFT, the FFT way transforms it) or its spectrum
-    (bidirectional FD-TNN's: the direct way takes it back by an irfft); and refusals, before any work: where the kernels cannot run, an output
-    already there, rows per program the kernels do not take."""
+    (bidirectional FD-TNN's: the direct way takes it back by an irfft); and refusals, before any work: where the
+    kernels cannot run, an output already there, rows per program the kernels do not take."""
     from benchmarks import toeplitz_direct
     from fairseq_tnn.ops import toeplitz_direct as ops
     default = ops.ROWS_PER_PROGRAM
@@ -996,16 +996,18 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     with tarfile.open(out / "update.tgz") as tar:
         assert sorted(tar.getnames()) == ["update", "update/gpu_profile.md", "update/update.log"]
     assert "| a result |" in stdout
-    # the targets call: the three shapes (no --shapes), the graphs of every row a target compares, in one process
+    # the targets call: the three shapes (no --shapes), the graphs of every row a target compares (gpu_profile's
+    # defaults), in one process
     before = len((out / "calls.txt").read_text().splitlines())
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "targets"], env, 60)
     (targets,) = [line.split("|") for line in (out / "calls.txt").read_text().splitlines()[before:]
                   if "gpu_profile" in line]
     assert code == 0 and targets[2] == "cache" and "--shapes" not in targets[3], (err, targets)
-    graphs = targets[3].split("--graphs ")[1].split(" --")[0].split()
+    assert not any(f"--{o} " in targets[3] + " " for o in ("graphs", "bf16-weights", "configs")), targets
+    profile = importlib.import_module("benchmarks.gpu_profile")
     assert {"causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "masked/512/tnn6", "masked/512/fd3",
-            "masked/2048/tnn6", "masked/2048/fd3", "masked/2048/ski"} <= set(graphs), graphs
-    assert "--bf16-weights causal/512/tnn6" in targets[3] and (out / "targets.tgz").exists(), targets
+            "masked/2048/tnn6", "masked/2048/fd3", "masked/2048/ski"} <= set(profile.GRAPHS_DEFAULT)
+    assert profile.BF16_DEFAULT == ["causal/512/tnn6"] and (out / "targets.tgz").exists(), targets
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "direct"], {**env, "FAIL": "toeplitz_direct"}, 60)
     assert code == 3 and "direct: exit 3" in (out / "status.txt").read_text(), err
     calls = (out / "calls.txt").read_text()
