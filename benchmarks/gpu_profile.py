@@ -60,11 +60,15 @@ compiled, with the layers compiled. The 15 longest kernels and host events are l
 configuration run with CUDA graphs (what is left once the launches are gone).
 
 Results are written after every configuration (``gpu_profile.json`` and ``gpu_profile.md`` in ``--out``), so
-a run stopped at a time limit still reports what it measured.
+a run stopped at a time limit still reports what it measured; the JSON names the run in progress (``running``), so
+that a process that crashes (the ninth GPU run lost FD-TNN's rows and every row after them to a segmentation fault
+in a compiled backward) can be resumed by the same command with ``--resume``: the runs measured are kept, the one
+that ended its process is reported as failed, and the rest are measured in the new process.
 """
 import argparse
 import collections
 import copy
+import json
 import os
 import statistics
 import sys
@@ -450,18 +454,78 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     return c
 
 
+def _mode(how) -> str:
+    """A run's mode as its row's ``compiled`` holds it (False, True or ``tr.GRAPHS``), by name."""
+    return {False: "eager", True: "compiled", tr.GRAPHS: "graphs"}[how]
+
+
+def _done(result) -> set:
+    """The runs a result already holds, measured or failed, as (SECTION/N/KEY, mode, precision)."""
+    done = {(f"{g['section']}/{g['n']}/{c['key']}", _mode(c["compiled"]), c["precision"])
+            for g in result["groups"] for c in g["configs"]}
+    return done | {(f["id"], f["mode"], f["precision"]) for f in result.get("failed", [])}
+
+
+def _resumed(previous: Dict, precision: str):
+    """What a run resumed from ``previous`` (its gpu_profile.json) starts from: its groups, failures and bandwidth;
+    the run it was in when its process ended (``running``: a crash, as FD-TNN's segmentation fault as the third
+    model of a process in the ninth GPU run, or a kill) recorded as failed and never run again; the compile seconds
+    spent, that run's included (from its start to now, if it compiled); and the models whose longest kernels were
+    listed already."""
+    result = {"groups": previous["groups"], "bandwidth_gbs": previous["bandwidth_gbs"],
+              "failed": list(previous.get("failed", []))}
+    spent = previous.get("compile_spent_s", 0.0)
+    cut = previous.get("running")
+    if cut:
+        result["failed"].append({**{k: cut[k] for k in ("id", "how", "mode", "precision")},
+                                 "error": "its process ended while it ran (a crash or a kill; the log says which), "
+                                          "and the run was resumed without it"})
+        if cut["mode"] != "eager":
+            spent += max(0.0, time.time() - cut["started"])
+    topped = set()
+    for g in result["groups"]:
+        for c in g["configs"]:
+            if c.get("top_kernels"):
+                main = c["precision"] == precision
+                topped.add(c["key"] if c["compiled"] is False and main
+                           else (c["key"], c["compiled"] if main else c["precision"]))
+    return result, spent, topped
+
+
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
         log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = (),
         bf16w_ids: List[str] = (), host_ids: List[str] = (), shapes: List[str] = (), host_profile_ids: List[str] = (),
-        host_dir: Optional[str] = None) -> Dict:
+        host_dir: Optional[str] = None, previous: Optional[Dict] = None) -> Dict:
+    """Every configuration in each of its modes (the module docstring), written after each (``write``); with
+    ``previous`` (the gpu_profile.json of the same command, whose process ended early), the runs it holds are kept
+    and the others measured (``--resume``)."""
     import fairseq_tnn
     fairseq_tnn.register()
-    result = {"groups": [], "bandwidth_gbs": None}
-    bw = copy_bandwidth(device, 64 if quick else 1024)
-    result["bandwidth_gbs"] = bw / 1e9
+    if previous is None:
+        result = {"groups": [], "bandwidth_gbs": None}
+        bw = copy_bandwidth(device, 64 if quick else 1024)
+        result["bandwidth_gbs"] = bw / 1e9
+        topped, compile_spent = set(), 0.0
+    else:
+        result, compile_spent, topped = _resumed(previous, precision)
+        bw = result["bandwidth_gbs"] * 1e9
+        log(f"resumed: {sum(len(g['configs']) for g in result['groups'])} runs kept" + (f", {previous['running']['id']} "
+                                                          f"({previous['running']['mode']}) ended its process"
+                                                          if previous.get("running") else ""))
     log(f"copy bandwidth: {bw / 1e9:.1f} GB/s")
-    topped = set()
-    compile_spent = 0.0
+    done = _done(result)
+
+    def measured(cid, how, prec, fn):
+        """fn()'s row, the run named in the result while it runs, so that a process that ends inside it (a crash)
+        leaves the result saying which run it was (``--resume`` goes on without it)."""
+        result["running"] = {"id": cid, "how": str(how), "mode": _mode(how), "precision": prec,
+                             "started": time.time()}
+        write(result)
+        try:
+            return fn()
+        finally:
+            del result["running"]
+
     with tempfile.TemporaryDirectory() as tmp:
         data = tr._dictionary_dir(tmp, tr.QUICK_VOCAB if quick else tr.VOCAB)
         groups = tr.QUICK_GROUPS if quick else tr.FULL_GROUPS
@@ -469,19 +533,23 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
         for section, n, batch in groups:  # eager: every configuration
             if shapes and f"{section}/{n}" not in shapes:
                 continue
-            g = {"section": section, "n": n, "batch": batch, "configs": []}
-            result["groups"].append(g)
+            g = next((g for g in result["groups"] if g["section"] == section and g["n"] == n), None)
+            if g is None:
+                g = {"section": section, "n": n, "batch": batch, "configs": []}
+                result["groups"].append(g)
             for key in KEYS[section]:
-                if keys and key not in keys:
+                cid = f"{section}/{n}/{key}"
+                if (keys and key not in keys) or (cid, "eager", precision) in done:
                     continue
                 arch, bound = arch_of[(section, key)]
                 top = key in TOP_OF and key not in topped
                 if top:
                     topped.add(key)
                 floor = bw if key in FLOOR_KEYS[section] else None
-                host = host_dir if f"{section}/{n}/{key}" in host_profile_ids else None
-                g["configs"].append(measure(key, arch, bound, section, n, batch, device, precision, quick, data, timed,
-                                            False, top, floor, log, host))
+                host = host_dir if cid in host_profile_ids else None
+                g["configs"].append(measured(cid, False, precision, lambda: measure(
+                    key, arch, bound, section, n, batch, device, precision, quick, data, timed, False, top, floor,
+                    log, host)))
                 write(result)
         # while the compile budget lasts: each configuration compiled, then with CUDA graphs, then in bf16 in the modes
         # it ran in, before the next configuration (so that the first ones of the lists, the targets', get every
@@ -497,7 +565,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
         for cid, how, prec in runs:
             section, n_s, key = cid.split("/")
             g = next((g for g in result["groups"] if g["section"] == section and g["n"] == int(n_s)), None)
-            if g is None or (keys and key not in keys):
+            if g is None or (keys and key not in keys) or (cid, _mode(how), prec) in done:
                 continue
             last = max([c.get("compile_s", 0.0) for gg in result["groups"] for c in gg["configs"]] + [0.0])
             if how and compile_spent + last > budget:
@@ -518,19 +586,22 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 topped.add(mark)
             floor = bw if how is True and key in FLOOR_KEYS[section] and prec == precision else None
             try:
-                c = measure(key, arch, bound, section, g["n"], g["batch"], device, prec, quick, data, timed, how, top,
-                            floor, log, host_dir if cid in host_profile_ids and prec == precision else None)
+                c = measured(cid, how, prec, lambda: measure(
+                    key, arch, bound, section, g["n"], g["batch"], device, prec, quick, data, timed, how, top, floor,
+                    log, host_dir if cid in host_profile_ids and prec == precision else None))
                 if prec != precision:
                     c["label"] += f" ({PRECISION_LABELS.get(prec, prec)})"
                 g["configs"].append(c)
             except Exception as err:  # one configuration's failure is a result, not the end of the run
                 first = (str(err).strip().splitlines() or [""])[0][:300]
                 log(f"[{section} {g['batch']}x{g['n']}] {tr.LABELS[key]} ({how}) failed: {type(err).__name__}: {first}")
-                result.setdefault("failed", []).append({"id": cid, "how": str(how), "error": f"{type(err).__name__}: {first}"})
+                result.setdefault("failed", []).append({"id": cid, "how": str(how), "mode": _mode(how),
+                                                        "precision": prec, "error": f"{type(err).__name__}: {first}"})
                 if device == "cuda":
                     torch.cuda.empty_cache()
             if how:
                 compile_spent += time.time() - t0
+                result["compile_spent_s"] = compile_spent
             write(result)
     return result
 
@@ -679,7 +750,10 @@ def markdown(result) -> str:
            "after a warm-up that lasts until fp16's loss scale stops falling; split: mean of 3 updates synchronised at "
            f"each phase. {unit.capitalize()} ms: the device time of the kernels alone (fairseq's record_function spans "
            "left out); launches: the host's kernel-launch calls per update; overflowed: timed updates whose fp16 "
-           "gradients overflowed (skipped by fairseq).", "",
+           "gradients overflowed (skipped by fairseq)."
+           + (f" Resumed {meta['resumed']} time(s) in a new process (`--resume`) after the one before ended early: "
+              "the rows measured after that are that process's, on the same machine." if meta.get("resumed") else ""),
+           "",
            f"| shape | configuration | ms / update | min ms | tokens/s | {unit} ms | wall / {unit} | {unit} / update | "
            "launches | ops dispatched | forward ms | backward ms | optimizer ms | rest ms | peak MiB | compile s | "
            "overflowed |",
@@ -768,6 +842,19 @@ def markdown(result) -> str:
     return "\n".join(out) + "\n"
 
 
+def _previous_run(p: argparse.ArgumentParser, out: str) -> Dict:
+    """The result ``--resume`` goes on with: --out's gpu_profile.json, refused with a message where there is none."""
+    path = os.path.join(out, "gpu_profile.json")
+    try:
+        with open(path) as f:
+            previous = json.load(f)
+    except (OSError, ValueError) as err:
+        p.error(f"--resume: no run to go on with in --out={out} ({path}: {err})")
+    if "meta" not in previous or "groups" not in previous:
+        p.error(f"--resume: {path} is not a gpu_profile.py result (no meta or groups)")
+    return previous
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
@@ -826,7 +913,14 @@ def main(argv=None):
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
+    p.add_argument("--resume", action="store_true",
+                   help="go on with the run of the same command whose gpu_profile.json --out holds, after its process "
+                        "ended early (a crash or a kill): the runs it holds are kept, the one it was in when its process "
+                        "ended is reported as failed and not run again, and the others are measured "
+                        "(benchmarks/gpu_run.sh resumes a profile whose process a signal ended)")
     a = p.parse_args(argv)
+    if a.resume and a.force:
+        p.error("--resume and --force: --resume goes on with the results in --out, --force overwrites them")
     if a.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA device is visible to torch (use --device cpu)")
     precision = a.precision or ("fp16" if a.device == "cuda" else "fp32")
@@ -868,7 +962,9 @@ def main(argv=None):
         if not toeplitz_direct.AVAILABLE:
             p.error(f"--direct-max-n={a.direct_max_n}: Triton is not installed (a CUDA build of torch brings it)")
         toeplitz.DIRECT_MAX_N = a.direct_max_n  # every product of the run
-    refuse_overwrite(p, a, "gpu_profile.json")
+    previous = _previous_run(p, a.out) if a.resume else None
+    if not a.resume:
+        refuse_overwrite(p, a, "gpu_profile.json")
     if a.no_stack_regions:
         compiling.STACK_REGIONS = False  # the stacks built from here on
     if a.no_graph_edges:
@@ -883,16 +979,26 @@ def main(argv=None):
             "direct_max_n": a.direct_max_n,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
-            "command": "python benchmarks/gpu_profile.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+            "command": "python benchmarks/gpu_profile.py " + " ".join(
+                arg for arg in (sys.argv[1:] if argv is None else argv) if arg != "--resume")}
+    before = 0.0
+    if previous is not None:
+        differs = [k for k in meta if k != "command" and previous["meta"].get(k) != meta[k]]
+        if differs:
+            p.error(f"--resume: {a.out}/gpu_profile.json is another run's: its " + ", ".join(
+                f"{k} {previous['meta'].get(k)!r}" for k in differs) + " against this command's " + ", ".join(
+                f"{meta[k]!r}" for k in differs) + " (resume with the command that made it)")
+        before = previous["meta"]["seconds"]
+        meta["resumed"] = previous["meta"].get("resumed", 0) + 1
 
     def write(result):
-        result["meta"] = {**meta, "seconds": round(time.time() - t0, 1)}
+        result["meta"] = {**meta, "seconds": round(before + time.time() - t0, 1)}
         result["targets"] = targets(result)
         write_results(a.out, "gpu_profile", result, markdown(result))
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
                  lambda m: print(m, flush=True), graphs, bf16, a.amp, bf16_weights, a.host_overflow, a.shapes or [],
-                 a.host_profile, a.out)
+                 a.host_profile, a.out, previous)
     write(result)
     print(markdown(result))
     return result

@@ -16,7 +16,9 @@ set -u
 : "${OUT:?the output folder of the device machine}"
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-export PYTHONUNBUFFERED=1 PYTHON=python3
+# PYTHONFAULTHANDLER: a process that a signal ends (the ninth GPU run's segmentation fault in a compiled backward)
+# prints each thread's Python stack first, which names the generated code it was in
+export PYTHONUNBUFFERED=1 PYTHON=python3 PYTHONFAULTHANDLER=1
 
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/gpu_run.sh CALL..." >&2; exit 2; }
 for call in "$@"; do
@@ -43,13 +45,47 @@ machine() {
     python3 -c "import torch, triton; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'triton', triton.__version__)"
 }
 
-# A profile of causal TNN's graphed update (and, where given, other configurations and options), inductor's cache
-# empty, so that the compile time is a cold one.
+# After a process that a signal ended, with its output in LOG: the generated code its trace names (inductor's, the
+# ninth GPU run's segmentation fault) kept in DIR as crash-SECONDS.py, its lines before the crash printed.
+keep_crash() {
+    local log=$1 dir=$2 seen file line
+    seen=$(grep -oE 'File "[^"]+\.py", line [0-9]+ in call' "$log" | head -n 1)
+    [ -n "$seen" ] || return 0
+    file=$(sed -E 's/File "([^"]+)".*/\1/' <<< "$seen")
+    line=$(sed -E 's/.* line ([0-9]+) .*/\1/' <<< "$seen")
+    cp "$file" "$dir/crash-$SECONDS.py" 2>/dev/null && sed -n "$((line > 40 ? line - 40 : 1)),${line}p" "$file"
+}
+
+# gpu_profile.py into DIR within SECONDS, each process with an empty inductor cache of its own (so that every compile
+# time is a cold one): where a signal ends its process (a crash, the ninth GPU run's lost FD-TNN rows and every row
+# after them), the generated code it crashed in is kept and the run resumed (--resume) without the configuration
+# that crashed, for as long as time is left.
+resumable_profile() {
+    local dir=$1 seconds=$2 end code resume=()
+    shift 2
+    end=$((SECONDS + seconds))
+    while :; do
+        TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) timeout $((end - SECONDS)) python3 benchmarks/gpu_profile.py \
+            --out "$dir" "$@" "${resume[@]}" 2>&1 | tee "$dir/part.log"
+        code=${PIPESTATUS[0]}
+        if [ "$code" -gt 128 ]; then
+            echo "== gpu_profile: the process ended by signal $((code - 128))"
+            keep_crash "$dir/part.log" "$dir"
+        fi
+        rm -f "$dir/part.log"
+        [ "$code" -gt 128 ] || return "$code"
+        [ $((end - SECONDS)) -gt 30 ] || { echo "== gpu_profile: no time left to resume"; return "$code"; }
+        echo "== gpu_profile: resumed without the configuration that ended the process"
+        resume=(--resume)
+    done
+}
+
+# A profile of causal TNN's graphed update (and, where given, other configurations and options).
 profile() {
     local out=$1 budget=$2
     shift 2
-    TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) timeout $((budget + 60)) python3 benchmarks/gpu_profile.py --out "$out" \
-        --timed 8 --compile-budget "$budget" --shapes causal/512 --compiled --bf16-weights "$@"
+    resumable_profile "$out" $((budget + 60)) --timed 8 --compile-budget "$budget" --shapes causal/512 --compiled \
+        --bf16-weights "$@"
 }
 
 # One part of the tests call: pytest with what is left of the call's 5 minutes (TESTS_END), each test's outcome printed
@@ -58,7 +94,7 @@ profile() {
 # code its trace names is kept (CRASH_DIR, and its lines before the crash printed), and the part runs again without
 # the tests that have an outcome and the one that crashed, as long as time is left.
 tests_part() {
-    local left code crashed file line deselect=() seen
+    local left code crashed deselect=()
     while :; do
         left=$((TESTS_END - SECONDS))
         [ $left -gt 10 ] || { echo "tests: no time left for $*"; return 124; }
@@ -69,13 +105,7 @@ tests_part() {
         [ "$code" -gt 128 ] || return "$code"
         crashed=$(grep -oE '^tests/[^ ]+::[^ ]+' "$CRASH_DIR/part.log" | tail -n 1)
         echo "== tests: the process ended by signal $((code - 128)) in ${crashed:-an unknown test}"
-        seen=$(grep -oE 'File "[^"]+\.py", line [0-9]+ in call' "$CRASH_DIR/part.log" | head -n 1)
-        if [ -n "$seen" ]; then
-            file=$(sed -E 's/File "([^"]+)".*/\1/' <<< "$seen")
-            line=$(sed -E 's/.* line ([0-9]+) .*/\1/' <<< "$seen")
-            cp "$file" "$CRASH_DIR/crash-$SECONDS.py" 2>/dev/null &&
-                sed -n "$((line > 40 ? line - 40 : 1)),${line}p" "$file"
-        fi
+        keep_crash "$CRASH_DIR/part.log" "$CRASH_DIR"
         [ -n "$crashed" ] || return "$code"
         for t in $(grep -oE '^tests/[^ ]+::[^ ]+ (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)' "$CRASH_DIR/part.log" \
                    | cut -d' ' -f1) "$crashed"; do
@@ -120,8 +150,7 @@ run_call() {
         # every configuration eager, the stack's graphs of each row a target compares while the compile budget lasts,
         # fairseq's --bf16 of causal TNN) without the compiled rows the recipe does not train; about 8-9 minutes, a
         # call of its own
-        TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) timeout 540 python3 benchmarks/gpu_profile.py --out "$dir" --timed 8 \
-            --compile-budget 330 --compiled ;;
+        resumable_profile "$dir" 540 --timed 8 --compile-budget 330 --compiled ;;
     no-edges)
         profile "$dir" 90 --no-graph-edges --configs tnn6 --graphs causal/512/tnn6 --host-profile causal/512/tnn6 ;;
     one-graph)

@@ -496,6 +496,68 @@ def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
     assert "| causal 2 x 32 | bound: no token mixing compiled |" in md
 
 
+# gpu_profile.py run with a measure() that ends its process by a segmentation fault where CRASH names the run
+# (KEY/mode), as FD-TNN's compiled backward did as the third model of a process in the ninth GPU run
+CRASHING_PROFILE = """import os, signal, sys
+sys.path.insert(0, os.getcwd())
+from benchmarks import gpu_profile
+real = gpu_profile.measure
+def measure(*args, **kwargs):
+    if f"{args[0]}/{gpu_profile._mode(args[11])}" == os.environ.get("CRASH"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return real(*args, **kwargs)
+gpu_profile.measure = measure
+gpu_profile.main(sys.argv[1:])
+"""
+
+
+def test_gpu_profile_resumes_a_run_whose_process_crashed(tmp_path):
+    """gpu_profile.py --resume: a run whose process a signal ended (here a segmentation fault in TNN's compiled run)
+    names in its JSON the run it was in; the same command with --resume keeps the runs measured (the eager rows as the
+    first process measured them, not again), reports the one that ended the process as failed, never runs it again,
+    and measures the rest; the compile seconds the crashed run spent count against the budget. A resume of another
+    command's results, of none, or with --force is refused before any work, the results left as they were."""
+    out = tmp_path / "profile"
+    args = ["--device", "cpu", "--quick", "--shapes", "causal/32", "--configs", "tnn3", "fd3", "--compiled",
+            "causal/32/tnn3", "causal/32/fd3", "--timed", "2", "--out", str(out)]
+    crashing = [sys.executable, "-c", CRASHING_PROFILE]
+    code, log, _ = execute(crashing + args, command_env(CRASH="tnn3/compiled"), 600, merge=True)
+    assert code == -11, log[-3000:]
+    first = json.loads((out / "gpu_profile.json").read_text())
+    assert first["running"]["id"] == "causal/32/tnn3" and first["running"]["mode"] == "compiled", first.get("running")
+    (causal,) = first["groups"]
+    assert [(c["key"], c["compiled"]) for c in causal["configs"]] == [("tnn3", False), ("fd3", False)]
+
+    code, log, _ = execute(crashing + args + ["--resume"], command_env(CRASH="tnn3/compiled"), 600, merge=True)
+    assert code == 0, log[-3000:]
+    assert "resumed: 2 runs kept, causal/32/tnn3 (compiled) ended its process" in log
+    result = json.loads((out / "gpu_profile.json").read_text())
+    assert "running" not in result and result["meta"]["resumed"] == 1
+    assert result["meta"]["command"] == first["meta"]["command"] and "--resume" not in result["meta"]["command"]
+    (causal,) = result["groups"]
+    rows = {(c["key"], c["compiled"]): c for c in causal["configs"]}
+    assert list(rows) == [("tnn3", False), ("fd3", False), ("fd3", True)], list(rows)
+    for key in ("tnn3", "fd3"):  # kept, not measured again
+        assert rows[key, False]["ms"] == next(c["ms"] for c in first["groups"][0]["configs"] if c["key"] == key)
+    (failed,) = result["failed"]
+    assert (failed["id"], failed["mode"], failed["precision"]) == ("causal/32/tnn3", "compiled", "fp32"), failed
+    assert "ended while it ran" in failed["error"]
+    assert result["compile_spent_s"] >= rows["fd3", True]["compile_s"]
+    md = (out / "gpu_profile.md").read_text()
+    assert "Resumed 1 time(s)" in md and "Failed: causal/32/tnn3 (True): its process ended" in md, md[:3000]
+    assert "| causal 2 x 32 | FD-TNN (RPE 3) compiled |" in md
+
+    saved = (out / "gpu_profile.json").read_text()
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py")]
+    code, _, err = execute(cmd + [a if a != "2" else "3" for a in args] + ["--resume"], command_env(), 300)
+    assert code == 2 and "is another run's: its timed 2 against this command's 3" in err, err
+    code, _, err = execute(cmd + args + ["--resume", "--force"], command_env(), 300)
+    assert code == 2 and "--resume and --force" in err, err
+    code, _, err = execute(cmd + args[:-1] + [str(tmp_path / "none"), "--resume"], command_env(), 300)
+    assert code == 2 and "--resume: no run to go on with" in err, err
+    assert (out / "gpu_profile.json").read_text() == saved and not (tmp_path / "none").exists()
+
+
 @pytest.mark.slow
 def test_gpu_profile_breaks_the_host_time_down_for_the_shapes_asked(tmp_path):
     """gpu_profile.py --host-profile: the update's parts by the host's own clock (with the wait after it), and the
@@ -967,7 +1029,8 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     stub = tmp_path / "bin"
     stub.mkdir()
     (stub / "python3").write_text(
-        '#!/bin/bash\nargs="$*"\necho "$PWD|$PYTHONPATH|${TORCHINDUCTOR_CACHE_DIR:+cache}|$args" >> "$OUT/calls.txt"\n'
+        '#!/bin/bash\nargs="$*"\n'
+        'echo "$PWD|$PYTHONPATH|${TORCHINDUCTOR_CACHE_DIR:+cache}|$args|$TORCHINDUCTOR_CACHE_DIR" >> "$OUT/calls.txt"\n'
         'out=; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
         '[ -n "$out" ] && mkdir -p "$out" && echo "| a result |" > "$out/gpu_profile.md"\n'
         '[[ -n "$FAIL" && "$args" == *"$FAIL"* ]] && exit 3\n'
@@ -1008,6 +1071,23 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     assert {"causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "masked/512/tnn6", "masked/512/fd3",
             "masked/2048/tnn6", "masked/2048/fd3", "masked/2048/ski"} <= set(profile.GRAPHS_DEFAULT)
     assert profile.BF16_DEFAULT == ["causal/512/tnn6"] and (out / "targets.tgz").exists(), targets
+    # a profile whose process a signal ends: the generated code it crashed in kept, the run resumed by the same command
+    # with --resume, with an inductor cache of its own (cold compiles)
+    before = len((out / "calls.txt").read_text().splitlines())
+    generated = tmp_path / "generated.py"
+    generated.write_text("def call(args):\n    crash(args)\n")
+    (out / "crashed").unlink(missing_ok=True)
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "targets"],
+                           {**env, "CRASH": "gpu_profile", "GENERATED": str(generated)}, 60)
+    runs = [line.split("|") for line in (out / "calls.txt").read_text().splitlines()[before:] if "gpu_profile" in line]
+    assert code == 0 and "targets: exit 0" in (out / "status.txt").read_text(), err
+    assert [r[3] for r in runs] == [targets[3], targets[3] + " --resume"] and runs[0][4] != runs[1][4], runs
+    with tarfile.open(out / "targets.tgz") as tar:
+        kept = [name for name in tar.getnames() if name.split("/")[-1].startswith("crash-")]
+        assert len(kept) == 1 and tar.extractfile(kept[0]).read() == generated.read_bytes(), tar.getnames()
+        log = tar.extractfile("targets/targets.log").read().decode()
+    assert "ended by signal 11\ndef call(args):\n    crash(args)\n== gpu_profile: resumed without" in log, log
+    (out / "crashed").unlink()
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "direct"], {**env, "FAIL": "toeplitz_direct"}, 60)
     assert code == 3 and "direct: exit 3" in (out / "status.txt").read_text(), err
     calls = (out / "calls.txt").read_text()
