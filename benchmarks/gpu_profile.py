@@ -57,7 +57,12 @@ takes at the bandwidth a plain device-to-device copy reaches on the same GPU, be
 time: one TNN layer's forward and backward less the same layer's with no token mixing, by the clock and by the
 device time of its kernels (which a launch-bound layer does not inflate), eager and, for the configurations
 compiled, with the layers compiled. The 15 longest kernels and host events are listed again for the first
-configuration run with CUDA graphs (what is left once the launches are gone).
+configuration run with CUDA graphs (what is left once the launches are gone). Last, on a GPU (``--direct-floor``), the
+same floors of the spectral TNOs (TNN, FD-TNN) again with their Toeplitz products by direct summation (the Triton
+kernels of ``fairseq_tnn/ops/toeplitz_direct.py``, off by default in the models until a GPU run shows them faster),
+eager, with the layer's output and input gradient against the FFT product's: the one candidate for issue 39's "mixing
+within 3x of its floor", measured side by side with the FFT product's floor in the same run, and last, so that a fault
+of kernels no earlier GPU run ran costs nothing else.
 
 Results are written after every configuration (``gpu_profile.json`` and ``gpu_profile.md`` in ``--out``), so
 a run stopped at a time limit still reports what it measured; the JSON names the run in progress (``running``), so
@@ -108,6 +113,8 @@ KEYS = {"causal": ["tnn6", "tnn3", "fd3", "transformer", "bound_identity"],
         "masked": ["tnn6", "tnn3", "fd3", "ski", "bound_identity"]}
 # the TNOs whose floor is measured, per section: the layer of this configuration
 FLOOR_KEYS = {"causal": ["tnn6", "tnn3", "fd3"], "masked": ["tnn6", "fd3", "ski"]}
+# and again with the direct product, at the end of the run (``--direct-floor``): the spectral TNOs of FLOOR_KEYS
+DIRECT_FLOOR_KEYS = {s: [k for k in keys if k != "ski"] for s, keys in FLOOR_KEYS.items()}
 
 
 _sync = tr._sync
@@ -268,6 +275,49 @@ def mixing_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
             "mixing_kernel_ms": mixing_kernels, "least_bytes": least, "floor_ms": floor_ms,
             "mixing_over_floor": mixing / floor_ms if floor_ms > 0 else None,
             "mixing_kernels_over_floor": mixing_kernels / floor_ms if floor_ms > 0 else None}
+
+
+def direct_floor(model, section: str, batch: int, n: int, device: str, dtype, bandwidth: float, timed: int) -> Dict:
+    """``mixing_floor`` of the model's first layer with its Toeplitz products by direct summation
+    (``toeplitz.DIRECT_MAX_N`` = n: the Triton kernels of ``ops/toeplitz_direct.py``, eager), and how far the layer's
+    output and input gradient are from the FFT product's on the same input (the largest difference over the largest
+    magnitude): the direct product's worth against the floor, and its function, on this device, without making it the
+    default."""
+    from benchmarks.opcount import count
+    from fairseq_tnn.ops import toeplitz
+    layers = model.decoder.layers if section == "causal" else model.encoder.layers
+    layer = layers[0]
+    x = torch.randn(batch, n, layer.gtu.uv_proj.in_features, device=device, dtype=dtype)
+    g = torch.randn_like(x)
+    before = toeplitz.DIRECT_MAX_N
+    runs, ffts = [], {}
+
+    def forward_backward(xi):
+        with torch.random.fork_rng(devices=[x.device] if device == "cuda" else []):
+            torch.manual_seed(0)  # the same dropout masks in both
+            y = layer(xi)
+        y.backward(g)
+        layer.zero_grad(set_to_none=True)
+        return y
+    try:
+        for limit, way in ((0, "fft"), (n, "direct")):
+            toeplitz.DIRECT_MAX_N = limit
+            xi = x.detach().requires_grad_(True)
+            y, counter = count(lambda: forward_backward(xi))
+            runs.append((y.detach().float(), xi.grad.float()))
+            # the FFTs each way dispatched, forward and backward: none where the direct product sums the kernel in
+            # time (TNN's), the Hilbert transform's where it makes the kernel (causal FD-TNN's)
+            ffts[way] = sum(v for k, v in counter.counts.items() if "fft" in k)
+        toeplitz.DIRECT_MAX_N = n
+        floor = mixing_floor(model, section, batch, n, device, dtype, bandwidth, timed)
+    finally:
+        toeplitz.DIRECT_MAX_N = before
+    (y_fft, gx_fft), (y_direct, gx_direct) = runs
+    floor["ffts"] = ffts
+    floor["difference"] = {
+        "output": ((y_direct - y_fft).abs().max() / y_fft.abs().max().clamp_min(1e-30)).item(),
+        "x_grad": ((gx_direct - gx_fft).abs().max() / gx_fft.abs().max().clamp_min(1e-30)).item()}
+    return floor
 
 
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's message under set_sync_debug_mode("warn")
@@ -454,15 +504,19 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     return c
 
 
+DIRECT_FLOOR = "direct-floor"  # the run of a configuration's floor with the direct product (``--direct-floor``)
+
+
 def _mode(how) -> str:
     """A run's mode as its row's ``compiled`` holds it (False, True or ``tr.GRAPHS``), by name."""
-    return {False: "eager", True: "compiled", tr.GRAPHS: "graphs"}[how]
+    return {False: "eager", True: "compiled", tr.GRAPHS: "graphs", DIRECT_FLOOR: DIRECT_FLOOR}[how]
 
 
 def _done(result) -> set:
     """The runs a result already holds, measured or failed, as (SECTION/N/KEY, mode, precision)."""
     done = {(f"{g['section']}/{g['n']}/{c['key']}", _mode(c["compiled"]), c["precision"])
             for g in result["groups"] for c in g["configs"]}
+    done |= {(d["id"], DIRECT_FLOOR, d["precision"]) for d in result.get("direct_floor", [])}
     return done | {(f["id"], f["mode"], f["precision"]) for f in result.get("failed", [])}
 
 
@@ -473,14 +527,14 @@ def _resumed(previous: Dict, precision: str):
     spent, that run's included (from its start to now, if it compiled); and the models whose longest kernels were
     listed already."""
     result = {"groups": previous["groups"], "bandwidth_gbs": previous["bandwidth_gbs"],
-              "failed": list(previous.get("failed", []))}
+              "failed": list(previous.get("failed", [])), "direct_floor": list(previous.get("direct_floor", []))}
     spent = previous.get("compile_spent_s", 0.0)
     cut = previous.get("running")
     if cut:
         result["failed"].append({**{k: cut[k] for k in ("id", "how", "mode", "precision")},
                                  "error": "its process ended while it ran (a crash or a kill; the log says which), "
                                           "and the run was resumed without it"})
-        if cut["mode"] != "eager":
+        if cut["mode"] in ("compiled", "graphs"):
             spent += max(0.0, time.time() - cut["started"])
     topped = set()
     for g in result["groups"]:
@@ -495,7 +549,7 @@ def _resumed(previous: Dict, precision: str):
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
         log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = (),
         bf16w_ids: List[str] = (), host_ids: List[str] = (), shapes: List[str] = (), host_profile_ids: List[str] = (),
-        host_dir: Optional[str] = None, previous: Optional[Dict] = None) -> Dict:
+        host_dir: Optional[str] = None, previous: Optional[Dict] = None, direct_floor_ids: List[str] = ()) -> Dict:
     """Every configuration in each of its modes (the module docstring), written after each (``write``); with
     ``previous`` (the gpu_profile.json of the same command, whose process ended early), the runs it holds are kept
     and the others measured (``--resume``)."""
@@ -603,6 +657,33 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 compile_spent += time.time() - t0
                 result["compile_spent_s"] = compile_spent
             write(result)
+        # last, as the one part that runs kernels no earlier GPU run ran (a fault of theirs that ends the process or
+        # its CUDA context costs only this): the floor again with the direct product, eager
+        for cid in direct_floor_ids:
+            section, _, key = cid.split("/")
+            g = _group_of(result, cid)
+            if g is None or (keys and key not in keys) or (cid, DIRECT_FLOOR, precision) in done:
+                continue
+            arch, bound = arch_of[(section, key)]
+            row = {"id": cid, "label": tr.LABELS[key], "precision": precision}
+            try:
+                def floor():
+                    trainer = tr.build_trainer(section, arch, bound, g["n"], device, precision, False, data, quick)
+                    dtype = next(trainer.model.parameters()).dtype
+                    return direct_floor(trainer.model, section, g["batch"], g["n"], device, dtype, bw, timed)
+                row["floor"] = measured(cid, DIRECT_FLOOR, precision, floor)
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                f = row["floor"]
+                log(f"[{section} {g['batch']}x{g['n']}] {row['label']} with the direct product: mixing "
+                    f"{f['mixing_ms']:.3f} ms, kernels {f['mixing_kernel_ms']:.3f} ms, "
+                    f"{f['mixing_kernels_over_floor']:.1f}x its floor by kernel time; against the FFT product's "
+                    f"output {f['difference']['output']:.1e}, input gradient {f['difference']['x_grad']:.1e}")
+            except Exception as err:  # reported, as a configuration's failure is
+                row["error"] = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
+                log(f"[{section} {g['batch']}x{g['n']}] {row['label']} with the direct product failed: {row['error']}")
+            result.setdefault("direct_floor", []).append(row)
+            write(result)
     return result
 
 
@@ -673,7 +754,18 @@ def targets(result) -> List[Dict]:
                         add(f"{shape}: {c['label']} mixing over its floor", f["mixing_over_floor"], 3.0, higher=False)
                     add(f"{shape}: {c['label']} mixing over its floor, by kernel time",
                         f["mixing_kernels_over_floor"], 3.0, higher=False)
+    for d in result.get("direct_floor", []):
+        g = _group_of(result, d["id"])
+        if d.get("floor") and g:
+            add(f"{g['section']} {g['batch']} x {g['n']}: {d['label']} mixing over its floor, by kernel time, with the "
+                "direct product (eager)", d["floor"]["mixing_kernels_over_floor"], 3.0, higher=False)
     return rows
+
+
+def _group_of(result, cid: str) -> Optional[Dict]:
+    """The group of the shape of ``cid`` (SECTION/N/KEY) in ``result``, if it ran."""
+    section, n_s, _ = cid.split("/")
+    return next((g for g in result["groups"] if g["section"] == section and g["n"] == int(n_s)), None)
 
 
 def _top_table(what: str, rows: List[Dict]) -> List[str]:
@@ -795,6 +887,31 @@ def markdown(result) -> str:
                        f"{f['no_mixing_layer_kernel_ms']:.3f} | {f['mixing_kernel_ms']:.3f} | "
                        f"{f['least_bytes'] / 1e6:.1f} | {f['floor_ms']:.3f} | {ratio(f['mixing_over_floor'])} | "
                        f"{ratio(f['mixing_kernels_over_floor'])} |")
+    directs = [(_group_of(result, d["id"]), d) for d in result.get("direct_floor", [])]
+    if directs:
+        out += ["", "## The floor of the mixing with the direct product", "",
+                "The same layer and floor with its Toeplitz products by direct summation (`--direct-floor`: "
+                "`toeplitz.DIRECT_MAX_N` = n, the Triton kernels of `fairseq_tnn/ops/toeplitz_direct.py`), eager, "
+                "measured last; difference: the largest difference of the layer's output and input gradient from the "
+                "FFT product's on the same input, over their largest magnitude; FFTs: those the layer's forward and "
+                "backward dispatched with each product.", "",
+                f"| shape | TNO of | layer ms | mixing ms | layer {unit} ms | mixing {unit} ms | floor ms | "
+                f"mixing / floor | mixing {unit} / floor | output difference | input gradient difference | FFTs "
+                "(FFT product / direct) |",
+                "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for g, d in directs:
+            f = d.get("floor")
+            if g is None:
+                continue
+            if not f:
+                out.append(f"| {g['section']} {g['batch']} x {g['n']} | {d['label']} | failed: {d.get('error')} |"
+                           + " |" * 10)
+                continue
+            out.append(f"| {g['section']} {g['batch']} x {g['n']} | {d['label']} | {f['layer_ms']:.3f} | "
+                       f"{f['mixing_ms']:.3f} | {f['layer_kernel_ms']:.3f} | {f['mixing_kernel_ms']:.3f} | "
+                       f"{f['floor_ms']:.3f} | {f['mixing_over_floor']:.1f} | {f['mixing_kernels_over_floor']:.1f} | "
+                       f"{f['difference']['output']:.1e} | {f['difference']['x_grad']:.1e} | "
+                       f"{f['ffts']['fft']} / {f['ffts']['direct']} |")
     rests = [(g, c) for g in result["groups"] for c in g["configs"] if c.get("rest_ms")]
     if rests:
         names = list(rests[0][1]["rest_ms"])
@@ -866,6 +983,7 @@ def main(argv=None):
     p.add_argument("--configs", nargs="+", choices=tr.ALL_KEYS, metavar="KEY",
                    help=f"only these configurations (of {', '.join(tr.ALL_KEYS)}; default: all)")
     ids = [f"{s}/{n}/{k}" for s, n, _ in tr.FULL_GROUPS + tr.QUICK_GROUPS for k in KEYS[s] if k != "transformer"]
+    direct_ids = [f"{s}/{n}/{k}" for s, n, _ in tr.FULL_GROUPS + tr.QUICK_GROUPS for k in DIRECT_FLOOR_KEYS[s]]
     p.add_argument("--compiled", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(ids)),
                    help="configurations also compiled, in this order while the budget lasts (default: "
                         f"{' '.join(COMPILED_DEFAULT)}; quick: none; none: --compiled with no value)")
@@ -910,6 +1028,12 @@ def main(argv=None):
                    help="the TNOs' Toeplitz products of up to N positions by direct summation on tensor cores instead "
                         "of FFTs (fairseq_tnn.ops.toeplitz.DIRECT_MAX_N, Triton's kernels; CUDA only), in every "
                         "configuration of the run: measured against a run without this option (default 0: FFTs)")
+    p.add_argument("--direct-floor", nargs="*", metavar="SECTION/N/KEY", choices=sorted(set(direct_ids)),
+                   help="configurations whose mixing floor is measured again at the end of the run with the Toeplitz "
+                        "products by direct summation (eager; the Triton kernels of fairseq_tnn/ops/toeplitz_direct.py), "
+                        "beside the FFT product's, with the two's differences (default on CUDA with Triton and no "
+                        f"--direct-max-n: {', '.join(f'{s}/{k}' for s, k in DIRECT_FLOOR_KEYS.items())} at each "
+                        "shape of the run; otherwise none)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -957,8 +1081,23 @@ def main(argv=None):
     if a.direct_max_n < 0 or (a.direct_max_n and a.device != "cuda"):
         p.error(f"--direct-max-n={a.direct_max_n}: an integer >= 0, and above 0 only with --device cuda (the direct "
                 "product's Triton kernels run on a GPU)")
+    from fairseq_tnn.ops import toeplitz_direct
+    direct_runs = toeplitz_direct.supports_on(torch.float32, a.device)  # Triton, and CUDA or its CPU interpreter
+    if a.direct_floor is None:
+        direct_floor = ([f"{s}/{n}/{k}" for s, n, _ in groups for k in DIRECT_FLOOR_KEYS[s]
+                         if not a.shapes or f"{s}/{n}" in a.shapes]
+                        if a.device == "cuda" and direct_runs and not a.direct_max_n and not a.quick else [])
+    else:
+        direct_floor = a.direct_floor
+        if direct_floor and a.direct_max_n:
+            p.error(f"--direct-floor with --direct-max-n={a.direct_max_n}: the run's products are direct already, and "
+                    "so is its floor")
+        if direct_floor and not direct_runs:
+            p.error(f"--direct-floor {' '.join(direct_floor)}: the direct product's Triton kernels cannot run on "
+                    f"--device {a.device} here (" + ("Triton is not installed" if not toeplitz_direct.AVAILABLE else
+                                                      "a CPU runs them only under TRITON_INTERPRET=1") + ")")
     if a.direct_max_n:
-        from fairseq_tnn.ops import toeplitz, toeplitz_direct
+        from fairseq_tnn.ops import toeplitz
         if not toeplitz_direct.AVAILABLE:
             p.error(f"--direct-max-n={a.direct_max_n}: Triton is not installed (a CUDA build of torch brings it)")
         toeplitz.DIRECT_MAX_N = a.direct_max_n  # every product of the run
@@ -976,7 +1115,7 @@ def main(argv=None):
             "graphs": graphs, "bf16": bf16, "bf16_weights": bf16_weights, "amp": a.amp,
             "host_overflow": a.host_overflow, "shapes": a.shapes or [], "host_profile": a.host_profile,
             "stack_regions": compiling.STACK_REGIONS, "graph_edges": compiling.GRAPH_EDGES,
-            "direct_max_n": a.direct_max_n,
+            "direct_max_n": a.direct_max_n, "direct_floor": direct_floor,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(
@@ -998,7 +1137,7 @@ def main(argv=None):
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
                  lambda m: print(m, flush=True), graphs, bf16, a.amp, bf16_weights, a.host_overflow, a.shapes or [],
-                 a.host_profile, a.out, previous)
+                 a.host_profile, a.out, previous, direct_floor)
     write(result)
     print(markdown(result))
     return result

@@ -148,8 +148,8 @@ run_call() {
     targets)
         # every target of issue 39 side by side in one run (its "done when"): gpu_profile's defaults (the three shapes,
         # every configuration eager, the stack's graphs of each row a target compares while the compile budget lasts,
-        # fairseq's --bf16 of causal TNN) without the compiled rows the recipe does not train; about 8-9 minutes, a
-        # call of its own
+        # fairseq's --bf16 of causal TNN, and last the floors again with the direct product) without the compiled
+        # rows the recipe does not train; about 8-9 minutes, a call of its own
         resumable_profile "$dir" 540 --timed 8 --compile-budget 330 --compiled ;;
     no-edges)
         profile "$dir" 90 --no-graph-edges --configs tnn6 --graphs causal/512/tnn6 --host-profile causal/512/tnn6 ;;

@@ -558,6 +558,36 @@ def test_gpu_profile_resumes_a_run_whose_process_crashed(tmp_path):
     assert (out / "gpu_profile.json").read_text() == saved and not (tmp_path / "none").exists()
 
 
+def test_gpu_profile_measures_the_floor_again_with_the_direct_product(tmp_path):
+    """gpu_profile.py --direct-floor (on a GPU by default): the mixing floor's layer measured again last with its
+    Toeplitz products by direct summation (the Triton kernels, here under their CPU interpreter), beside the FFT
+    product's floor, with the layer's output and input gradient against the FFT product's (the same dropout masks),
+    and the target's row; refused where the kernels cannot run or where the run's products are direct already."""
+    out = tmp_path / "profile"
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--shapes",
+           "causal/32", "--configs", "tnn6", "--compiled", "--timed", "2", "--out", str(out)]
+    code, log, _ = execute(cmd + ["--direct-floor", "causal/32/tnn6"], command_env(TRITON_INTERPRET="1"), 600,
+                           merge=True)
+    assert code == 0, log[-3000:]
+    result = json.loads((out / "gpu_profile.json").read_text())
+    assert result["meta"]["direct_floor"] == ["causal/32/tnn6"]
+    (row,) = result["direct_floor"]
+    fft = result["groups"][0]["configs"][0]["floor"]
+    f = row["floor"]
+    assert row["id"] == "causal/32/tnn6" and f["least_bytes"] == fft["least_bytes"] and f["floor_ms"] > 0
+    assert f["mixing_kernel_ms"] == f["layer_kernel_ms"] - f["no_mixing_layer_kernel_ms"]
+    assert f["difference"]["output"] < 1e-5 and f["difference"]["x_grad"] < 1e-5, f["difference"]
+    (target,) = [t for t in result["targets"] if "with the direct product" in t["target"]]
+    assert target["ratio"] == f["mixing_kernels_over_floor"] and target["bound"] == 3.0, target
+    md = (out / "gpu_profile.md").read_text()
+    assert "## The floor of the mixing with the direct product" in md and "| causal 2 x 32 | TNN (RPE 6) |" in md
+    # the direct product ran: TNN's layer with the FFT product dispatches FFTs, with the direct one none
+    assert f["ffts"]["fft"] > 0 and f["ffts"]["direct"] == 0, f["ffts"]
+    code, _, err = execute(cmd + ["--direct-floor", "causal/32/tnn6", "--out", str(tmp_path / "b")],
+                           command_env(TRITON_INTERPRET="0"), 300)
+    assert code == 2 and "cannot run on --device cpu here" in err and not (tmp_path / "b").exists(), err
+
+
 @pytest.mark.slow
 def test_gpu_profile_breaks_the_host_time_down_for_the_shapes_asked(tmp_path):
     """gpu_profile.py --host-profile: the update's parts by the host's own clock (with the wait after it), and the
