@@ -866,6 +866,10 @@ def markdown(result) -> str:
         out += ["", "Not compiled (the compile budget was spent): " + ", ".join(result["not_compiled"]) + "."]
     for f in result.get("failed", []):
         out += ["", f"Failed: {f['id']} ({f['how']}): {f['error']}"]
+    if result.get("running"):  # these results are the last a process wrote before it ended (or still runs)
+        r = result["running"]
+        out += ["", f"Running when these results were written: {r['id']} ({r['mode']}, {r['precision']}); a process that "
+                    "ended there left it unmeasured (`--resume` goes on without it)."]
     floors = [(g, c) for g in result["groups"] for c in g["configs"] if c.get("floor")]
     if floors:
         out += ["", "## The floor of the mixing", "",

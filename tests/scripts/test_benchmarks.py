@@ -527,6 +527,8 @@ def test_gpu_profile_resumes_a_run_whose_process_crashed(tmp_path):
     assert first["running"]["id"] == "causal/32/tnn3" and first["running"]["mode"] == "compiled", first.get("running")
     (causal,) = first["groups"]
     assert [(c["key"], c["compiled"]) for c in causal["configs"]] == [("tnn3", False), ("fd3", False)]
+    assert "Running when these results were written: causal/32/tnn3 (compiled, fp32)" in (
+        out / "gpu_profile.md").read_text()
 
     code, log, _ = execute(crashing + args + ["--resume"], command_env(CRASH="tnn3/compiled"), 600, merge=True)
     assert code == 0, log[-3000:]
@@ -544,6 +546,7 @@ def test_gpu_profile_resumes_a_run_whose_process_crashed(tmp_path):
     assert "ended while it ran" in failed["error"]
     assert result["compile_spent_s"] >= rows["fd3", True]["compile_s"]
     md = (out / "gpu_profile.md").read_text()
+    assert "Running when" not in md
     assert "Resumed 1 time(s)" in md and "Failed: causal/32/tnn3 (True): its process ended" in md, md[:3000]
     assert "| causal 2 x 32 | FD-TNN (RPE 3) compiled |" in md
 
