@@ -254,12 +254,16 @@ def layer_time(layer, x, device: str, n: int) -> Dict[str, float]:
     return {"ms": ms, "kernel_ms": sum(t for _, t in kernels) / 1000.0 / n}
 
 
+def _first_layer(model, section: str):
+    """The first TNN layer of a causal (decoder) or masked (encoder) model."""
+    return (model.decoder if section == "causal" else model.encoder).layers[0]
+
+
 def mixing_floor(model, section: str, batch: int, n: int, device: str, dtype, bandwidth: float, timed: int) -> Dict:
     """The measured mixing time of the model's first layer (its time less its no-mixing copy's), by the clock and by
     its kernels' device time, and the floor of its TNO: 5 x d1 x b x n activations of ``dtype`` at the copy
     bandwidth. A compiled layer is measured compiled (its no-mixing copy compiles a graph of its own)."""
-    layers = model.decoder.layers if section == "causal" else model.encoder.layers
-    layer = layers[0]
+    layer = _first_layer(model, section)
     bare = copy.deepcopy(layer)
     bare.gtu.tno = IdentityTno()
     dim, d1 = layer.gtu.uv_proj.in_features, layer.gtu.d1
@@ -285,8 +289,7 @@ def direct_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
     default."""
     from benchmarks.opcount import count
     from fairseq_tnn.ops import toeplitz
-    layers = model.decoder.layers if section == "causal" else model.encoder.layers
-    layer = layers[0]
+    layer = _first_layer(model, section)
     x = torch.randn(batch, n, layer.gtu.uv_proj.in_features, device=device, dtype=dtype)
     g = torch.randn_like(x)
     before = toeplitz.DIRECT_MAX_N
@@ -308,7 +311,7 @@ def direct_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
             # the FFTs each way dispatched, forward and backward: none where the direct product sums the kernel in
             # time (TNN's), the Hilbert transform's where it makes the kernel (causal FD-TNN's)
             ffts[way] = sum(v for k, v in counter.counts.items() if "fft" in k)
-        toeplitz.DIRECT_MAX_N = n
+        # DIRECT_MAX_N = n still, from the loop's last run
         floor = mixing_floor(model, section, batch, n, device, dtype, bandwidth, timed)
     finally:
         toeplitz.DIRECT_MAX_N = before
@@ -587,7 +590,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
         for section, n, batch in groups:  # eager: every configuration
             if shapes and f"{section}/{n}" not in shapes:
                 continue
-            g = next((g for g in result["groups"] if g["section"] == section and g["n"] == n), None)
+            g = _group_of(result, f"{section}/{n}/")
             if g is None:
                 g = {"section": section, "n": n, "batch": batch, "configs": []}
                 result["groups"].append(g)
@@ -617,8 +620,8 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 if c in ids:
                     runs += [(c, how, other) for how in [False, *modes]]
         for cid, how, prec in runs:
-            section, n_s, key = cid.split("/")
-            g = next((g for g in result["groups"] if g["section"] == section and g["n"] == int(n_s)), None)
+            section, _, key = cid.split("/")
+            g = _group_of(result, cid)
             if g is None or (keys and key not in keys) or (cid, _mode(how), prec) in done:
                 continue
             last = max([c.get("compile_s", 0.0) for gg in result["groups"] for c in gg["configs"]] + [0.0])
