@@ -56,8 +56,10 @@ n activations; the kernel, made from a few thousand RPE weights, could stay on c
 takes at the bandwidth a plain device-to-device copy reaches on the same GPU, beside the measured mixing
 time: one TNN layer's forward and backward less the same layer's with no token mixing, by the clock and by the
 device time of its kernels (which a launch-bound layer does not inflate), eager and, for the configurations
-compiled, with the layers compiled. The 15 longest kernels and host events are listed again for the first
-configuration run with CUDA graphs (what is left once the launches are gone). Last, on a GPU (``--direct-floor``), the
+compiled, with the layers compiled; and that kernel time by kind, with the kernels of each (cuFFT's transforms,
+matrix products, the direct product's Triton kernels, inductor's kernels, copies and fills, reductions and norms,
+the other elementwise kernels: ``KERNEL_KINDS``), the layer's less its no-mixing copy's. The 15 longest kernels and
+host events are listed again for the first configuration run with CUDA graphs (what is left once the launches are gone). Last, on a GPU (``--direct-floor``), the
 same floors of the spectral TNOs (TNN, FD-TNN) again with their Toeplitz products by direct summation (the Triton
 kernels of ``fairseq_tnn/ops/toeplitz_direct.py``, off by default in the models until a GPU run shows them faster),
 eager, with the layer's output and input gradient against the FFT product's: the one candidate for issue 39's "mixing
@@ -89,7 +91,8 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks import trainer as tr  # noqa: E402
-from benchmarks.measure import IdentityTno, add_out_options, refuse_overwrite, write_results  # noqa: E402
+from benchmarks.measure import (KERNEL_KINDS, IdentityTno, add_out_options, kernel_kind, refuse_overwrite,  # noqa: E402
+                                write_results)
 from fairseq_tnn.models import compile as compiling  # noqa: E402
 
 TOP_KERNELS = 15
@@ -218,6 +221,7 @@ def kernel_profile(trainer, sample, device: str, updates: int, top: bool) -> Dic
     host_us = sum(t for _, t in host)
     launches = [(n, t) for n, t in host if "LaunchKernel" in n or n.startswith("cudaGraphLaunch")]
     result = {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates,
+              "kinds": kinds_of(kernels, updates),
               "launch_calls": len(launches) / updates, "launch_ms": sum(t for _, t in launches) / 1000.0 / updates,
               "host_self_ms": host_us / 1000.0 / updates}
     if top:
@@ -251,12 +255,35 @@ def layer_time(layer, x, device: str, n: int) -> Dict[str, float]:
         step()
     ms = statistics.median(_timed(step, device, n))
     kernels, _ = tr.profiled_calls(step, device, n)
-    return {"ms": ms, "kernel_ms": sum(t for _, t in kernels) / 1000.0 / n}
+    return {"ms": ms, "kernel_ms": sum(t for _, t in kernels) / 1000.0 / n, "kernels": len(kernels) / n,
+            "kinds": kinds_of(kernels, n)}
+
+
+def kinds_of(kernels, calls: int) -> Dict[str, Dict[str, float]]:
+    """The kernels' (name, microseconds) of ``calls`` calls by ``kernel_kind``: {kind: {"ms": ms per call, "count":
+    kernels per call}} for every kind of ``KERNEL_KINDS``."""
+    kinds = {kind: {"ms": 0.0, "count": 0.0} for kind in KERNEL_KINDS}
+    for name, t in kernels:
+        kinds[kernel_kind(name)]["ms"] += t / 1000.0 / calls
+        kinds[kernel_kind(name)]["count"] += 1.0 / calls
+    return kinds
+
+
+def kinds_less(a: Dict, b: Dict) -> Dict[str, Dict[str, float]]:
+    """``kinds_of`` figures ``a`` less ``b``, kind by kind."""
+    return {kind: {v: a[kind][v] - b[kind][v] for v in ("ms", "count")} for kind in KERNEL_KINDS}
+
+
 
 
 def _first_layer(model, section: str):
     """The first TNN layer of a causal (decoder) or masked (encoder) model."""
     return (model.decoder if section == "causal" else model.encoder).layers[0]
+
+
+def _layers(model, section: str) -> int:
+    """How many layers a causal (decoder) or masked (encoder) model has."""
+    return len((model.decoder if section == "causal" else model.encoder).layers)
 
 
 def mixing_floor(model, section: str, batch: int, n: int, device: str, dtype, bandwidth: float, timed: int) -> Dict:
@@ -274,9 +301,12 @@ def mixing_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
     floor_ms = least / bandwidth * 1000.0
     mixing = with_mixing["ms"] - without["ms"]
     mixing_kernels = with_mixing["kernel_ms"] - without["kernel_ms"]
+    # where the mixing's kernel time goes: the layer's kernels of each kind less the no-mixing layer's
+    kinds = kinds_less(with_mixing["kinds"], without["kinds"])
     return {"layer_ms": with_mixing["ms"], "no_mixing_layer_ms": without["ms"], "mixing_ms": mixing,
             "layer_kernel_ms": with_mixing["kernel_ms"], "no_mixing_layer_kernel_ms": without["kernel_ms"],
-            "mixing_kernel_ms": mixing_kernels, "least_bytes": least, "floor_ms": floor_ms,
+            "mixing_kernel_ms": mixing_kernels, "mixing_kernels": with_mixing["kernels"] - without["kernels"],
+            "mixing_kinds": kinds, "least_bytes": least, "floor_ms": floor_ms,
             "mixing_over_floor": mixing / floor_ms if floor_ms > 0 else None,
             "mixing_kernels_over_floor": mixing_kernels / floor_ms if floor_ms > 0 else None}
 
@@ -464,7 +494,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", **GRAPH_SUFFIX}[compiled]
     c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,
-         "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
+         "layers": _layers(trainer.model, section), "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
          "tokens_per_s": batch * n / (steady / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
          "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
     if device == "cuda":
@@ -697,6 +727,29 @@ def _get(g, key, compiled=False, precision=None):
                  and c.get("precision") == (precision or main)), None)
 
 
+def update_mixing(result) -> List[Dict]:
+    """The mixing of each TNO in the whole update: the update's kernel time less the no-mixing bound's in the same
+    mode and precision (every kernel the TNOs add, the stack's shared work included, as the recipe trains), beside its
+    layers' floors (the layer count times the eager floor of the same TNO and shape), and that difference by kernel
+    kind; one row per TNO of ``FLOOR_KEYS`` and mode where both sides ran."""
+    rows = []
+    for g in result["groups"]:
+        for compiled in (False, True, tr.GRAPHS):
+            bare = _get(g, "bound_identity", compiled)
+            for key in FLOOR_KEYS[g["section"]]:
+                c, eager = _get(g, key, compiled), _get(g, key, False)
+                if not (c and bare and eager and eager.get("floor") and c.get("layers") and c.get("kinds")
+                        and bare.get("kinds")):
+                    continue
+                floor_ms = c["layers"] * eager["floor"]["floor_ms"]
+                mixing = c["kernel_ms"] - bare["kernel_ms"]
+                rows.append({"group": g, "config": c, "mode": {False: "eager", True: "compiled", **GRAPH_SUFFIX}[
+                    compiled].strip(), "mixing_kernel_ms": mixing, "mixing_kernels": c["kernels"] - bare["kernels"],
+                    "floor_ms": floor_ms, "over_floor": mixing / floor_ms if floor_ms > 0 else None,
+                    "kinds": kinds_less(c["kinds"], bare["kinds"])})
+    return rows
+
+
 def targets(result) -> List[Dict]:
     """The issue's targets as measured ratios (met or not), where both sides were measured. A speed-up over TNN
     comes with its ceiling where the no-mixing bound ran in the same mode: TNN's update time over the bound's, the
@@ -757,6 +810,10 @@ def targets(result) -> List[Dict]:
                         add(f"{shape}: {c['label']} mixing over its floor", f["mixing_over_floor"], 3.0, higher=False)
                     add(f"{shape}: {c['label']} mixing over its floor, by kernel time",
                         f["mixing_kernels_over_floor"], 3.0, higher=False)
+    for m in update_mixing(result):
+        g = m["group"]
+        add(f"{g['section']} {g['batch']} x {g['n']}: {tr.LABELS[m['config']['key']]} mixing in the update over its "
+            f"layers' floors, by kernel time, {m['mode']}", m["over_floor"], 3.0, higher=False)
     for d in result.get("direct_floor", []):
         g = _group_of(result, d["id"])
         if d.get("floor") and g:
@@ -778,6 +835,38 @@ def _top_table(what: str, rows: List[Dict]) -> List[str]:
         name = k["name"].replace("|", "/")
         name = name if len(name) <= 90 else name[:87] + "..."
         out.append(f"| `{name}` | {k['ms']:.3f} | {k['calls']:.0f} | {100 * k['share']:.1f}% |")
+    return out
+
+
+def _kinds_table(meta, floors, directs, unit: str) -> List[str]:
+    """The markdown section of the mixing's kernel time by kind (``mixing_floor``'s ``mixing_kinds``) for the floors
+    measured (``floors``: (group, configuration); ``directs``: (group, ``--direct-floor`` row)) in the run of ``meta``;
+    none where none has them (results of a gpu_profile before the kinds were counted)."""
+    direct_max_n = meta.get("direct_max_n") or 0  # a run whose products are direct where n is at most this
+
+    def product(g):
+        return "direct" if g["n"] <= direct_max_n else "FFT"
+    rows = [(g, tr.LABELS[c["key"]], "compiled" if c["compiled"] else "eager", product(g), c["floor"])
+            for g, c in floors]
+    rows += [(g, d["label"], "eager", "direct", d["floor"]) for g, d in directs]
+    rows = [r for r in rows if r[-1].get("mixing_kinds")]
+    if not rows:
+        return []
+    out = ["", "## Where the mixing's kernel time goes", "",
+           f"The mixing's {unit} (the first layer's forward and backward less the same layer's with no token mixing, as "
+           f"in the floors above) by kind, ms per forward and backward with the number of {unit} in brackets: cuFFT's "
+           "transforms; matrix products (cuBLAS, CUTLASS); the direct product's Triton kernels; inductor's generated "
+           "kernels (a compiled layer); copies, casts and fills; reductions and norms; the other elementwise kernels (the "
+           "RPE's activations, the spectra's complex products). Product: the Toeplitz product the layer ran, by FFT or "
+           "by direct summation (`--direct-floor`, or a run's `--direct-max-n`). A negative figure: the no-mixing layer's kernels of "
+           "that kind that the layer with its mixing does not run.", "",
+           f"| shape | TNO of | mode | product | mixing {unit} ms | {unit} | " + " | ".join(KERNEL_KINDS) + " |",
+           "|---|---|---|---|---:|---:|" + "---:|" * len(KERNEL_KINDS)]
+    for g, label, mode, product, f in rows:
+        kinds = f["mixing_kinds"]
+        out.append(f"| {g['section']} {g['batch']} x {g['n']} | {label} | {mode} | {product} | "
+                   f"{f['mixing_kernel_ms']:.3f} | {f['mixing_kernels']:.0f} | "
+                   + " | ".join(f"{kinds[k]['ms']:.3f} ({kinds[k]['count']:.0f})" for k in KERNEL_KINDS) + " |")
     return out
 
 
@@ -919,6 +1008,22 @@ def markdown(result) -> str:
                        f"{f['floor_ms']:.3f} | {f['mixing_over_floor']:.1f} | {f['mixing_kernels_over_floor']:.1f} | "
                        f"{f['difference']['output']:.1e} | {f['difference']['x_grad']:.1e} | "
                        f"{f['ffts']['fft']} / {f['ffts']['direct']} |")
+    out += _kinds_table(meta, floors, [(g, d) for g, d in directs if g is not None and d.get("floor")], unit)
+    mixings = update_mixing(result)
+    if mixings:
+        out += ["", "## The mixing in the update, by kind", "",
+                f"Each TNO's mixing as the update runs it: the update's {unit} time less the no-mixing bound's in the "
+                "same mode (with the stack's CUDA graphs, each layer's RPE evaluated with the others' and every kernel "
+                "the TNOs add to the stack's), beside its layers' floors (the layers times the eager floor above), "
+                f"and that difference by kind as in the table above, ms per update ({unit} in brackets).", "",
+                f"| shape | configuration | mixing {unit} ms | {unit} | layers | layers' floor ms | mixing / floor | "
+                + " | ".join(KERNEL_KINDS) + " |", "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(KERNEL_KINDS)]
+        for m in mixings:
+            g, c, kinds = m["group"], m["config"], m["kinds"]
+            ratio = f"{m['over_floor']:.1f}" if m["over_floor"] is not None else "-"
+            out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {m['mixing_kernel_ms']:.3f} | "
+                       f"{m['mixing_kernels']:.0f} | {c['layers']} | {m['floor_ms']:.3f} | {ratio} | "
+                       + " | ".join(f"{kinds[k]['ms']:.3f} ({kinds[k]['count']:.0f})" for k in KERNEL_KINDS) + " |")
     rests = [(g, c) for g in result["groups"] for c in g["configs"] if c.get("rest_ms")]
     if rests:
         names = list(rests[0][1]["rest_ms"])

@@ -156,8 +156,10 @@ run_call() {
     one-graph)
         profile "$dir" 150 --no-stack-regions --configs tnn6 fd3 --graphs causal/512/tnn6 causal/512/fd3 ;;
     direct-update)
-        profile "$dir" 150 --direct-max-n 512 --shapes causal/512 masked/512 --configs tnn6 bound_identity \
-            --graphs causal/512/tnn6 masked/512/tnn6 ;;
+        # the graphed updates with the direct product, and the compiled layers' floors with it (the recipe's layers:
+        # the mixing's kernels by kind, the direct product's among them)
+        profile "$dir" 240 --direct-max-n 512 --shapes causal/512 masked/512 --configs tnn6 fd3 bound_identity \
+            --compiled causal/512/tnn6 causal/512/fd3 masked/512/tnn6 --graphs causal/512/tnn6 masked/512/tnn6 ;;
     versions)
         # the host time of the versions, alternated (the current tree, then each older one carried as .gpurun/at-REV)
         local tree rev k=0

@@ -57,6 +57,42 @@ def refuse_overwrite(parser: argparse.ArgumentParser, args, result_file: str) ->
         parser.error(f"--out={args.out} already holds {result_file}; refusing to overwrite it (--force, or another --out)")
 
 
+# The kinds a layer's kernels (CUDA), outermost operators (CPU's profiles) or dispatched operations (``opcount``) are
+# counted in, by name (``kernel_kind``): cuFFT's transforms; cuBLAS's and CUTLASS's matrix products; the direct
+# Toeplitz product's Triton kernels (fairseq_tnn/ops/toeplitz_direct.py); inductor's generated kernels (a compiled
+# layer); copies, casts and fills; reductions and norms; the other elementwise kernels (the RPE's activations, the
+# spectra's complex products)
+KERNEL_KINDS = ("FFT", "GEMM", "direct product", "inductor", "copies and fills", "reductions and norms",
+                "elementwise and other")
+DIRECT_KERNELS = ("_apply_kernel", "_lag_grad_kernel", "_scale_kernel")
+GEMM_KERNELS = ("gemm", "cutlass", "cublas", "nvjet", "xmma")
+GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv"}
+COPY_KERNELS = ("copy", "fill", "memcpy", "memset", "zero")
+COPY_OPS = {"cat", "stack", "clone", "constant_pad_nd", "full", "full_like", "ones", "ones_like", "new_ones"}
+REDUCTION_OPS = {"sum", "mean", "amax", "amin", "max", "min", "prod", "var", "var_mean", "std"}
+
+
+def kernel_kind(name: str) -> str:
+    """Which of ``KERNEL_KINDS`` the kernel or operator ``name`` is (a CUDA kernel's name, ``aten::NAME``, or an
+    operation's name as the dispatcher calls it), the first that its name matches."""
+    low = name.lower()
+    op = low[len("aten::"):] if low.startswith("aten::") else low
+    op = op.split(".")[0]
+    if "fft" in low:
+        return "FFT"
+    if any(k in name for k in DIRECT_KERNELS):
+        return "direct product"
+    if op in GEMM_OPS or any(k in low for k in GEMM_KERNELS):
+        return "GEMM"
+    if low.startswith("triton_"):
+        return "inductor"
+    if op in COPY_OPS or any(k in low for k in COPY_KERNELS):
+        return "copies and fills"
+    if op in REDUCTION_OPS or "norm" in low or "reduce" in low:
+        return "reductions and norms"
+    return "elementwise and other"
+
+
 def write_results(out: str, stem: str, result: Dict, md: str) -> None:
     """``<out>/<stem>.json`` (the whole result) and ``<out>/<stem>.md`` (its tables)."""
     with open(os.path.join(out, stem + ".json"), "w") as f:

@@ -38,7 +38,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
+from benchmarks.measure import KERNEL_KINDS, add_out_options, kernel_kind, refuse_overwrite, write_results  # noqa: E402
 
 PRESETS = [("causal", "tnn_lm_wt103"), ("causal", "tnn_lm_wt103_rpe3"), ("causal", "fd_tnn_lm_wt103"),
            ("causal", "transformer_lm"), ("causal", "bound_identity"),
@@ -290,7 +290,25 @@ def markdown(result: Dict) -> str:
     for r in result["tnos"]:
         out.append(f"| {r['label']} | " + " | ".join(
             f"{r[p]['forward']} | {r[p]['backward']} | " + ("" if r[p]["ms"] is None else f"{r[p]['ms']:.2f}") for p in ps) + " |")
+    if result["tnos"]:
+        p = ps[0]
+        out += ["", f"The same TNOs' forward and backward operations by kind ({p} path; on a GPU each is a kernel at "
+                    "least, so these counts bound how few kernels an eager TNO launches):", "",
+                "| TNO | operations | " + " | ".join(KERNEL_KINDS) + " |", "|---|---:|" + "---:|" * len(KERNEL_KINDS)]
+        for r in result["tnos"]:
+            kinds = ops_by_kind(r[p]["forward_ops"], r[p]["backward_ops"])
+            out.append(f"| {r['label']} | {r[p]['forward'] + r[p]['backward']} | "
+                       + " | ".join(str(kinds[k]) for k in KERNEL_KINDS) + " |")
     return "\n".join(out) + "\n"
+
+
+def ops_by_kind(*counts: Dict[str, int]) -> Dict[str, int]:
+    """The operations of ``counts`` (name: count, as ``OpCounter`` counts them), summed by ``kernel_kind``."""
+    kinds = dict.fromkeys(KERNEL_KINDS, 0)
+    for c in counts:
+        for name, k in c.items():
+            kinds[kernel_kind(name)] += k
+    return kinds
 
 
 def main(argv=None):

@@ -311,6 +311,14 @@ def test_operation_counts_fast_paths_against_references(tmp_path):
         assert r["fast"]["forward"] <= r["fast"]["backward"] <= 3 * r["fast"]["forward"]
     md = (out / "opcount.md").read_text()
     assert "| tnn_lm_wt103 | causal | " in md and "| TNN TNO (RPE 6), causal | " in md
+    # the TNOs' operations by kind: every operation in one kind, the FFT product's transforms (TNN's: the kernel's,
+    # x's and the inverse forward, the gradient's two backward, and the kernel's gradient) and the RPE's products
+    from benchmarks.opcount import ops_by_kind
+    for r in tnos.values():
+        kinds = ops_by_kind(r["fast"]["forward_ops"], r["fast"]["backward_ops"])
+        assert sum(kinds.values()) == r["fast"]["forward"] + r["fast"]["backward"]
+        assert kinds["FFT"] >= 5 and kinds["GEMM"] >= 2 and kinds["direct product"] == 0, kinds
+        assert (f"| {r['label']} | {sum(kinds.values())} | " + " | ".join(str(v) for v in kinds.values()) + " |") in md
     code, log, _ = execute(cmd, command_env(), 300, merge=True)
     assert code == 2 and "refusing to overwrite" in log
 
@@ -491,9 +499,25 @@ def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
         assert f["mixing_kernels_over_floor"] == f["mixing_kernel_ms"] / f["floor_ms"]
     assert any(t["target"] == "causal 2 x 32: FD-TNN (RPE 3) compiled mixing over its floor, by kernel time"
                for t in result["targets"])
+    # the mixing in the whole update: the update's kernel (here: operator) time less the bound's in the same mode,
+    # over the layers' floors, and by kind, each kind the update's less the bound's
+    for compiled, mode in ((False, "eager"), (True, "compiled")):
+        fd, bare = rows["fd3", compiled], rows["bound_identity", compiled]
+        assert fd["layers"] == bare["layers"] == 1  # the quick models' one layer
+        for c in (fd, bare):
+            assert sum(k["count"] for k in c["kinds"].values()) == pytest.approx(c["kernels"])
+            assert sum(k["ms"] for k in c["kinds"].values()) == pytest.approx(c["kernel_ms"])
+        target = next(t for t in result["targets"] if t["target"] == f"causal 2 x 32: FD-TNN (RPE 3) mixing in the "
+                                                                      f"update over its layers' floors, by kernel time, {mode}")
+        floor_ms = fd["layers"] * rows["fd3", False]["floor"]["floor_ms"]
+        assert target["ratio"] == pytest.approx((fd["kernel_ms"] - bare["kernel_ms"]) / floor_ms) and target["bound"] == 3.0
+    # the FFT product's transforms are the TNO's alone: the eager bound's update runs none
+    assert rows["bound_identity", False]["kinds"]["FFT"]["count"] == 0 < rows["fd3", False]["kinds"]["FFT"]["count"]
     md = (out / "gpu_profile.md").read_text()
     assert "## The rest of the Trainer" in md and "| target | measured | bound | ceiling | met |" in md
     assert "| causal 2 x 32 | bound: no token mixing compiled |" in md
+    assert "## The mixing in the update, by kind" in md and "| causal 2 x 32 | FD-TNN (RPE 3) compiled | " in md
+    assert "## Where the mixing's kernel time goes" in md and "| causal 2 x 32 | FD-TNN (RPE 3) | compiled | FFT | " in md
 
 
 # gpu_profile.py run with a measure() that ends its process by a segmentation fault where CRASH names the run
@@ -586,9 +610,47 @@ def test_gpu_profile_measures_the_floor_again_with_the_direct_product(tmp_path):
     assert "## The floor of the mixing with the direct product" in md and "| causal 2 x 32 | TNN (RPE 6) |" in md
     # the direct product ran: TNN's layer with the FFT product dispatches FFTs, with the direct one none
     assert f["ffts"]["fft"] > 0 and f["ffts"]["direct"] == 0, f["ffts"]
+    from benchmarks import gpu_profile as gp
+    # the mixing's operators by kind, each floor's adding up to its mixing: the FFT product's transforms among them,
+    # none in the direct product's (whose interpreted kernels are no operators of torch's)
+    for floor in (fft, f):
+        kinds = floor["mixing_kinds"]
+        assert set(kinds) == set(gp.KERNEL_KINDS)
+        assert sum(k["ms"] for k in kinds.values()) == pytest.approx(floor["mixing_kernel_ms"], abs=1e-9)
+        assert sum(k["count"] for k in kinds.values()) == pytest.approx(floor["mixing_kernels"])
+    assert fft["mixing_kinds"]["FFT"]["count"] > 0 and fft["mixing_kinds"]["FFT"]["ms"] > 0, fft["mixing_kinds"]
+    assert f["mixing_kinds"]["FFT"]["count"] == 0, f["mixing_kinds"]
+    assert "## Where the mixing's kernel time goes" in md
+    assert "| causal 2 x 32 | TNN (RPE 6) | eager | FFT |" in md and "| causal 2 x 32 | TNN (RPE 6) | eager | direct |" in md
     code, _, err = execute(cmd + ["--direct-floor", "causal/32/tnn6", "--out", str(tmp_path / "b")],
                            command_env(TRITON_INTERPRET="0"), 300)
     assert code == 2 and "cannot run on --device cpu here" in err and not (tmp_path / "b").exists(), err
+
+
+@pytest.mark.parametrize("name, kind", [
+    # kernels by the names the GPU runs' profiles recorded (docs/measurements), and CPU operators
+    ("void vector_fft_symm_r2c<1024u, EPT<16u>, 1u, 0u, (padding_t)70, (twiddle_t)0>", "FFT"),
+    ("aten::_fft_c2r", "FFT"),
+    ("nvjet_sm90_hsh_160x256_64x4_2x1_v_bz_coopA_TNN", "GEMM"),
+    ("void cutlass::Kernel2<cutlass_75_tensorop_f16_s1688gemm_f16_256x128_nn_align1>", "GEMM"),
+    ("aten::mm", "GEMM"),
+    ("_apply_kernel", "direct product"), ("_lag_grad_kernel_0", "direct product"),
+    ("triton_poi_fused_add_mul_select_stack_sub_view_as_complex_11", "inductor"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >",
+     "copies and fills"),
+    ("Memcpy DtoD (Device -> Device)", "copies and fills"),
+    ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>",
+     "copies and fills"),
+    ("void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::Half, at::native::func_wrapper_t>>",
+     "reductions and norms"),
+    ("aten::rms_norm", "reductions and norms"),
+    ("void at::native::vectorized_elementwise_kernel<2, at::native::BinaryFunctor<c10::complex<float>>>",
+     "elementwise and other"),
+    ("aten::silu", "elementwise and other")])
+def test_kernel_kinds_by_name(name, kind):
+    """The kinds a mixing's kernel time is split into (gpu_profile's "Where the mixing's kernel time goes")."""
+    from benchmarks import gpu_profile as gp
+    assert gp.kernel_kind(name) == kind
 
 
 @pytest.mark.slow
