@@ -58,13 +58,15 @@ time: one TNN layer's forward and backward less the same layer's with no token m
 device time of its kernels (which a launch-bound layer does not inflate), eager and, for the configurations
 compiled, with the layers compiled; and that kernel time by kind, with the kernels of each (cuFFT's transforms,
 matrix products, the direct product's Triton kernels, inductor's kernels, copies and fills, reductions and norms,
-the other elementwise kernels: ``KERNEL_KINDS``), the layer's less its no-mixing copy's. The 15 longest kernels and
-host events are listed again for the first configuration run with CUDA graphs (what is left once the launches are gone). Last, on a GPU (``--direct-floor``), the
-same floors of the spectral TNOs (TNN, FD-TNN) again with their Toeplitz products by direct summation (the Triton
-kernels of ``fairseq_tnn/ops/toeplitz_direct.py``, off by default in the models until a GPU run shows them faster),
-eager, with the layer's output and input gradient against the FFT product's: the one candidate for issue 39's "mixing
-within 3x of its floor", measured side by side with the FFT product's floor in the same run, and last, so that a fault
-of kernels no earlier GPU run ran costs nothing else.
+the other elementwise kernels: ``KERNEL_KINDS``), the layer's less its no-mixing copy's; and each TNO's mixing in the
+whole update (its update's kernel time less the bound's in the same mode, the stack's CUDA graphs included) over its
+layers' floors, by kind. The 15 longest kernels and host events are listed again for the first configuration run
+with CUDA graphs (what is left once the launches are gone). Last, on a GPU (``--direct-floor``), the same floors
+of the spectral TNOs (TNN, FD-TNN) again with their Toeplitz products by direct summation (the Triton kernels of
+``fairseq_tnn/ops/toeplitz_direct.py``, off by default in the models until a GPU run shows them faster), eager, with
+the layer's output and input gradient against the FFT product's: the one candidate for issue 39's "mixing within 3x
+of its floor", measured side by side with the FFT product's floor in the same run, and last, so that a fault of
+kernels no earlier GPU run ran costs nothing else.
 
 Results are written after every configuration (``gpu_profile.json`` and ``gpu_profile.md`` in ``--out``), so
 a run stopped at a time limit still reports what it measured; the JSON names the run in progress (``running``), so
@@ -272,8 +274,6 @@ def kinds_of(kernels, calls: int) -> Dict[str, Dict[str, float]]:
 def kinds_less(a: Dict, b: Dict) -> Dict[str, Dict[str, float]]:
     """``kinds_of`` figures ``a`` less ``b``, kind by kind."""
     return {kind: {v: a[kind][v] - b[kind][v] for v in ("ms", "count")} for kind in KERNEL_KINDS}
-
-
 
 
 def _first_layer(model, section: str):
@@ -494,7 +494,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", **GRAPH_SUFFIX}[compiled]
     c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,
-         "layers": _layers(trainer.model, section), "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
+         "layers": _layers(trainer.model, section), "build_s": round(build_s, 2), "update_ms": steady,
+         "min_ms": min(ms), "ms": ms,
          "tokens_per_s": batch * n / (steady / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
          "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
     if device == "cuda":
@@ -858,8 +859,8 @@ def _kinds_table(meta, floors, directs, unit: str) -> List[str]:
            "transforms; matrix products (cuBLAS, CUTLASS); the direct product's Triton kernels; inductor's generated "
            "kernels (a compiled layer); copies, casts and fills; reductions and norms; the other elementwise kernels (the "
            "RPE's activations, the spectra's complex products). Product: the Toeplitz product the layer ran, by FFT or "
-           "by direct summation (`--direct-floor`, or a run's `--direct-max-n`). A negative figure: the no-mixing layer's kernels of "
-           "that kind that the layer with its mixing does not run.", "",
+           "by direct summation (`--direct-floor`, or a run's `--direct-max-n`). A negative figure: the no-mixing "
+           "layer's kernels of that kind that the layer with its mixing does not run.", "",
            f"| shape | TNO of | mode | product | mixing {unit} ms | {unit} | " + " | ".join(KERNEL_KINDS) + " |",
            "|---|---|---|---|---:|---:|" + "---:|" * len(KERNEL_KINDS)]
     for g, label, mode, product, f in rows:
