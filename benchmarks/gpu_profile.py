@@ -266,8 +266,9 @@ def kinds_of(kernels, calls: int) -> Dict[str, Dict[str, float]]:
     kernels per call}} for every kind of ``KERNEL_KINDS``."""
     kinds = {kind: {"ms": 0.0, "count": 0.0} for kind in KERNEL_KINDS}
     for name, t in kernels:
-        kinds[kernel_kind(name)]["ms"] += t / 1000.0 / calls
-        kinds[kernel_kind(name)]["count"] += 1.0 / calls
+        kind = kinds[kernel_kind(name)]
+        kind["ms"] += t / 1000.0 / calls
+        kind["count"] += 1.0 / calls
     return kinds
 
 
@@ -445,6 +446,11 @@ def _compile_phases() -> Dict[str, float]:
 
 # How the mode with CUDA graphs is labelled
 GRAPH_SUFFIX = {tr.GRAPHS: " compiled + CUDA graphs"}
+
+
+def _mode_label(compiled) -> str:
+    """A mode as the targets name it: eager, compiled, or compiled + CUDA graphs."""
+    return {False: "eager", True: "compiled", **GRAPH_SUFFIX}[compiled].strip()
 
 
 def _graphs() -> int:
@@ -744,10 +750,10 @@ def update_mixing(result) -> List[Dict]:
                     continue
                 floor_ms = c["layers"] * eager["floor"]["floor_ms"]
                 mixing = c["kernel_ms"] - bare["kernel_ms"]
-                rows.append({"group": g, "config": c, "mode": {False: "eager", True: "compiled", **GRAPH_SUFFIX}[
-                    compiled].strip(), "mixing_kernel_ms": mixing, "mixing_kernels": c["kernels"] - bare["kernels"],
-                    "floor_ms": floor_ms, "over_floor": mixing / floor_ms if floor_ms > 0 else None,
-                    "kinds": kinds_less(c["kinds"], bare["kinds"])})
+                rows.append({"group": g, "config": c, "mode": _mode_label(compiled), "mixing_kernel_ms": mixing,
+                             "mixing_kernels": c["kernels"] - bare["kernels"], "floor_ms": floor_ms,
+                             "over_floor": mixing / floor_ms if floor_ms > 0 else None,
+                             "kinds": kinds_less(c["kinds"], bare["kinds"])})
     return rows
 
 
@@ -768,7 +774,7 @@ def targets(result) -> List[Dict]:
         shape = f"{g['section']} {g['batch']} x {g['n']}"
         main = g["configs"][0].get("precision") if g["configs"] else None
         for compiled in (False, True, tr.GRAPHS):
-            mode = {False: "eager", True: "compiled", **GRAPH_SUFFIX}[compiled].strip()
+            mode = _mode_label(compiled)
             tnn6, tnn3, fd3, ski, bare = (_get(g, k, compiled) for k in ("tnn6", "tnn3", "fd3", "ski", "bound_identity"))
             trans = _get(g, "transformer", False)
 
