@@ -1,7 +1,7 @@
 """fairseq-tnn: Toeplitz neural networks (TNN, FD-TNN, SKI-TNN) as a fairseq plugin.
 
 Layers, each importing only the ones before it: ``ops`` (tensor functions, torch only), ``modules``
-(nn.Modules, torch only), ``models`` and ``tasks`` (the fairseq glue), ``distributed`` (the
+(nn.Modules, torch only), ``models``, ``tasks`` and ``criterions`` (the fairseq glue), ``distributed`` (the
 multi-process launcher and its check), ``hub`` (trained models from Python, through fairseq), ``pretrained``
 (an exported model with torch alone), ``commands`` (``python -m fairseq_tnn <command>``: what the scripts run).
 
@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 
 def register() -> None:
-    """Register the models, architectures and tasks with fairseq and install the plugin's fairseq
+    """Register the models, architectures, tasks and criterion with fairseq and install the plugin's fairseq
     patches (idempotent)."""
     from .plugin import register as _register
     _register()

@@ -1,4 +1,4 @@
-"""Registration with fairseq: the plugin's models, architectures and tasks, and its fairseq patches.
+"""Registration with fairseq: the plugin's models, architectures, tasks and criterion, and its fairseq patches.
 
 ``register()`` installs the patches (the table ``PATCHES`` in fairseq_tnn/patches/__init__.py, each checked against
 the installed fairseq's code) and imports the fairseq glue, whose
@@ -20,3 +20,4 @@ def register() -> None:
     patches.install()
     from .models import tnn_lm, tnn_mlm  # noqa: F401
     from .tasks import tnn_language_modeling, tnn_masked_lm  # noqa: F401
+    from .criterions import cross_entropy  # noqa: F401

@@ -20,7 +20,8 @@ order, option names with underscores for dashes; ``fairseq_options`` turns it in
 The paper's recipe, per kind (docs/references.md#published-configurations: Qin et al., "Toeplitz Neural Network
 for Sequence Modeling", ICLR 2023; docs/references.md#ski-tnn-and-fd-tnn: Moreno, Mei, Walters, "SKI to go
 Faster", NeurIPS 2023, whose appendix gives the FD-TNN learning rates):
-  causal (tnn_language_modeling, cross_entropy; tied embeddings come from the preset):
+  causal (tnn_language_modeling, tnn_cross_entropy: fairseq's cross_entropy loss in one pass each way; tied
+  embeddings come from the preset):
     adam (0.9, 0.98), weight decay 0.2, clip 1.0, lr 5e-4 (FD-TNN 1e-3), inverse_sqrt,
     4000 warmup updates from 1e-7, 128 sequences x 512 tokens per update, --sample-break-mode none
   masked (tnn_masked_lm, masked_lm):
@@ -48,8 +49,11 @@ MASKED_PRESETS = ("tnn_mlm_wt103", "tnn_mlm_wt103_rpe3", "fd_tnn_mlm_wt103", "sk
 PRESETS = CAUSAL_PRESETS + MASKED_PRESETS
 USER_DIR = os.path.dirname(os.path.realpath(__file__))  # this package: what --user-dir names
 
-# The parts the recipes share
-CAUSAL_TASK = {"task": "tnn_language_modeling", "criterion": "cross_entropy", "sample_break_mode": "none"}
+# The parts the recipes share. The causal criterion: fairseq's cross_entropy with its loss and gradient each one pass
+# over the logits (fairseq_tnn/criterions/cross_entropy.py); FAIRSEQ_CAUSAL_CRITERION is fairseq's own, which
+# benchmarks/trainer.py gives fairseq's transformer_lm (the comparison is with fairseq-train as it runs it).
+FAIRSEQ_CAUSAL_CRITERION = "cross_entropy"
+CAUSAL_TASK = {"task": "tnn_language_modeling", "criterion": "tnn_cross_entropy", "sample_break_mode": "none"}
 MASKED_TASK = {"task": "tnn_masked_lm", "criterion": "masked_lm", "sample_break_mode": "complete"}
 TASK = {"causal": CAUSAL_TASK, "masked": MASKED_TASK}
 ADAM = {"optimizer": "adam", "adam_betas": "(0.9, 0.98)"}
@@ -268,6 +272,8 @@ def paper(preset: str, data: str, save_dir: str, world: int = 1, env: Optional[M
 
 
 def benchmark(kind_: str, arch: str, tokens_per_sample: int) -> Dict:
-    """benchmarks/trainer.py's recipe for one configuration (the caller adds precision, device and sizes)."""
-    return {"user_dir": USER_DIR, "arch": arch, "task": TASK[kind_]["task"], "criterion": TASK[kind_]["criterion"],
+    """benchmarks/trainer.py's recipe for one configuration (the caller adds precision, device and sizes); fairseq's
+    transformer_lm with fairseq's own criterion."""
+    criterion = FAIRSEQ_CAUSAL_CRITERION if arch == "transformer_lm" else TASK[kind_]["criterion"]
+    return {"user_dir": USER_DIR, "arch": arch, "task": TASK[kind_]["task"], "criterion": criterion,
             "tokens_per_sample": str(tokens_per_sample), **BENCHMARK}

@@ -20,6 +20,7 @@ from helpers import (USER_DIR, assert_compiled_matches_eager, assert_masks_diffe
                      region_dropout_masks, rel, run, wt103_presets)
 from fairseq_tnn.models.compile import STACK_REGIONS, compile_layers, is_compiled, run_layers, stack_spectra
 from fairseq_tnn.models.build import build_arch
+from fairseq_tnn.recipe import CAUSAL_TASK
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -41,7 +42,7 @@ def test_fairseq_train_on_gpu(data_bin, tmp_path, arch, precision):
     layers = ["--decoder-layers" if causal else "--encoder-layers", 2]
     log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--arch", arch, *layers, precision,
                "--task", "tnn_language_modeling" if causal else "tnn_masked_lm",
-               "--criterion", "cross_entropy" if causal else "masked_lm",
+               "--criterion", CAUSAL_TASK["criterion"] if causal else "masked_lm",
                "--sample-break-mode", "none" if causal else "complete", "--tokens-per-sample", 128,
                "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001", "--max-update", 40, "--seed", 1,
                "--save-dir", tmp_path / "ck", "--log-format", "simple", "--log-interval", 10, "--num-workers", 0,
@@ -227,7 +228,7 @@ def test_fairseq_train_with_cuda_graphs_equals_compiled(data_bin, tmp_path, arch
         log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--arch", arch,
                    "--decoder-layers" if causal else "--encoder-layers", 2, "--fp16", "--dropout", "0",
                    "--task", "tnn_language_modeling" if causal else "tnn_masked_lm",
-                   "--criterion", "cross_entropy" if causal else "masked_lm",
+                   "--criterion", CAUSAL_TASK["criterion"] if causal else "masked_lm",
                    "--sample-break-mode", "none" if causal else "complete", "--tokens-per-sample", 128,
                    "--batch-size", 4, "--update-freq", 2, "--optimizer", "adam", "--lr", "0.001", "--max-update", 30,
                    "--seed", 1, "--save-dir", tmp_path / f"ck{int(graphs)}", "--log-format", "simple",
@@ -248,7 +249,7 @@ def ddp_on_one_gpu(data_bin, save_dir, graphs):
     log = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", 2, "--standalone",
                "-m", "fairseq_cli.train", data_bin, "--user-dir", USER_DIR, "--arch", "tnn_lm_wt103",
                "--decoder-layers", 2, "--fp16", "--dropout", "0", "--task", "tnn_language_modeling",
-               "--criterion", "cross_entropy", "--sample-break-mode", "none", "--tokens-per-sample", 128,
+               "--criterion", CAUSAL_TASK["criterion"], "--sample-break-mode", "none", "--tokens-per-sample", 128,
                "--batch-size", 4, "--update-freq", 2, "--optimizer", "adam", "--lr", "0.001", "--max-update", 12,
                "--seed", 1, "--save-dir", save_dir, "--log-format", "simple", "--log-interval", 1, "--num-workers", 0,
                "--no-epoch-checkpoints", "--disable-validation", "--tnn-compile", "strict",
@@ -283,7 +284,7 @@ def test_eager_fp16_training_on_padded_batches(data_bin, tmp_path, arch):
     log = run([cli("fairseq-train"), data_bin, "--user-dir", USER_DIR, "--arch", arch,
                "--decoder-layers" if causal else "--encoder-layers", 2, "--fp16",
                "--task", "tnn_language_modeling" if causal else "tnn_masked_lm",
-               "--criterion", "cross_entropy" if causal else "masked_lm",
+               "--criterion", CAUSAL_TASK["criterion"] if causal else "masked_lm",
                "--sample-break-mode", "eos" if causal else "complete", "--tokens-per-sample", 128,
                "--batch-size", 8, "--optimizer", "adam", "--lr", "0.001", "--max-update", 30, "--seed", 1,
                "--save-dir", tmp_path / "ck", "--log-format", "simple", "--log-interval", 10, "--num-workers", 0,

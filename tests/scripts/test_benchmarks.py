@@ -1114,6 +1114,31 @@ def test_toeplitz_direct_times_both_products_side_by_side(operand, tmp_path, mon
     assert not (tmp_path / "b").exists()
 
 
+def test_cross_entropy_times_both_losses_side_by_side(tmp_path, monkeypatch):
+    """benchmarks/cross_entropy.py --quick on the CPU (Triton's interpreter): fairseq's loss and the fused one,
+    forward and forward with backward, their ratio, the fused way's loss and gradient at fp32's rounding of
+    fairseq's, the fused kernels run (counted) and the CPU's training left on fairseq's computation after; refused
+    before any work where an output is there already."""
+    from benchmarks import cross_entropy
+    from fairseq_tnn.ops import cross_entropy as ops
+    if not ops.AVAILABLE:
+        pytest.skip("needs Triton (scripts/setup.sh installs it beside a CPU-only torch)")
+    calls = []
+    apply = ops.SoftmaxCrossEntropy.apply
+    monkeypatch.setattr(ops.SoftmaxCrossEntropy, "apply", lambda *a: calls.append(1) or apply(*a))
+    result = cross_entropy.main(["--quick", "--device", "cpu", "--rounds", "2", "--out", str(tmp_path)])
+    md = (tmp_path / "cross_entropy.md").read_text()
+    assert "| quick 33 rows | fused |" in md and "| quick 33 rows | fairseq |" in md
+    (row,) = result["rows"]
+    for way in cross_entropy.WAYS:
+        assert row[way]["forward"]["median_ms"] > 0 and row[way]["forward_backward"]["least_ms"] > 0, row
+    assert set(row["fairseq_over_fused"]) == {"forward", "forward_backward"}
+    assert row["differences"]["loss"] < 1e-6 and row["differences"]["grad"] < 1e-5, row["differences"]
+    assert len(calls) >= 2 * 2 + 2 and ops.CPU_INTERPRETED is False
+    with pytest.raises(SystemExit):
+        cross_entropy.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])  # no --force
+
+
 def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     """benchmarks/gpu_run.sh, the next GPU run's calls, with a python3 that records its command lines instead of
     running them (the calls need a CUDA GPU): each call runs its commands from the repository root (the profiles with
@@ -1186,14 +1211,18 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "direct"], {**env, "FAIL": "toeplitz_direct"}, 60)
     assert code == 3 and "direct: exit 3" in (out / "status.txt").read_text(), err
     calls = (out / "calls.txt").read_text()
-    # the tests call: four pytest parts, the default path's first; a failing part leaves the others to run
+    # the tests call: five pytest parts, the default path's first, and the losses timed side by side after the fused
+    # one's tests; a failing part leaves the others to run
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "tests"], {**env, "FAIL": "distributed"}, 60)
-    parts = [line.split("|")[3] for line in (out / "calls.txt").read_text().splitlines()[len(calls.splitlines()):]
-             if "pytest" in line]
+    new = (out / "calls.txt").read_text().splitlines()[len(calls.splitlines()):]
+    parts = [line.split("|")[3] for line in new if "-m pytest" in line]
     assert code == 3 and "tests: exit 3" in (out / "status.txt").read_text(), err
     assert [p.split(" -p no:cacheprovider ")[1] for p in parts] == [
-        "tests/gpu/test_gpu.py -k models_edges", "tests/gpu/test_gpu.py -k distributed_data_parallel",
+        "tests/gpu/test_gpu.py -k models_edges", "tests/ops/test_cross_entropy.py",
+        "tests/gpu/test_gpu.py -k distributed_data_parallel",
         "tests/gpu/test_gpu.py -k cuda_graphs_equal_eager or regions", "tests/ops/test_toeplitz_direct.py"], parts
+    losses = [i for i, line in enumerate(new) if "benchmarks/cross_entropy.py --out" in line]
+    assert len(losses) == 1 and "test_cross_entropy" in new[losses[0] - 1], new
     assert all(p.startswith("-m pytest -v -rfE --tb=short --durations=0") for p in parts), parts
     # a part whose process crashes: the generated code its trace names kept, the part run again without the tests
     # that have an outcome and the one that crashed
@@ -1203,12 +1232,12 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "tests"],
                            {**env, "CRASH": "models_edges", "GENERATED": str(generated)}, 60)
     parts = [line.split("|")[3] for line in (out / "calls.txt").read_text().splitlines()[len(calls.splitlines()):]
-             if "pytest" in line]
+             if "-m pytest" in line]
     assert code == 0 and "tests: exit 0" in (out / "status.txt").read_text(), err
     assert [p.split(" -p no:cacheprovider ")[1] for p in parts[:2]] == [
         "tests/gpu/test_gpu.py -k models_edges", "tests/gpu/test_gpu.py -k models_edges --deselect "
         "tests/gpu/test_gpu.py::test_a[x] --deselect tests/gpu/test_gpu.py::test_b[y]"], parts
-    assert len(parts) == 5, parts
+    assert len(parts) == 6, parts
     with tarfile.open(out / "tests.tgz") as tar:  # the call's folder, named after it
         kept = [name for name in tar.getnames() if name.split("/")[-1].startswith("crash-")]
         assert len(kept) == 1 and tar.extractfile(kept[0]).read() == generated.read_bytes(), tar.getnames()

@@ -1,0 +1,1 @@
+"""The plugin's fairseq criterions (registered by ``fairseq_tnn.register()``)."""
