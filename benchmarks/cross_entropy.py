@@ -26,7 +26,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
-                                write_results)
+                                triton_run, write_results)
 from benchmarks.toeplitz_direct import _clock  # noqa: E402
 
 VOCAB = 50264  # Wikitext-103's dictionary (GPT-2 BPE), fairseq's 4 specials included (benchmarks/trainer.py)
@@ -130,10 +130,7 @@ def main(argv=None) -> Dict:
                 for label, r, v in (QUICK_SHAPES if a.quick else SHAPES)]
     finally:
         cross_entropy.CPU_INTERPRETED = kept
-    import triton
-    result = {"rows": rows, "torch": torch.__version__, "triton": triton.__version__, "dtype": name,
-              "device": a.device, "rounds": a.rounds,
-              "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "CPU, Triton's interpreter"}
+    result = {"rows": rows, **triton_run(a, name)}
     md = markdown(result)
     write_results(a.out, "cross_entropy", result, md)
     print(md)

@@ -51,6 +51,15 @@ def checked_dtype(parser: argparse.ArgumentParser, args) -> Tuple[str, torch.dty
     return name, DTYPES[name]
 
 
+def triton_run(args, dtype_name: str) -> Dict:
+    """What a benchmark of Triton kernels (``add_device_options``' arguments) records of its run: torch's and Triton's
+    versions, the dtype, the device (its name on CUDA; on the CPU Triton's interpreter) and the rounds."""
+    import triton
+    return {"torch": torch.__version__, "triton": triton.__version__, "dtype": dtype_name, "device": args.device,
+            "rounds": args.rounds,
+            "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "CPU, Triton's interpreter"}
+
+
 def refuse_overwrite(parser: argparse.ArgumentParser, args, result_file: str) -> None:
     """Stop with an error, before any work, when --out already holds ``result_file`` and --force is not given."""
     if os.path.exists(os.path.join(args.out, result_file)) and not args.force:

@@ -35,7 +35,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
-                                write_results)
+                                triton_run, write_results)
 
 # (label, channels, batch, n, causal): the causal TNO at the paper's 8 x 512 (the direct product sums T's lower
 # triangle), the bidirectional at 16 x 512 and 4 x 2048, and a length between
@@ -205,10 +205,7 @@ def main(argv=None) -> Dict:
                 for label, d, b, n, causal in (QUICK_SHAPES if a.quick else SHAPES)]
     finally:
         toeplitz_direct.ROWS_PER_PROGRAM = default
-    import triton
-    result = {"rows": rows, "ways": ways, "torch": torch.__version__, "triton": triton.__version__, "dtype": name,
-              "device": a.device, "rounds": a.rounds, "operand": a.operand,
-              "device_name": torch.cuda.get_device_name() if a.device == "cuda" else "CPU, Triton's interpreter"}
+    result = {"rows": rows, "ways": ways, "operand": a.operand, **triton_run(a, name)}
     md = markdown(result)
     write_results(a.out, "toeplitz_direct", result, md)
     print(md)
