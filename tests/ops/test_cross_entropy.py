@@ -58,6 +58,21 @@ def test_fused_cross_entropy_equals_fairseqs(device, monkeypatch, dtype, vocab):
         assert grad.sum(-1).abs().max() < 1e-4 * 128.0
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_at_the_causal_recipes_shape(device, dtype):
+    """The causal wt103 update's logits (8 x 512 rows, 50,264 symbols) on a GPU, at the kernels' own block size: the
+    loss in fp32 to rounding, the gradient within one rounding of the logits' dtype (at the CPU's interpreter this
+    shape would take hours: its smaller cases above)."""
+    if device == "cpu":
+        pytest.skip("the wt103 shape runs on CUDA only (Triton's interpreter takes a program at a time)")
+    logits, target = _case(8 * 512, 50264, dtype, device, ignored=(5, 4000))
+    loss, grad = _loss_and_grad(ce.cross_entropy_sum, logits, target, 1, 128.0)
+    ref_loss, ref_grad = _loss_and_grad(ce.reference_cross_entropy_sum, logits, target, 1, 128.0)
+    assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=0), (loss, ref_loss)
+    eps = {torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[dtype]
+    assert (grad.float() - ref_grad.float()).abs().max() <= 2 * eps * 128.0
+
+
 def test_rows_with_a_stride_and_all_ignored(device, monkeypatch):
     """Logits whose rows are spaced wider than the vocabulary (a slice of a wider tensor) give the loss of their
     compact copy; a batch whose every target is padding loses 0 with a zero gradient."""
