@@ -500,7 +500,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", **GRAPH_SUFFIX}[compiled]
     c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,
-         "layers": _layers(trainer.model, section), "build_s": round(build_s, 2), "update_ms": steady,
+         "criterion": trainer.cfg.criterion._name, "layers": _layers(trainer.model, section), "build_s": round(build_s, 2), "update_ms": steady,
          "min_ms": min(ms), "ms": ms,
          "tokens_per_s": batch * n / (steady / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
          "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
@@ -928,6 +928,20 @@ def _host_tables(groups) -> List[str]:
     return out
 
 
+def _criteria(result) -> str:
+    """The markdown's sentence on the losses the configurations trained with (fairseq's ``transformer_lm`` fairseq's
+    own, the plugin's models the recipe's: ``recipe.benchmark``)."""
+    used: Dict[str, List[str]] = {}
+    for g in result["groups"]:
+        for c in g["configs"]:
+            if c.get("criterion"):
+                labels = used.setdefault(c["criterion"], [])
+                if tr.LABELS[c["key"]] not in labels:
+                    labels.append(tr.LABELS[c["key"]])
+    return (" Criteria: " + "; ".join(f"`{name}` ({', '.join(labels)})" for name, labels in used.items()) + "."
+            if used else "")
+
+
 def markdown(result) -> str:
     meta = result["meta"]
     unit = "kernels" if meta["device"] == "cuda" else "operators"
@@ -942,6 +956,7 @@ def markdown(result) -> str:
            f"each phase. {unit.capitalize()} ms: the device time of the kernels alone (fairseq's record_function spans "
            "left out); launches: the host's kernel-launch calls per update; overflowed: timed updates whose fp16 "
            "gradients overflowed (skipped by fairseq)."
+           + _criteria(result)
            + (f" Resumed {meta['resumed']} time(s) in a new process (`--resume`) after the one before ended early: "
               "the rows measured after that are that process's, on the same machine." if meta.get("resumed") else ""),
            "",

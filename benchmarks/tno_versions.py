@@ -26,6 +26,7 @@ import argparse
 import importlib
 import io
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,24 @@ CURRENT_NAMES = {"tnn": {}, "fd": {}, "ski": {"rank": "ski_rank", "taps": "ski_t
 WARMUP = 2
 
 
+def _own_operators(source: str, namespace: str) -> None:
+    """The custom operators of the commit's copy under ``source`` (``torch.library``'s ``fairseq_tnn::NAME``, the
+    FFT product's and the direct product's) renamed into ``namespace``, apart from the current code's, which registers
+    the same names. With one name registered twice in the process, a run that compiled both versions' FD-TNOs died by
+    a segmentation fault inside dynamo's fake-tensor run of an operator (on the CPU, 2026-12-02; which registration
+    the dispatcher kept was not examined)."""
+    for folder, _, files in os.walk(os.path.join(source, "fairseq_tnn")):
+        for file in files:
+            if file.endswith(".py"):
+                path = os.path.join(folder, file)
+                with open(path) as f:
+                    text = f.read()
+                renamed = text.replace('"fairseq_tnn::', f'"{namespace}::')
+                if renamed != text:
+                    with open(path, "w") as f:
+                        f.write(renamed)
+
+
 def load_commit(rev: str, tmp: str, source: str = None):
     """The ``modules`` package of ``fairseq_tnn`` at ``rev``, imported as ``fairseq_tnn_at_<rev>.modules`` from a
     ``git archive`` of the commit into ``tmp``, or from ``source`` (a directory holding the commit's
@@ -71,8 +90,11 @@ def load_commit(rev: str, tmp: str, source: str = None):
                              "(without the commit in this checkout's history: --from DIR, see --help)")
         with tarfile.open(fileobj=io.BytesIO(tar)) as t:
             t.extractall(tmp, filter="data")
-        source = tmp
+    else:  # a copy, whose operators are renamed below: the directory given stays as it is
+        shutil.copytree(os.path.join(source, "fairseq_tnn"), os.path.join(tmp, "fairseq_tnn"), dirs_exist_ok=True)
+    source = tmp
     name = "fairseq_tnn_at_" + "".join(c if c.isalnum() else "_" for c in rev)
+    _own_operators(source, name)
     package = types.ModuleType(name)
     package.__path__ = [os.path.join(source, "fairseq_tnn")]
     sys.modules[name] = package

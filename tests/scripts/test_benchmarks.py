@@ -518,6 +518,14 @@ def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
     assert "| causal 2 x 32 | bound: no token mixing compiled |" in md
     assert "## The mixing in the update, by kind" in md and "| causal 2 x 32 | FD-TNN (RPE 3) compiled | " in md
     assert "## Where the mixing's kernel time goes" in md and "| causal 2 x 32 | FD-TNN (RPE 3) | compiled | FFT | " in md
+    # the loss each trained with: the recipe's for the plugin's models and the bound, fairseq's for transformer_lm
+    from benchmarks import trainer
+    from fairseq_tnn import recipe
+    assert {c["criterion"] for c in causal["configs"]} == {recipe.CAUSAL_TASK["criterion"]} == {"tnn_cross_entropy"}
+    labels = ", ".join(trainer.LABELS[k] for k in ("tnn3", "fd3", "bound_identity"))
+    assert f" Criteria: `tnn_cross_entropy` ({labels}); `masked_lm` ({labels})." in md  # the causal group, the masked
+    assert recipe.benchmark("causal", "transformer_lm", 512)["criterion"] == "cross_entropy"
+    assert recipe.benchmark("masked", "tnn_mlm_wt103", 512)["criterion"] == "masked_lm"
 
 
 # gpu_profile.py run with a measure() that ends its process by a segmentation fault where CRASH names the run
@@ -735,6 +743,26 @@ def test_tno_versions_builds_a_recent_commits_tnos_with_its_own_builder(tmp_path
     rows = json.loads((out / "tno_versions.json").read_text())["rows"]
     assert [r["n"] for r in rows] == [512, 2048]
     assert all(r["commit"]["ops"] == r["current"]["ops"] > 20 for r in rows), rows
+
+
+def test_tno_versions_gives_the_commits_operators_names_of_their_own(tmp_path):
+    """The commit's copy registers its custom operators under a namespace of its own, apart from the current code's
+    ``fairseq_tnn::`` (one name registered twice once ended a compiled comparison by a segmentation fault); a
+    ``--from`` directory is read, never rewritten."""
+    import subprocess
+    from benchmarks.tno_versions import load_commit
+    from fairseq_tnn.ops import toeplitz
+    source = tmp_path / "from"
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", "HEAD", "fairseq_tnn/modules", "fairseq_tnn/ops"],
+                         check=True, capture_output=True).stdout
+    source.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(source)], input=tar, check=True)
+    given = (source / "fairseq_tnn/ops/toeplitz.py").read_text()
+    modules = load_commit("from-dir", str(tmp_path / "copy"), str(source))
+    copy = importlib.import_module(modules.__name__.rsplit(".", 1)[0] + ".ops.toeplitz")
+    assert copy.spectral_conv._qualname == "fairseq_tnn_at_from_dir::spectral_conv"
+    assert toeplitz.spectral_conv._qualname == "fairseq_tnn::spectral_conv"
+    assert (source / "fairseq_tnn/ops/toeplitz.py").read_text() == given and '"fairseq_tnn::spectral_conv"' in given
 
 
 @pytest.mark.slow
