@@ -111,7 +111,8 @@ def markdown(result: Dict) -> str:
 
 def main(argv=None) -> Dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a tiny shape (a smoke test; on the CPU under TRITON_INTERPRET=1)")
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny shape (a smoke test; on the CPU under TRITON_INTERPRET=1)")
     add_device_options(p, rounds=20)
     add_out_options(p, "results/cross-entropy")
     a = p.parse_args(argv)

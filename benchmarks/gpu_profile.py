@@ -500,8 +500,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", **GRAPH_SUFFIX}[compiled]
     c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,
-         "criterion": trainer.cfg.criterion._name, "layers": _layers(trainer.model, section), "build_s": round(build_s, 2), "update_ms": steady,
-         "min_ms": min(ms), "ms": ms,
+         "criterion": trainer.cfg.criterion._name, "layers": _layers(trainer.model, section),
+         "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
          "tokens_per_s": batch * n / (steady / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
          "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
     if device == "cuda":

@@ -20,7 +20,8 @@ About 1.2 GB moved instead of 4, and the fp32 log-probabilities never exist (the
 anyway, are kept for the backward instead). ``reference_cross_entropy_sum`` is fairseq's computation, beside it in
 the tests; the result equals it within fp32 rounding (the sum's order differs), the gradient within one rounding of
 the logits' dtype. Triton is optional, as for ``toeplitz_direct``: without it, off a CUDA device (except under
-Triton's interpreter, the CPU tests' way, ``CPU_INTERPRETED``), for fp64 logits and with ``fast.references()``, the reference runs.
+Triton's interpreter, the CPU tests' way, ``CPU_INTERPRETED``), for fp64 logits and with ``fast.references()``, the
+reference runs.
 """
 import logging
 from typing import Dict, Tuple
@@ -74,7 +75,7 @@ def _cross_entropy_forward(logits_ptr, target_ptr, lse_ptr, loss_ptr, vocab, str
 
 
 def _cross_entropy_backward(logits_ptr, target_ptr, lse_ptr, grad_loss_ptr, grad_ptr, vocab, stride, grad_stride,
-                     ignore_index, BLOCK: constexpr):
+                            ignore_index, BLOCK: constexpr):
     """One (row, BLOCK entries): d loss / d logit_v = g (exp(logit_v - lse) - [v == target]), 0 for an ignored row."""
     row = tl.program_id(0).to(tl.int64)
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

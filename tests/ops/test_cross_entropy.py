@@ -17,7 +17,8 @@ def triton_kernels(request, monkeypatch):
         if os.environ.get("CI") == "true":
             pytest.fail("Triton is not installed: scripts/setup.sh installs it beside a CPU-only torch")
         pytest.skip("needs Triton (scripts/setup.sh installs it beside a CPU-only torch)")
-    if "device" in request.fixturenames and request.getfixturevalue("device") == "cpu" and not toeplitz_direct.INTERPRETED:
+    on_cpu = "device" in request.fixturenames and request.getfixturevalue("device") == "cpu"
+    if on_cpu and not toeplitz_direct.INTERPRETED:
         pytest.skip("the CPU runs Triton's kernels only in its interpreter (TRITON_INTERPRET=1, tests/conftest.py)")
     monkeypatch.setattr(ce, "CPU_INTERPRETED", True)
 
@@ -199,6 +200,7 @@ def test_the_criterion_leaves_other_log_probabilities_to_fairseq(monkeypatch):
     fused, stock = _criteria()
     model = build_arch("tnn_lm_tiny", 300, dropout=0.0)
     assert plain_log_softmax(model)
+    monkeypatch.setattr(ce, "_WORKS", {(torch.float32, "cpu"): True})  # the first-use check passed: calls below count
     sample = _lm_sample("cpu", fused.padding_idx)
     calls = []
     monkeypatch.setattr(ce.SoftmaxCrossEntropy, "apply", lambda *a: calls.append(a) or torch.tensor(0.0))
