@@ -1,6 +1,7 @@
 """The language models' loss two ways side by side on one GPU: fairseq's (``log_softmax`` in fp32, then ``nll_loss``:
 what ``--criterion cross_entropy`` and fairseq's ``masked_lm`` without apex compute) and the fused one of
-``--criterion tnn_cross_entropy`` (``fairseq_tnn/ops/cross_entropy.py``: one pass over the logits each way), at the
+``--criterion tnn_cross_entropy`` and ``tnn_masked_lm`` (``fairseq_tnn/ops/cross_entropy.py``: one pass over the
+logits each way), at the
 wt103 recipes' shapes: the rows a causal 8 x 512 update scores, and the 15% of a masked 16 x 512 one, against the
 50,264-symbol dictionary.
 

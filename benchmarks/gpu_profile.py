@@ -21,7 +21,8 @@ its TNOs replaced by the identity). For each, eager:
   synchronised at each boundary (so their sum can exceed the plain update's time, which overlaps them); the
   rest split again by the Trainer methods it calls (the seed, zeroing the gradients, moving the sample to the
   device, clipping with fp16's gradient copy and overflow check, the metrics) and the other;
-* peak memory of an update (``torch.cuda.max_memory_allocated``; not on CPU);
+* peak memory of an update (``torch.cuda.max_memory_allocated``; not on CPU), beside what stays allocated between
+  updates (``resting``: the weights, fp16's master copy, the optimizer's state), which benchmarks/memory.py predicts;
 * the 15 longest kernels of one TNN, one FD-TNN and one SKI-TNN update, with their share of the kernel time,
   and the 15 host-side events (operators, CUDA runtime calls) with the most self time in the same update;
 * the host's waits on the GPU in one update (CUDA only): each operation that synchronises the host with the
@@ -93,8 +94,8 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks import trainer as tr  # noqa: E402
-from benchmarks.measure import (KERNEL_KINDS, IdentityTno, add_out_options, kernel_kind, refuse_overwrite,  # noqa: E402
-                                write_results)
+from benchmarks.measure import (KERNEL_KINDS, IdentityTno, add_out_options, kernel_kind,  # noqa: E402
+                                peak_memory_held, refuse_overwrite, write_results)
 from fairseq_tnn.models import compile as compiling  # noqa: E402
 
 TOP_KERNELS = 15
@@ -488,7 +489,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         if warmup >= 4 and _loss_scale(trainer) == before:
             break
     if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
+        resting = torch.cuda.memory_allocated()  # between updates: weights, master copy, optimizer state, the sample
     graphs = _graphs()
     overflows = [0]
 
@@ -496,7 +497,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         before = _loss_scale(trainer)
         trainer.train_step([sample])
         overflows[0] += int(before is not None and _loss_scale(trainer) < before)
-    ms = _timed(update, device, timed)
+    with peak_memory_held():  # the peak of the timed updates (fairseq resets it at the end of each)
+        ms = _timed(update, device, timed)
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", **GRAPH_SUFFIX}[compiled]
     c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,
@@ -506,6 +508,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
          "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
     if device == "cuda":
         c["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        c["resting_mib"] = resting / 2 ** 20
     if compiled:
         c["compile_s"] = max(0.0, (sum(first) - 2 * steady) / 1000.0)
         # where it went (phases nest: an outer phase's time includes its inner ones')
@@ -961,21 +964,22 @@ def markdown(result) -> str:
               "the rows measured after that are that process's, on the same machine." if meta.get("resumed") else ""),
            "",
            f"| shape | configuration | ms / update | min ms | tokens/s | {unit} ms | wall / {unit} | {unit} / update | "
-           "launches | ops dispatched | forward ms | backward ms | optimizer ms | rest ms | peak MiB | compile s | "
-           "overflowed |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "launches | ops dispatched | forward ms | backward ms | optimizer ms | rest ms | resting MiB | peak MiB | "
+           "compile s | overflowed |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in result["groups"]:
         for c in g["configs"]:
             s = c["split_ms"]
             ops = f"{c['ops']['update']:,}" if c.get("ops") else "-"
             ratio = f"{c['wall_over_kernel']:.2f}" if c.get("wall_over_kernel") else "-"
             peak = f"{c['peak_mib']:.0f}" if "peak_mib" in c else "-"
+            resting = f"{c['resting_mib']:.0f}" if "resting_mib" in c else "-"
             compile_s = f"{c['compile_s']:.0f}" if "compile_s" in c else "-"
             out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['update_ms']:.2f} | "
                        f"{c['min_ms']:.2f} | {c['tokens_per_s']:,.0f} | {c['kernel_ms']:.2f} | {ratio} | "
                        f"{c['kernels']:.0f} | {c['launch_calls']:.0f} | {ops} | "
                        f"{s['forward']:.2f} | {s['backward']:.2f} | {s['optimizer']:.2f} | {s['rest']:.2f} | "
-                       f"{peak} | {compile_s} | {c['overflows_timed']} |")
+                       f"{resting} | {peak} | {compile_s} | {c['overflows_timed']} |")
     if result.get("not_compiled"):
         out += ["", "Not compiled (the compile budget was spent): " + ", ".join(result["not_compiled"]) + "."]
     for f in result.get("failed", []):

@@ -2,6 +2,7 @@
 layers), timing a group of them in interleaved rounds, and the memory of one configuration in a fresh process.
 See benchmarks/run.py for the method."""
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -100,6 +101,24 @@ def kernel_kind(name: str) -> str:
     if op in REDUCTION_OPS or "norm" in low or "reduce" in low:
         return "reductions and norms"
     return "elementwise and other"
+
+
+@contextlib.contextmanager
+def peak_memory_held():
+    """The allocator's peak statistics reset once, on entry, and held for the block: fairseq's Trainer resets them at
+    the end of every ``train_step`` (after reading them for its ``gb_free`` meter), and the plugin's step metrics at
+    the start of each update, so that a peak read after a few updates would otherwise be only what was allocated
+    since the last one ended. Inside the block ``torch.cuda.reset_peak_memory_stats`` does nothing; after it
+    ``torch.cuda.max_memory_allocated()`` is the peak of everything the block ran. CUDA only on entry: on a machine
+    without it nothing is reset."""
+    reset = torch.cuda.reset_peak_memory_stats
+    if torch.cuda.is_available():
+        reset()
+    torch.cuda.reset_peak_memory_stats = lambda device=None: None
+    try:
+        yield
+    finally:
+        torch.cuda.reset_peak_memory_stats = reset
 
 
 def write_results(out: str, stem: str, result: Dict, md: str) -> None:

@@ -1,12 +1,13 @@
 """Where a training step's memory goes: the tensors autograd keeps for the backward pass, by model part.
 
-    python benchmarks/memory.py [--quick] [--precision fp16|fp32] [--out results/bench-memory] [--force]
+    python benchmarks/memory.py [--quick] [--precision fp16|fp32] [--loss fused|fairseq] [--out results/bench-memory]
+                                [--force]
 
 For the TNN configurations of the GPU benchmark (``benchmarks/trainer.py``: causal 8 x 512; masked 16 x 512 and
 4 x 2048; Wikitext-103's 50,264-symbol dictionary; the published model sizes; TNN with the 6- and 3-layer
 RPE, FD-TNN, SKI-TNN and the two bounds, a fixed spectrum and no token mixing; not its speed baseline,
-fairseq's transformer_lm), one forward pass and the
-loss run on PyTorch's ``meta`` device: every operator computes shapes and dtypes but no values, so the
+fairseq's transformer_lm), one forward pass and the loss (the recipes' fused criteria; ``--loss fairseq``:
+fairseq's) run on PyTorch's ``meta`` device: every operator computes shapes and dtypes but no values, so the
 published sizes cost no memory and a second of CPU, and the result is the same on any device. Every tensor
 autograd saves is recorded (``torch.autograd.graph.saved_tensors_hooks``) with the module that saved it and
 the operator (the torch function, or the plugin's ``autograd.Function``), counted once per storage (a view
@@ -46,6 +47,10 @@ from benchmarks.trainer import CONFIGS, FULL_GROUPS, LABELS, MASKED_FRACTION, PA
     QUICK_MODEL, QUICK_VOCAB, VOCAB  # noqa: E402
 
 MIB = 2.0 ** 20
+LOSSES = ("fused", "fairseq")
+LOSS_WORDS = {"fused": "the recipes' criteria, tnn_cross_entropy and tnn_masked_lm, fused as on a GPU (they keep "
+                       "the logits and each row's log-sum-exp)",
+              "fairseq": "fairseq's cross_entropy and masked_lm (they keep the fp32 log-softmax)"}
 # The configurations of the GPU benchmark not accounted here: fairseq's transformer_lm is there as a speed baseline;
 # the accounting is by part of a TNN layer, and the meta-device forward is the TNN models'.
 NOT_ACCOUNTED = {"transformer"}
@@ -89,8 +94,8 @@ class SavedTensorLog(TorchFunctionMode):
             self.ops.pop()
 
     def _wrap_functions(self):
-        from fairseq_tnn.ops import fd, norm, rpe, ski, toeplitz
-        for mod in (toeplitz, fd, ski, rpe, norm):
+        from fairseq_tnn.ops import cross_entropy, fd, norm, rpe, ski, toeplitz
+        for mod in (toeplitz, fd, ski, rpe, norm, cross_entropy):
             for name, cls in vars(mod).items():
                 if inspect.isclass(cls) and issubclass(cls, torch.autograd.Function) and cls.__module__ == mod.__name__:
                     self._functions.append((cls, cls.__dict__["apply"] if "apply" in cls.__dict__ else None))
@@ -161,11 +166,12 @@ def build_config(section: str, arch: str, bound: Optional[str], n: int, quick: b
     return model.train(), len(layers)
 
 
-def forward_and_loss(model, section: str, batch: int, n: int, vocab: int) -> torch.Tensor:
-    """One training forward and fairseq's loss, on meta tensors. Causal: the model's own forward and the
-    cross_entropy criterion (fp32 log-softmax of every position). Masked: the encoder's layers on an
-    unpadded batch (its forward checks the padding on the host, which the meta device cannot), the LM head
-    on the 15% masked positions and the masked_lm criterion."""
+def forward_and_loss(model, section: str, batch: int, n: int, vocab: int, loss: str = "fused") -> torch.Tensor:
+    """One training forward and its loss, on meta tensors. Causal: the model's own forward and the loss of every
+    position. Masked: the encoder's layers on an unpadded batch (its forward checks the padding on the host, which the
+    meta device cannot), the LM head on the 15% masked positions and their loss. ``loss``: "fused", the recipes'
+    criteria (tnn_cross_entropy, tnn_masked_lm) as a GPU with Triton trains them, which keep the logits and each row's
+    log-sum-exp; "fairseq", fairseq's cross_entropy and masked_lm, which keep the fp32 log-softmax."""
     tokens = torch.zeros(batch, n, dtype=torch.long, device="meta")
     if section == "causal":
         logits, _ = model(tokens)
@@ -183,16 +189,20 @@ def forward_and_loss(model, section: str, batch: int, n: int, vocab: int) -> tor
         rows = torch.zeros(masked, dtype=torch.long, device="meta")  # stands for the masked positions
         logits = enc.lm_head(x.reshape(batch * n, -1).index_select(0, rows))
         target = torch.zeros(masked, dtype=torch.long, device="meta")
-    lprobs = F.log_softmax(logits.reshape(-1, logits.shape[-1]), dim=-1, dtype=torch.float32)
-    return F.nll_loss(lprobs, target, reduction="sum")
+    logits = logits.reshape(-1, logits.shape[-1])
+    if loss == "fused":
+        from fairseq_tnn.ops.cross_entropy import SoftmaxCrossEntropy
+        return SoftmaxCrossEntropy.apply(logits, target, 1)
+    return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), target, reduction="sum")
 
 
-def account(section: str, key: str, arch: str, bound, n: int, batch: int, quick: bool, precision: str) -> Dict:
+def account(section: str, key: str, arch: str, bound, n: int, batch: int, quick: bool, precision: str,
+            loss_way: str = "fused") -> Dict:
     model, num_layers = build_config(section, arch, bound, n, quick, precision)
     params = list(model.parameters()) + list(model.buffers())
     log = SavedTensorLog(model, ignore=params)
     with log:
-        loss = forward_and_loss(model, section, batch, n, QUICK_VOCAB if quick else VOCAB)
+        loss = forward_and_loss(model, section, batch, n, QUICK_VOCAB if quick else VOCAB, loss_way)
     assert loss.requires_grad
     tokens = batch * n
     parts, outside = defaultdict(int), defaultdict(int)
@@ -214,10 +224,10 @@ def account(section: str, key: str, arch: str, bound, n: int, batch: int, quick:
             "outside_layers_mib": {k: v / MIB for k, v in sorted(outside.items(), key=lambda kv: -kv[1])}}
 
 
-def run(quick: bool, precision: str) -> List[Dict]:
+def run(quick: bool, precision: str, loss_way: str = "fused") -> List[Dict]:
     groups = []
     for section, n, batch in (QUICK_GROUPS if quick else FULL_GROUPS):
-        configs = [account(section, key, arch, bound, n, batch, quick, precision)
+        configs = [account(section, key, arch, bound, n, batch, quick, precision, loss_way)
                    for key, arch, _, bound in CONFIGS[section]
                    if key not in NOT_ACCOUNTED and (not quick or key in QUICK_KEYS)]
         tnn = next(c for c in configs if c["key"] == "tnn6")
@@ -239,7 +249,7 @@ def run(quick: bool, precision: str) -> List[Dict]:
 def markdown(result: Dict) -> str:
     meta = result["meta"]
     out = [f"# Activation memory of one training step ({meta['precision']}, vocabulary {meta['vocab']})", "",
-           f"torch {meta['torch']}, meta device; `{meta['command']}`.", "",
+           f"torch {meta['torch']}, meta device; `{meta['command']}`. The loss: {LOSS_WORDS[meta['loss']]}.", "",
            "Activations: the tensors autograd saves for the backward (storages, parameters excluded). Resident: "
            f"parameters, gradients and optimizer state ({RESIDENT_BYTES[meta['precision']]} bytes per parameter). "
            "Layer: a TNN layer's saved bytes per token.", "",
@@ -270,14 +280,18 @@ def main(argv=None):
     p.add_argument("--precision", choices=sorted(RESIDENT_BYTES), default="fp16",
                    help="fp16: fairseq's --fp16 recipe (default); fp32")
     p.add_argument("--quick", action="store_true", help="tiny models and sizes (a smoke test)")
+    p.add_argument("--loss", choices=LOSSES, default="fused",
+                   help="fused: the recipes' criteria as a GPU trains them, which keep the logits (default); fairseq: "
+                        "fairseq's cross_entropy and masked_lm, which keep the fp32 log-softmax")
     add_out_options(p, "results/bench-memory")
     a = p.parse_args(argv)
     refuse_overwrite(p, a, "memory.json")
     import fairseq_tnn
     fairseq_tnn.register()  # registers the models
     t0 = time.time()
-    groups = run(a.quick, a.precision)
-    meta = {"precision": a.precision, "vocab": QUICK_VOCAB if a.quick else VOCAB, "torch": torch.__version__,
+    groups = run(a.quick, a.precision, a.loss)
+    meta = {"precision": a.precision, "loss": a.loss, "vocab": QUICK_VOCAB if a.quick else VOCAB,
+            "torch": torch.__version__,
             "command": "python benchmarks/memory.py " + " ".join(sys.argv[1:] if argv is None else argv),
             "seconds": round(time.time() - t0, 1)}
     result = {"meta": meta, "groups": groups}

@@ -20,8 +20,9 @@ eager one in disguise; ``--modes``, ``--configs`` choose a subset):
   (on CPU: operator time and operators per update instead);
 * the operations an update dispatches in eager mode (training forward, forward and backward, the whole
   ``Trainer.train_step``; ``benchmarks/opcount.py``), which set its host time on a GPU;
-* peak memory of an update (``torch.cuda.max_memory_allocated`` less what the configurations built before
-  it still hold: the model's own parameters, optimizer state and update; CPU: not measured here, see run.py);
+* peak memory of its build and warm-up updates (``torch.cuda.max_memory_allocated``, with fairseq's reset of it
+  at the end of each ``train_step`` held off, less what the configurations built before it still hold: the model's
+  own parameters, optimizer state and update; CPU: not measured here, see run.py);
 * speed-ups over the group's TNN baseline, beside the SKI paper's A100 ratios, and the bounds: the TNN
   model with its TNOs replaced by a fixed precomputed spectrum (the FFT convolution alone) and by the
   identity (no token mixing at all).
@@ -42,7 +43,7 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
+from benchmarks.measure import add_out_options, peak_memory_held, refuse_overwrite, write_results  # noqa: E402
 from fairseq_tnn import recipe  # noqa: E402
 from fairseq_tnn.patches import bf16  # noqa: E402
 from fairseq_tnn.patches.masked_positions import add_masked_positions  # noqa: E402
@@ -263,11 +264,11 @@ def run_suite(device: str, precision: str, quick: bool, rounds: int, per_round: 
                     t0 = time.time()
                     if device == "cuda":  # the trainers built before this one stay allocated (interleaved rounds)
                         others = torch.cuda.memory_allocated()
-                        torch.cuda.reset_peak_memory_stats()
-                    trainer = build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
-                    for _ in range(warmup):  # compiles, allocates the optimizer state
-                        trainer.train_step([sample])
-                    _sync(device)
+                    with peak_memory_held():  # fairseq resets the peak at the end of each train_step
+                        trainer = build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
+                        for _ in range(warmup):  # compiles, allocates the optimizer state
+                            trainer.train_step([sample])
+                        _sync(device)
                     c = {"key": key, "label": LABELS[key] + (" compiled" if compiled else ""), "arch": arch,
                          "compiled": compiled, "bound": bound, "warmup_s": round(time.time() - t0, 1), "ms": []}
                     if device == "cuda":

@@ -20,4 +20,4 @@ def register() -> None:
     patches.install()
     from .models import tnn_lm, tnn_mlm  # noqa: F401
     from .tasks import tnn_language_modeling, tnn_masked_lm  # noqa: F401
-    from .criterions import cross_entropy  # noqa: F401
+    from .criterions import cross_entropy, masked_lm  # noqa: F401

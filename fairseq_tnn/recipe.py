@@ -49,12 +49,12 @@ MASKED_PRESETS = ("tnn_mlm_wt103", "tnn_mlm_wt103_rpe3", "fd_tnn_mlm_wt103", "sk
 PRESETS = CAUSAL_PRESETS + MASKED_PRESETS
 USER_DIR = os.path.dirname(os.path.realpath(__file__))  # this package: what --user-dir names
 
-# The parts the recipes share. The causal criterion: fairseq's cross_entropy with its loss and gradient each one pass
-# over the logits (fairseq_tnn/criterions/cross_entropy.py); FAIRSEQ_CAUSAL_CRITERION is fairseq's own, which
+# The parts the recipes share. The criteria: fairseq's cross_entropy and masked_lm with their loss and gradient each one
+# pass over the logits (fairseq_tnn/criterions/); FAIRSEQ_CAUSAL_CRITERION is fairseq's own, which
 # benchmarks/trainer.py gives fairseq's transformer_lm (the comparison is with fairseq-train as it runs it).
 FAIRSEQ_CAUSAL_CRITERION = "cross_entropy"
 CAUSAL_TASK = {"task": "tnn_language_modeling", "criterion": "tnn_cross_entropy", "sample_break_mode": "none"}
-MASKED_TASK = {"task": "tnn_masked_lm", "criterion": "masked_lm", "sample_break_mode": "complete"}
+MASKED_TASK = {"task": "tnn_masked_lm", "criterion": "tnn_masked_lm", "sample_break_mode": "complete"}
 TASK = {"causal": CAUSAL_TASK, "masked": MASKED_TASK}
 ADAM = {"optimizer": "adam", "adam_betas": "(0.9, 0.98)"}
 PAPER_REGULARISATION = {"weight_decay": "0.2", "clip_norm": "1.0"}

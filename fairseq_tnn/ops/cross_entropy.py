@@ -23,6 +23,7 @@ the logits' dtype. Triton is optional, as for ``toeplitz_direct``: without it, o
 Triton's interpreter, the CPU tests' way, ``CPU_INTERPRETED``), for fp64 logits and with ``fast.references()``, the
 reference runs.
 """
+import contextlib
 import logging
 from typing import Dict, Tuple
 
@@ -107,6 +108,12 @@ def supports(logits: torch.Tensor) -> bool:
     return logits.device.type == "cuda" or (logits.device.type == "cpu" and INTERPRETED and CPU_INTERPRETED)
 
 
+def _on(device: torch.device):
+    """Triton launches on the current CUDA device and its stream: made ``device`` for the launch, so that logits on
+    another GPU than the current one (a model moved to ``cuda:1`` without ``torch.cuda.set_device``) are read there."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 class SoftmaxCrossEntropy(torch.autograd.Function):
     """sum over rows of -log softmax(logits)[target] (ignored rows 0), fp32, for logits (rows, vocab) with unit stride
     along the vocabulary and target (rows,) integers."""
@@ -117,8 +124,9 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         target = target.contiguous()
         lse = torch.empty(rows, device=logits.device, dtype=torch.float32)
         losses = torch.empty(rows, device=logits.device, dtype=torch.float32)
-        if rows:
-            _kernels()[0][(rows,)](logits, target, lse, losses, vocab, logits.stride(0), ignore_index, BLOCK=BLOCK)
+        if rows and logits.device.type != "meta":  # meta tensors (benchmarks/memory.py): shapes, no values
+            with _on(logits.device):
+                _kernels()[0][(rows,)](logits, target, lse, losses, vocab, logits.stride(0), ignore_index, BLOCK=BLOCK)
         ctx.ignore_index = ignore_index
         ctx.save_for_backward(logits, target, lse)
         return losses.sum()
@@ -129,14 +137,15 @@ class SoftmaxCrossEntropy(torch.autograd.Function):
         logits, target, lse = ctx.saved_tensors
         rows, vocab = logits.shape
         out = torch.empty((rows, vocab), device=logits.device, dtype=logits.dtype)
-        if rows:
+        if rows and logits.device.type != "meta":
             g = grad.to(torch.float32).reshape(1)
-            _kernels()[1][(rows, triton.cdiv(vocab, BLOCK))](logits, target, lse, g, out, vocab, logits.stride(0),
-                                                              out.stride(0), ctx.ignore_index, BLOCK=BLOCK)
+            with _on(logits.device):
+                _kernels()[1][(rows, triton.cdiv(vocab, BLOCK))](logits, target, lse, g, out, vocab, logits.stride(0),
+                                                                  out.stride(0), ctx.ignore_index, BLOCK=BLOCK)
         return out, None, None
 
 
-# Whether the kernels work for a (dtype, device type): checked once per process at first use (``_checked``).
+# Whether the kernels work for a (dtype, device): checked once per process and device at first use (``_checked``).
 _WORKS: Dict[Tuple[torch.dtype, str], bool] = {}
 
 
@@ -144,8 +153,9 @@ def _checked(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the kernels compile on ``device`` for ``dtype`` logits and give fairseq's loss and gradient on a small
     case (3 rows, a padding row, 2 steps of a row's pass): tried once per process and dtype, before the first real
     call. Where they do not (a Triton that cannot compile them, a wrong result), a warning names why and fairseq's
-    computation runs instead, for the rest of the process."""
-    key = (dtype, device.type)
+    computation runs instead, for the rest of the process, on that device. Running out of memory says nothing of the
+    kernels: it is raised, as the reference would raise it, and the check is made again at the next call."""
+    key = (dtype, str(device))
     if key not in _WORKS:
         try:
             g = torch.Generator().manual_seed(0)
@@ -160,9 +170,11 @@ def _checked(dtype: torch.dtype, device: torch.device) -> bool:
             if not error < 0.02:
                 raise RuntimeError(f"the fused loss and gradient differ from fairseq's by {error:.3g}")
             _WORKS[key] = True
+        except torch.OutOfMemoryError:
+            raise
         except Exception as err:  # noqa: BLE001: any failure of the kernels leaves fairseq's computation
             logger.warning(f"tnn_cross_entropy: the fused loss's kernels do not work for {dtype} logits on "
-                           f"{device.type} ({type(err).__name__}: {err}); fairseq's computation runs instead")
+                           f"{device} ({type(err).__name__}: {err}); fairseq's computation runs instead")
             _WORKS[key] = False
     return _WORKS[key]
 

@@ -15,7 +15,8 @@ each batch (``masked_positions``, :func:`add_masked_positions`) the flat positio
 (``scores_masked_positions``: the plugin's masked models), the criterion hands the model those positions instead of the
 mask and gathers the targets with them (the same rows in the same order: the same logits, loss and gradients, bit for
 bit), and its sample size is their number, a Python int. Anything else (another task's batch, another model, a TPU) runs
-fairseq's code.
+fairseq's code. The loss of those rows is fairseq's (``modules.cross_entropy``), or a subclass's own
+``summed_cross_entropy`` (``tnn_masked_lm``'s fused one).
 """
 import torch
 from fairseq import modules
@@ -40,6 +41,15 @@ def _takes_positions(model) -> bool:
     return bool(getattr(model, "scores_masked_positions", False))
 
 
+def summed_loss(criterion, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The summed cross-entropy of the scored rows: the criterion's own ``summed_cross_entropy`` where it has one
+    (``--criterion tnn_masked_lm``: the fused loss, fairseq_tnn/criterions/masked_lm.py), else fairseq's."""
+    own = getattr(criterion, "summed_cross_entropy", None)
+    if own is not None:
+        return own(logits, targets)
+    return modules.cross_entropy(logits, targets, reduction="sum", ignore_index=criterion.padding_idx)
+
+
 def criterion_forward(original):
     def forward(self, model, sample, reduce=True):
         positions = sample.get(MASKED_POSITIONS) if isinstance(sample, dict) else None
@@ -53,8 +63,7 @@ def criterion_forward(original):
         else:
             logits = model(**sample["net_input"], masked_tokens=positions)[0]
             targets = model.get_targets(sample, [logits]).reshape(-1)[positions]
-        loss = modules.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), reduction="sum",
-                                     ignore_index=self.padding_idx)
+        loss = summed_loss(self, logits.view(-1, logits.size(-1)), targets.view(-1))
         logging_output = {"loss": loss.data, "ntokens": sample["ntokens"], "nsentences": sample["nsentences"],
                           "sample_size": sample_size}
         return loss, sample_size, logging_output

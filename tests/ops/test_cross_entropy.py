@@ -142,6 +142,53 @@ def test_kernels_checked_once_at_first_use(monkeypatch, caplog):
     assert torch.equal(loss, ref_loss) and torch.equal(grad, ref_grad)
 
 
+def test_running_out_of_memory_is_not_a_failure_of_the_kernels(monkeypatch):
+    """Out of memory during the first-use check is raised as the reference would raise it, and the check is made
+    again at the next call: the process does not give up the fused kernels for it."""
+    monkeypatch.setattr(ce, "_WORKS", {})
+    logits, target = _case(5, 40, torch.float32, "cpu")
+    apply = ce.SoftmaxCrossEntropy.apply
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 MiB")
+    monkeypatch.setattr(ce.SoftmaxCrossEntropy, "apply", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        ce.cross_entropy_sum(logits, target, 1)
+    assert ce._WORKS == {}
+    monkeypatch.setattr(ce.SoftmaxCrossEntropy, "apply", apply)
+    assert torch.allclose(ce.cross_entropy_sum(logits, target, 1), ce.reference_cross_entropy_sum(logits, target, 1),
+                          rtol=1e-6)
+    assert ce._WORKS == {(torch.float32, "cpu"): True}
+
+
+def test_meta_logits_give_the_shapes_of_the_loss_and_gradient():
+    """On the meta device (benchmarks/memory.py's accounting) the fused loss runs no kernel: an fp32 scalar, and a
+    gradient of the logits' shape and dtype; it keeps the logits and the rows' lse for its backward."""
+    logits = torch.empty(6, 50, dtype=torch.float16, device="meta", requires_grad=True)
+    target = torch.zeros(6, dtype=torch.long, device="meta")
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((t.shape, t.dtype)) or t, lambda t: t):
+        loss = ce.SoftmaxCrossEntropy.apply(logits, target, 1)
+    assert loss.device.type == "meta" and loss.shape == () and loss.dtype == torch.float32
+    assert saved == [((6, 50), torch.float16), ((6,), torch.long), ((6,), torch.float32)]
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert grad.device.type == "meta" and grad.shape == (6, 50) and grad.dtype == torch.float16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_logits_on_another_gpu_than_the_current_one(monkeypatch):
+    """The kernels launch on the logits' GPU, not the current one: logits on the second GPU while the first is
+    current give fairseq's loss and gradient, and the check is made for that GPU."""
+    monkeypatch.setattr(ce, "_WORKS", {})
+    assert torch.cuda.current_device() == 0
+    logits, target = _case(40, 3000, torch.float16, "cuda:1")
+    loss, grad = _loss_and_grad(ce.cross_entropy_sum, logits, target, 1, 128.0)
+    ref_loss, ref_grad = _loss_and_grad(ce.reference_cross_entropy_sum, logits, target, 1, 128.0)
+    assert ce._WORKS == {(torch.float16, "cuda:1"): True}
+    assert torch.allclose(loss, ref_loss, rtol=1e-5, atol=0)
+    assert (grad.float() - ref_grad.float()).abs().max() <= 2 * 2 ** -10 * 128.0
+
+
 def _criteria():
     import fairseq_tnn
     fairseq_tnn.register()
@@ -171,6 +218,19 @@ def _gradients(criterion, model, sample):
                                                   if p.grad is not None}
 
 
+def _same_as_fairseqs(fused, stock, model, sample):
+    """``fused`` criterion's loss, sample size, logging output and every parameter's gradient against ``stock``'s on
+    ``sample``; returns the sample size and fairseq's loss and gradients."""
+    loss, size, logging, grads = _gradients(fused, model, sample)
+    ref_loss, ref_size, ref_logging, ref_grads = _gradients(stock, model, sample)
+    assert size == ref_size and logging.keys() == ref_logging.keys()
+    assert torch.allclose(loss, ref_loss, rtol=1e-5) and torch.allclose(logging["loss"], ref_logging["loss"], rtol=1e-5)
+    assert grads.keys() == ref_grads.keys() and len(grads) > 5
+    for k in grads:
+        assert torch.allclose(grads[k], ref_grads[k], rtol=1e-4, atol=1e-6), k
+    return size, ref_loss, ref_grads
+
+
 def test_the_criterion_equals_fairseqs_cross_entropy(device, monkeypatch):
     """``--criterion tnn_cross_entropy`` on a tnn_lm_tiny model: fairseq's loss, sample size and logging output, and
     every parameter's gradient; with the kernels off (the CPU's training), the same to the bit."""
@@ -179,13 +239,7 @@ def test_the_criterion_equals_fairseqs_cross_entropy(device, monkeypatch):
     fused, stock = _criteria()
     model = build_arch("tnn_lm_tiny", 300, dropout=0.0).to(device)
     sample = _lm_sample(device, fused.padding_idx)
-    loss, size, logging, grads = _gradients(fused, model, sample)
-    ref_loss, ref_size, ref_logging, ref_grads = _gradients(stock, model, sample)
-    assert size == ref_size and logging.keys() == ref_logging.keys()
-    assert torch.allclose(loss, ref_loss, rtol=1e-5) and torch.allclose(logging["loss"], ref_logging["loss"], rtol=1e-5)
-    assert grads.keys() == ref_grads.keys() and len(grads) > 5
-    for k in grads:
-        assert torch.allclose(grads[k], ref_grads[k], rtol=1e-4, atol=1e-6), k
+    size, ref_loss, ref_grads = _same_as_fairseqs(fused, stock, model, sample)
     monkeypatch.setattr(ce, "CPU_INTERPRETED", False)
     if device == "cpu":
         loss, _, _, grads = _gradients(fused, model, sample)
@@ -214,3 +268,58 @@ def test_the_criterion_leaves_other_log_probabilities_to_fairseq(monkeypatch):
     assert not plain_log_softmax(model)
     loss, _, _ = fused(model, sample)
     assert len(calls) == 1 and torch.equal(loss, stock(model, sample)[0])
+
+
+def _masked_criteria():
+    import fairseq_tnn
+    fairseq_tnn.register()
+    from fairseq.criterions import CRITERION_REGISTRY
+    from fairseq.criterions.masked_lm import MaskedLmConfig, MaskedLmLoss
+    from fairseq_tnn.criterions.masked_lm import TnnMaskedLmLoss
+    from fairseq_tnn.models.build import VocabTask, dictionary_of_size
+    assert CRITERION_REGISTRY["tnn_masked_lm"] is TnnMaskedLmLoss
+    task = VocabTask(dictionary_of_size(300))
+    cfg = MaskedLmConfig(tpu=False)  # as fairseq resolves its default, common.tpu
+    return TnnMaskedLmLoss(cfg, task), MaskedLmLoss(cfg, task)
+
+
+def _mlm_sample(device, pad, positions=True, rows=3, n=16, vocab=300):
+    from fairseq_tnn.patches.masked_positions import add_masked_positions
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(4, vocab, (rows, n), generator=g)
+    masked = torch.rand(rows, n, generator=g) < 0.3
+    masked[:, 0] = True
+    target = torch.where(masked, torch.randint(4, vocab, (rows, n), generator=g), torch.full_like(tokens, pad))
+    sample = {"net_input": {"src_tokens": tokens, "src_lengths": torch.full((rows,), n)}, "target": target,
+              "ntokens": int(masked.sum()), "nsentences": rows}
+    if positions:  # as tnn_masked_lm collates its batches, on the CPU
+        add_masked_positions(sample, pad)
+    from fairseq.utils import apply_to_sample
+    return apply_to_sample(lambda t: t.to(device), sample)
+
+
+def test_the_masked_criterion_equals_fairseqs_masked_lm(device, monkeypatch):
+    """``--criterion tnn_masked_lm`` on a tnn_mlm_tiny model and a batch naming its masked positions: fairseq's
+    masked_lm loss, sample size (a Python int), logging output and every parameter's gradient, by the fused kernels
+    (called once); with the kernels off (the CPU's training), the same to the bit. A batch without the positions
+    (another task's) runs fairseq's code."""
+    from fairseq_tnn.models.build import build_arch
+    monkeypatch.setattr(ce, "BLOCK", 128)
+    fused, stock = _masked_criteria()
+    model = build_arch("tnn_mlm_tiny", 300, dropout=0.0).to(device)
+    sample = _mlm_sample(device, fused.padding_idx)
+    calls = []
+    apply = ce.SoftmaxCrossEntropy.apply
+    monkeypatch.setattr(ce.SoftmaxCrossEntropy, "apply", lambda *a: calls.append(a[0].shape) or apply(*a))
+    size, ref_loss, ref_grads = _same_as_fairseqs(fused, stock, model, sample)
+    assert calls[-1] == (sample["ntokens"], 300)  # the masked rows alone (after the first-use check's, if any)
+    assert size == sample["ntokens"] and type(size) is int
+    monkeypatch.setattr(ce, "CPU_INTERPRETED", False)
+    if device == "cpu":
+        calls.clear()
+        loss, _, _, grads = _gradients(fused, model, sample)
+        assert not calls and torch.equal(loss, ref_loss) and all(torch.equal(grads[k], ref_grads[k]) for k in grads)
+        monkeypatch.setattr(ce, "CPU_INTERPRETED", True)
+        unnamed = _mlm_sample(device, fused.padding_idx, positions=False)
+        loss, size, _, _ = _gradients(fused, model, unnamed)
+        assert not calls and torch.is_tensor(size) and torch.equal(loss, stock(model, unnamed)[0])

@@ -13,6 +13,7 @@ from fairseq import metrics
 
 import fairseq_tnn
 from fairseq_tnn.patches.masked_positions import add_masked_positions
+from fairseq_tnn.recipe import TASK
 from fairseq_tnn.tasks import step_metrics
 from helpers import USER_DIR
 
@@ -79,7 +80,7 @@ def build_trainer(data_dir: Path, arch: str, causal: bool):
     dictionary_of_size(VOCAB).save(str(data_dir / "dict.txt"))
     argv = [str(data_dir), "--user-dir", USER_DIR, "--cpu", "--arch", arch, "--tokens-per-sample", str(N),
             "--task", "tnn_language_modeling" if causal else "tnn_masked_lm",
-            "--criterion", "cross_entropy" if causal else "masked_lm", "--optimizer", "adam", "--lr", "1e-3",
+            "--criterion", TASK["causal" if causal else "masked"]["criterion"], "--optimizer", "adam", "--lr", "1e-3",
             "--clip-norm", "1.0", "--dropout", "0.1", "--seed", "1", "--distributed-world-size", "1"]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
     task = tasks.setup_task(cfg.task)
@@ -129,8 +130,8 @@ def test_a_training_update_makes_no_host_sync_in_the_plugin(arch, tmp_path, monk
 
 @pytest.mark.parametrize("arch", ["tnn_mlm_tiny", "fd_tnn_mlm_tiny", "ski_tnn_mlm_tiny"])
 def test_the_batchs_masked_positions_train_as_fairseqs_mask_does(arch, tmp_path):
-    """fairseq's masked_lm criterion with the batch's masked positions (patches/masked_positions.py) against its own
-    code with the mask, through fairseq's Trainer, dropout on: the same loss and sample size at every update and the
+    """The recipe's masked criterion (tnn_masked_lm: fairseq's masked_lm, its forward patched) with the batch's
+    masked positions (patches/masked_positions.py) against fairseq's own code with the mask, through fairseq's Trainer, dropout on: the same loss and sample size at every update and the
     same weights after three, to the bit; the sample size a Python int (nothing for the Trainer to read back)."""
     from fairseq.criterions.masked_lm import MaskedLmLoss
     assert getattr(MaskedLmLoss.forward, "fairseq_tnn_patch", None) == "masked-lm-positions"

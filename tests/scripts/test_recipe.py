@@ -56,7 +56,7 @@ def test_benchmark_recipe_is_the_papers_optimizer():
     assert {k: bench.get(k) for k in ("task", "criterion", "arch", "tokens_per_sample", "optimizer", "adam_betas",
                                        "weight_decay", "clip_norm", "lr", "lr_scheduler", "warmup_updates",
                                        "warmup_init_lr")} == {
-        "task": "tnn_masked_lm", "criterion": "masked_lm", "arch": "fd_tnn_mlm_wt103", "tokens_per_sample": "2048",
+        "task": "tnn_masked_lm", "criterion": "tnn_masked_lm", "arch": "fd_tnn_mlm_wt103", "tokens_per_sample": "2048",
         "optimizer": "adam", "adam_betas": "(0.9, 0.98)", "weight_decay": "0.2", "clip_norm": "1.0", "lr": "5e-4",
         "lr_scheduler": "inverse_sqrt", "warmup_updates": "4000", "warmup_init_lr": None}
     assert recipe.fairseq_options({"a_b": 1, "c": True, "d": None, "e": False}, {"a_b": 2, "f": "x"}) == \

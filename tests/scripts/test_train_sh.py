@@ -37,7 +37,7 @@ def test_train_dry_run_recipe_flag_by_flag(data_bin, tmp_path, preset, nproc, ba
     expect = {
         "--user-dir": [USER_DIR], "--arch": [preset],  # every preset is a registered arch
         "--task": ["tnn_language_modeling" if causal else "tnn_masked_lm"],
-        "--criterion": ["tnn_cross_entropy" if causal else "masked_lm"],
+        "--criterion": ["tnn_cross_entropy" if causal else "tnn_masked_lm"],
         "--sample-break-mode": ["none" if causal else "complete"],
         "--optimizer": ["adam"], "--adam-betas": ["(0.9, 0.98)"], "--weight-decay": ["0.2"], "--clip-norm": ["1.0"],
         "--lr": ["1e-3" if preset.startswith("fd_") else "5e-4"],
