@@ -11,7 +11,9 @@ its TNOs replaced by the identity). For each, eager:
 
 * update time (median and least of ``--timed`` updates, the device synchronised around each) and tokens per
   second, after a warm-up that lasts until fp16's loss scale stops falling (an overflowing update is skipped,
-  optimizer and all, and is cheaper), with the timed updates that still overflowed counted;
+  optimizer and all, and is cheaper), with the timed updates that still overflowed counted; and the time an update
+  of as many more run back to back, synchronised before the first and after the last only (``queued``: as
+  fairseq-train runs them, one update's host work beside the GPU's work on the one before);
 * kernel time per update (the kernels' device time; fairseq's ``record_function`` spans, which torch.profiler
   also lays over the device's timeline, left out) and kernels launched per update (torch.profiler; on CPU:
   the outermost operators), and the host's kernel-launch calls;
@@ -136,6 +138,19 @@ def _timed(fn, device, n: int) -> List[float]:
         _sync(device)
         out.append((time.perf_counter() - t) * 1000.0)
     return out
+
+
+def _queued(fn, device, n: int) -> float:
+    """Milliseconds a call of ``n`` calls of fn back to back, the device synchronised before the first and after the
+    last only: as fairseq-train runs its updates, where nothing waits for the GPU between them but what the update
+    itself waits for, so that the host's work of one update (its bookkeeping, the next launches) runs while the GPU
+    still works on the one before."""
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t) * 1000.0 / n
 
 
 # The parts of the Trainer's rest timed apart (each a Trainer method train_step calls once per update, outside the
@@ -499,12 +514,14 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         overflows[0] += int(before is not None and _loss_scale(trainer) < before)
     with peak_memory_held():  # the peak of the timed updates (fairseq resets it at the end of each)
         ms = _timed(update, device, timed)
+    queued = _queued(lambda: trainer.train_step([sample]), device, timed)
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", **GRAPH_SUFFIX}[compiled]
     c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,
          "criterion": trainer.cfg.criterion._name, "layers": _layers(trainer.model, section),
          "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
-         "tokens_per_s": batch * n / (steady / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
+         "tokens_per_s": batch * n / (steady / 1000.0), "queued_ms": queued,
+         "queued_tokens_per_s": batch * n / (queued / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
          "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
     if device == "cuda":
         c["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
@@ -793,6 +810,9 @@ def targets(result) -> List[Dict]:
                         ceiling=ceiling(tnn, "kernel_ms"))
             if tnn6 and trans:
                 add(f"{shape}: TNN (RPE 6) {mode} tokens/s vs transformer_lm (eager)", trans["update_ms"] / tnn6["update_ms"], 1.0)
+                if tnn6.get("queued_ms") and trans.get("queued_ms"):  # as fairseq-train runs updates: back to back
+                    add(f"{shape}: TNN (RPE 6) {mode} tokens/s vs transformer_lm (eager), updates queued",
+                        trans["queued_ms"] / tnn6["queued_ms"], 1.0)
             if tnn6 and fd3:
                 speedup("FD-TNN vs TNN (RPE 6)", tnn6, fd3, 1.25 if g["section"] == "causal" else 1.5)
             if tnn3 and fd3 and g["section"] == "causal":
@@ -963,10 +983,11 @@ def markdown(result) -> str:
            + (f" Resumed {meta['resumed']} time(s) in a new process (`--resume`) after the one before ended early: "
               "the rows measured after that are that process's, on the same machine." if meta.get("resumed") else ""),
            "",
-           f"| shape | configuration | ms / update | min ms | tokens/s | {unit} ms | wall / {unit} | {unit} / update | "
+           f"| shape | configuration | ms / update | min ms | queued ms | tokens/s | {unit} ms | wall / {unit} | "
+           f"{unit} / update | "
            "launches | ops dispatched | forward ms | backward ms | optimizer ms | rest ms | resting MiB | peak MiB | "
            "compile s | overflowed |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in result["groups"]:
         for c in g["configs"]:
             s = c["split_ms"]
@@ -975,8 +996,9 @@ def markdown(result) -> str:
             peak = f"{c['peak_mib']:.0f}" if "peak_mib" in c else "-"
             resting = f"{c['resting_mib']:.0f}" if "resting_mib" in c else "-"
             compile_s = f"{c['compile_s']:.0f}" if "compile_s" in c else "-"
+            queued = f"{c['queued_ms']:.2f}" if "queued_ms" in c else "-"  # rows of results before it existed
             out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['update_ms']:.2f} | "
-                       f"{c['min_ms']:.2f} | {c['tokens_per_s']:,.0f} | {c['kernel_ms']:.2f} | {ratio} | "
+                       f"{c['min_ms']:.2f} | {queued} | {c['tokens_per_s']:,.0f} | {c['kernel_ms']:.2f} | {ratio} | "
                        f"{c['kernels']:.0f} | {c['launch_calls']:.0f} | {ops} | "
                        f"{s['forward']:.2f} | {s['backward']:.2f} | {s['optimizer']:.2f} | {s['rest']:.2f} | "
                        f"{resting} | {peak} | {compile_s} | {c['overflows_timed']} |")

@@ -531,6 +531,10 @@ def test_gpu_profile_compiles_the_bound_and_splits_the_rest(tmp_path):
     assert "## The rest of the Trainer" in md and "| target | measured | bound | ceiling | met |" in md
     assert "| rest ms | resting MiB | peak MiB | compile s |" in md  # memory on CUDA only: "-" on the CPU
     assert not any("resting_mib" in c or "peak_mib" in c for c in causal["configs"])
+    # the updates back to back, as fairseq-train runs them, beside the synchronised ones
+    assert all(c["queued_ms"] > 0 and c["queued_tokens_per_s"] == pytest.approx(2 * 32 / (c["queued_ms"] / 1000))
+               for c in causal["configs"])
+    assert "| ms / update | min ms | queued ms | tokens/s |" in md
     assert "| causal 2 x 32 | bound: no token mixing compiled |" in md
     assert "## The mixing in the update, by kind" in md and "| causal 2 x 32 | FD-TNN (RPE 3) compiled | " in md
     assert "## Where the mixing's kernel time goes" in md and "| causal 2 x 32 | FD-TNN (RPE 3) | compiled | FFT | " in md
@@ -1340,3 +1344,22 @@ def test_the_peak_memory_is_held_over_fairseqs_resets(monkeypatch):
     # the two benchmarks that read a peak after fairseq updates hold it over them
     for path in ("benchmarks/gpu_profile.py", "benchmarks/trainer.py"):
         assert "with peak_memory_held():" in (ROOT / path).read_text(), path
+
+
+def test_gpu_profile_targets_tnn_against_the_transformer_synchronised_and_queued():
+    """The main target both ways: updates synchronised one at a time, and queued back to back as fairseq-train runs
+    them (where one update's host work hides behind the GPU's work on the one before); the queued row only where both
+    sides were measured queued (results of runs before it have none)."""
+    from benchmarks import trainer as tr
+    from benchmarks.gpu_profile import targets
+    tnn = {"key": "tnn6", "label": "TNN", "compiled": tr.GRAPHS, "precision": "fp16", "update_ms": 12.0,
+           "queued_ms": 9.5}
+    trans = {"key": "transformer", "label": "transformer_lm", "compiled": False, "precision": "fp16",
+             "update_ms": 30.0, "queued_ms": 19.0}
+    group = {"section": "causal", "batch": 8, "n": 512, "configs": [tnn, trans]}
+    rows = {t["target"]: t for t in targets({"groups": [group]})}
+    name = "causal 8 x 512: TNN (RPE 6) compiled + CUDA graphs tokens/s vs transformer_lm (eager)"
+    assert rows[name]["ratio"] == pytest.approx(30 / 12) and rows[name]["met"]
+    assert rows[name + ", updates queued"]["ratio"] == pytest.approx(19 / 9.5)
+    del trans["queued_ms"]
+    assert not any("queued" in t["target"] for t in targets({"groups": [group]}))
