@@ -140,19 +140,6 @@ def _timed(fn, device, n: int) -> List[float]:
     return out
 
 
-def _queued(fn, device, n: int) -> float:
-    """Milliseconds a call of ``n`` calls of fn back to back, the device synchronised before the first and after the
-    last only: as fairseq-train runs its updates, where nothing waits for the GPU between them but what the update
-    itself waits for, so that the host's work of one update (its bookkeeping, the next launches) runs while the GPU
-    still works on the one before."""
-    _sync(device)
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - t) * 1000.0 / n
-
-
 # The parts of the Trainer's rest timed apart (each a Trainer method train_step calls once per update, outside the
 # criterion's forward and the optimizer's backward and step): what is left is the rest's "other" (model.train(),
 # the metrics' start time, sample-size handling, the grad-norm check, set_num_updates)
@@ -514,7 +501,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         overflows[0] += int(before is not None and _loss_scale(trainer) < before)
     with peak_memory_held():  # the peak of the timed updates (fairseq resets it at the end of each)
         ms = _timed(update, device, timed)
-    queued = _queued(lambda: trainer.train_step([sample]), device, timed)
+    # as fairseq-train runs its updates: nothing waits for the GPU between them but what an update itself waits for
+    queued = tr.queued_ms(lambda: trainer.train_step([sample]), device, timed)
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", **GRAPH_SUFFIX}[compiled]
     c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,

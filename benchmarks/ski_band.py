@@ -24,7 +24,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from typing import Callable, Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -35,7 +34,7 @@ import torch  # noqa: E402
 
 from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
                                 write_results)
-from benchmarks.trainer import _sync  # noqa: E402
+from benchmarks.trainer import _sync, queued_ms as _ms  # noqa: E402
 
 # (label, batch, n) at d1 channels: the masked presets' per-GPU shapes
 SHAPES = [("masked 16 x 512", 16, 512), ("masked 4 x 2048", 4, 2048)]
@@ -46,16 +45,6 @@ BANDS = [("GEMM, blocks of 16", "gemm", 16), ("GEMM, blocks of 32", "gemm", 32),
          ("GEMM, blocks of 128", "gemm", 128), ("depthwise conv1d", "conv1d", None)]
 QUEUED = 20
 WARMUP = 2
-
-
-def _ms(fn: Callable[[], object], device: str, calls: int) -> float:
-    """Milliseconds per call of ``calls`` calls of ``fn`` back to back, the device synchronised before and after."""
-    _sync(device)
-    t = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    _sync(device)
-    return (time.perf_counter() - t) * 1000.0 / calls
 
 
 def _rel_diff(a: List[torch.Tensor], b: List[torch.Tensor]) -> float:

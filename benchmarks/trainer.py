@@ -184,6 +184,17 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+def queued_ms(fn, device: str, calls: int) -> float:
+    """Milliseconds per call of ``calls`` calls of ``fn`` back to back, the device synchronised before the first and
+    after the last only, so that the host's work on one call runs while the device still works on the one before."""
+    _sync(device)
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - t) * 1000.0 / calls
+
+
 def _is_annotation(e, annotated) -> bool:
     """A profiler event that is a ``record_function`` range (fairseq's "forward", "optimizer", "clip-grads" ...),
     which torch.profiler also lays over the device's timeline: a span around kernels, not a kernel."""
