@@ -24,7 +24,10 @@ its TNOs replaced by the identity). For each, eager:
   rest split again by the Trainer methods it calls (the seed, zeroing the gradients, moving the sample to the
   device, clipping with fp16's gradient copy and overflow check, the metrics) and the other;
 * peak memory of an update (``torch.cuda.max_memory_allocated``; not on CPU), beside what stays allocated between
-  updates (``resting``: the weights, fp16's master copy, the optimizer's state), which benchmarks/memory.py predicts;
+  updates (``resting``: the weights, fp16's master copy, the optimizer's state), which benchmarks/memory.py predicts,
+  and the peak the allocator reserved (``torch.cuda.max_memory_reserved``): the memory of CUDA graphs, recorded in
+  a pool of their own whose replays hand out tensors the allocator does not count as allocated, shows only there,
+  so the memory target compares reserved peaks for the stack's graphs;
 * the 15 longest kernels of one TNN, one FD-TNN and one SKI-TNN update, with their share of the kernel time,
   and the 15 host-side events (operators, CUDA runtime calls) with the most self time in the same update;
 * the host's waits on the GPU in one update (CUDA only): each operation that synchronises the host with the
@@ -89,6 +92,9 @@ import time
 import warnings
 from typing import Dict, List, Optional
 
+# This process's start, before torch's import: a resumed run charges the run that ended the process before it with
+# the compile seconds from that run's start to this one's (the restart and imports in between are not compiling)
+PROCESS_STARTED = time.time()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -99,6 +105,7 @@ from benchmarks import trainer as tr  # noqa: E402
 from benchmarks.measure import (KERNEL_KINDS, IdentityTno, add_out_options, kernel_kind,  # noqa: E402
                                 peak_memory_held, refuse_overwrite, write_results)
 from fairseq_tnn.models import compile as compiling  # noqa: E402
+from fairseq_tnn.patches import device_overflow  # noqa: E402
 
 TOP_KERNELS = 15
 COMPILE_PHASES = 10  # the longest phases of a compilation kept per configuration
@@ -228,6 +235,7 @@ def kernel_profile(trainer, sample, device: str, updates: int, top: bool) -> Dic
     result = {"kernel_ms": busy_us / 1000.0 / updates, "kernels": len(kernels) / updates,
               "kinds": kinds_of(kernels, updates),
               "launch_calls": len(launches) / updates, "launch_ms": sum(t for _, t in launches) / 1000.0 / updates,
+              "graph_launches": sum(n.startswith("cudaGraphLaunch") for n, _ in launches) / updates,
               "host_self_ms": host_us / 1000.0 / updates}
     if top:
         result["top_kernels"] = _top(kernels, busy_us, updates)
@@ -244,16 +252,25 @@ def copy_bandwidth(device: str, mib: int) -> float:
     return 2 * src.numel() / (ms / 1000.0)
 
 
+def _as_in_the_model(layer, x):
+    """``layer``'s forward on x as the model's loop calls it (``run_layers``): handed its TNO's spectrum as
+    ``stack_spectra`` computes it for the model (outside compiled layers' graphs on a GPU), so that a compiled layer
+    runs, and is timed in, the graphs the model compiled for it, not a graph of its own that computes the spectrum
+    inside (a compile more, charged to the run's compile budget)."""
+    (spectrum,) = compiling.stack_spectra([layer], x)
+    return layer(x, None, None, spectrum)
+
+
 def layer_time(layer, x, device: str, n: int) -> Dict[str, float]:
-    """One layer's forward and backward (input and parameter gradients) on x (b, n, dim): the median ms of ``n``
-    calls, the device synchronised around each (``ms``), and the device time of their kernels per call from one
-    profiled run of ``n`` calls (``kernel_ms``; CPU: the outermost operators' time), which a GPU's launch-bound
-    small layer does not inflate."""
+    """One layer's forward and backward (input and parameter gradients) on x (b, n, dim), its spectrum computed as the
+    model computes it (:func:`_as_in_the_model`): the median ms of ``n`` calls, the device synchronised around each
+    (``ms``), and the device time of their kernels per call from one profiled run of ``n`` calls (``kernel_ms``; CPU:
+    the outermost operators' time), which a GPU's launch-bound small layer does not inflate."""
     x = x.detach().requires_grad_(True)
     g = torch.randn_like(x)
 
     def step():
-        layer(x).backward(g)
+        _as_in_the_model(layer, x).backward(g)
         layer.zero_grad(set_to_none=True)
         x.grad = None
     for _ in range(2):
@@ -332,7 +349,7 @@ def direct_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
     def forward_backward(xi):
         with torch.random.fork_rng(devices=[x.device] if device == "cuda" else []):
             torch.manual_seed(0)  # the same dropout masks in both
-            y = layer(xi)
+            y = _as_in_the_model(layer, xi)
         y.backward(g)
         layer.zero_grad(set_to_none=True)
         return y
@@ -462,6 +479,48 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
+def in_fairseq_trains_aggregators(trainer) -> None:
+    """Each of ``trainer``'s updates from here on inside the metrics aggregators fairseq-train opens around it
+    (``fairseq_cli/train.py``): "train", the epoch's, and "train_inner", the update's, beside the default one. Every
+    value the update logs updates a meter in each active aggregator, which on a GPU is a few small operations on
+    device tensors, so an update measured outside them costs the host less than fairseq-train's."""
+    from fairseq import metrics
+    step = trainer.train_step
+
+    def train_step(samples, *args, **kwargs):
+        with metrics.aggregate("train"), metrics.aggregate("train_inner"):
+            return step(samples, *args, **kwargs)
+    trainer.train_step = train_step
+
+
+def _cudagraph_skips() -> int:
+    """Compiled graphs inductor has run without CUDA graphs in this process so far (an input it mutates, a CPU
+    tensor, too many re-recordings: ``counters["inductor"]["cudagraph_skips"]``): a row of the stack's graphs with
+    one of these timed plain compiled code for some of its update."""
+    from torch._dynamo.utils import counters
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
+def not_all_graphs(result) -> List[str]:
+    """A line for each row of the stack's graphs that launched fewer graphs an update than the stack's two, or whose
+    compiled graphs inductor ran without CUDA graphs: its times are partly plain compiled code's."""
+    lines = []
+    for g in result["groups"]:
+        for c in g["configs"]:
+            short = c.get("graph_launches") is not None and c["graph_launches"] < GRAPH_LAUNCHES_EXPECTED
+            if c["compiled"] == tr.GRAPHS and (short or c.get("cudagraph_skips")):
+                lines.append(f"Not all CUDA graphs: {g['section']} {g['batch']} x {g['n']} {c['label']} launched "
+                             f"{c.get('graph_launches', 0):.1f} graphs an update (the stack's graphs are "
+                             f"{GRAPH_LAUNCHES_EXPECTED}), and inductor ran {c.get('cudagraph_skips', 0)} of its "
+                             "graphs without CUDA graphs: its times are partly plain compiled code's.")
+    return lines
+
+
+# A row of the stack's graphs runs two graphs an update (the forward's and the backward's; more with gradient
+# accumulation or another length): fewer, or skips, and the row timed something else than its label says
+GRAPH_LAUNCHES_EXPECTED = 2
+
+
 MAX_WARMUP = 30  # updates at most, until fp16's loss scale stops falling
 
 
@@ -477,8 +536,10 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     from benchmarks.opcount import trainer_counts
     sample = tr.synthetic_sample(section, n, batch, tr.QUICK_VOCAB if quick else tr.VOCAB, device=device)
     torch.manual_seed(1)
+    skips = _cudagraph_skips()
     t0 = time.time()
     trainer = tr.build_trainer(section, arch, bound, n, device, precision, compiled, data, quick)
+    in_fairseq_trains_aggregators(trainer)
     build_s = time.time() - t0
     phases = _compile_phases()
     first = _timed(lambda: trainer.train_step([sample]), device, 2)  # compiles (compiled), allocates optimizer state
@@ -487,20 +548,20 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     for _ in range(MAX_WARMUP):
         before = _loss_scale(trainer)
         trainer.train_step([sample])
+        device_overflow.learn(trainer)  # the plugin reads an update's overflow at the next one's start: now
         warmup += 1
         if warmup >= 4 and _loss_scale(trainer) == before:
             break
     if device == "cuda":
         resting = torch.cuda.memory_allocated()  # between updates: weights, master copy, optimizer state, the sample
     graphs = _graphs()
-    overflows = [0]
-
-    def update():
-        before = _loss_scale(trainer)
-        trainer.train_step([sample])
-        overflows[0] += int(before is not None and _loss_scale(trainer) < before)
+    updates_before = trainer.get_num_updates()
     with peak_memory_held():  # the peak of the timed updates (fairseq resets it at the end of each)
-        ms = _timed(update, device, timed)
+        ms = _timed(lambda: trainer.train_step([sample]), device, timed)
+        if device == "cuda":  # read here: every update after these resets it again
+            peak, reserved_peak = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    device_overflow.learn(trainer)  # the last timed update's overflow, if any (outside the timed calls)
+    overflows = [timed - (trainer.get_num_updates() - updates_before)]  # an overflowed update is not counted
     # as fairseq-train runs its updates: nothing waits for the GPU between them but what an update itself waits for
     queued = tr.queued_ms(lambda: trainer.train_step([sample]), device, timed)
     steady = statistics.median(ms)
@@ -510,9 +571,11 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
          "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
          "tokens_per_s": batch * n / (steady / 1000.0), "queued_ms": queued,
          "queued_tokens_per_s": batch * n / (queued / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
-         "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs}
+         "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs,
+         "cudagraph_skips": _cudagraph_skips() - skips}
     if device == "cuda":
-        c["peak_mib"] = torch.cuda.max_memory_allocated() / 2 ** 20
+        c["peak_mib"] = peak / 2 ** 20
+        c["reserved_peak_mib"] = reserved_peak / 2 ** 20
         c["resting_mib"] = resting / 2 ** 20
     if compiled:
         c["compile_s"] = max(0.0, (sum(first) - 2 * steady) / 1000.0)
@@ -583,7 +646,7 @@ def _resumed(previous: Dict, precision: str):
                                  "error": "its process ended while it ran (a crash or a kill; the log says which), "
                                           "and the run was resumed without it"})
         if cut["mode"] in ("compiled", "graphs"):
-            spent += max(0.0, time.time() - cut["started"])
+            spent += max(0.0, PROCESS_STARTED - cut["started"])
     topped = set()
     for g in result["groups"]:
         for c in g["configs"]:
@@ -678,6 +741,8 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
             arch, bound = arch_of[(section, key)]
             t0 = time.time()
             torch._dynamo.reset()  # each model compiles afresh, never against the recompile limit of the ones before
+            if device == "cuda":  # and the graphs' pools the reset freed leave the reserved memory (its own peak)
+                torch.cuda.empty_cache()
             # the longest kernels and host events of the first TNN configuration with CUDA graphs (what is left
             # once the launches are gone) and of its eager update in the other precision (bf16's kernels took 2.9
             # times fp16's in the fourth GPU run, docs/performance.md: which ones?); the floor of the mixing again
@@ -807,11 +872,13 @@ def targets(result) -> List[Dict]:
                 speedup("FD-TNN vs TNN (RPE 3)", tnn3, fd3, 1.15)
             if tnn6 and ski and g["n"] == 2048:
                 speedup("SKI-TNN vs TNN (RPE 6)", tnn6, ski, 1.5)
-                if "peak_mib" in ski and "peak_mib" in tnn6:
+                # the stack's graphs keep their memory in a pool of their own, which only the reserved peak counts
+                field, what = (("reserved_peak_mib", "reserved peak memory") if compiled == tr.GRAPHS
+                               else ("peak_mib", "peak memory"))
+                if field in ski and field in tnn6:
                     # its ceiling (a floor here): the no-mixing bound's peak over TNN's, the least any TNO could reach
-                    add(f"{shape}: SKI-TNN peak memory vs TNN (RPE 6), {mode}", ski["peak_mib"] / tnn6["peak_mib"], 0.85,
-                        higher=False, ceiling=(bare["peak_mib"] / tnn6["peak_mib"]
-                                               if bare and bare.get("peak_mib") else None))
+                    add(f"{shape}: SKI-TNN {what} vs TNN (RPE 6), {mode}", ski[field] / tnn6[field], 0.85,
+                        higher=False, ceiling=(bare[field] / tnn6[field] if bare and bare.get(field) else None))
             for c in g["configs"]:
                 other = _get(g, c["key"], compiled)
                 if c["compiled"] == compiled and c.get("precision") in ("bf16", "bf16w") and other and other is not c:
@@ -974,8 +1041,8 @@ def markdown(result) -> str:
            f"| shape | configuration | ms / update | min ms | queued ms | tokens/s | {unit} ms | wall / {unit} | "
            f"{unit} / update | "
            "launches | ops dispatched | forward ms | backward ms | optimizer ms | rest ms | resting MiB | peak MiB | "
-           "compile s | overflowed |",
-           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "reserved peak MiB | compile s | overflowed |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for g in result["groups"]:
         for c in g["configs"]:
             s = c["split_ms"]
@@ -983,17 +1050,20 @@ def markdown(result) -> str:
             ratio = f"{c['wall_over_kernel']:.2f}" if c.get("wall_over_kernel") else "-"
             peak = f"{c['peak_mib']:.0f}" if "peak_mib" in c else "-"
             resting = f"{c['resting_mib']:.0f}" if "resting_mib" in c else "-"
+            reserved = f"{c['reserved_peak_mib']:.0f}" if "reserved_peak_mib" in c else "-"
             compile_s = f"{c['compile_s']:.0f}" if "compile_s" in c else "-"
             queued = f"{c['queued_ms']:.2f}" if "queued_ms" in c else "-"  # rows of results before it existed
             out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['update_ms']:.2f} | "
                        f"{c['min_ms']:.2f} | {queued} | {c['tokens_per_s']:,.0f} | {c['kernel_ms']:.2f} | {ratio} | "
                        f"{c['kernels']:.0f} | {c['launch_calls']:.0f} | {ops} | "
                        f"{s['forward']:.2f} | {s['backward']:.2f} | {s['optimizer']:.2f} | {s['rest']:.2f} | "
-                       f"{resting} | {peak} | {compile_s} | {c['overflows_timed']} |")
+                       f"{resting} | {peak} | {reserved} | {compile_s} | {c['overflows_timed']} |")
     if result.get("not_compiled"):
         out += ["", "Not compiled (the compile budget was spent): " + ", ".join(result["not_compiled"]) + "."]
     for f in result.get("failed", []):
         out += ["", f"Failed: {f['id']} ({f['how']}): {f['error']}"]
+    for line in not_all_graphs(result):
+        out += ["", line]
     if result.get("running"):  # these results are the last a process wrote before it ended (or still runs)
         r = result["running"]
         out += ["", f"Running when these results were written: {r['id']} ({r['mode']}, {r['precision']}); a process that "
