@@ -561,7 +561,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         if device == "cuda":  # read here: every update after these resets it again
             peak, reserved_peak = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
     device_overflow.learn(trainer)  # the last timed update's overflow, if any (outside the timed calls)
-    overflows = [timed - (trainer.get_num_updates() - updates_before)]  # an overflowed update is not counted
+    overflows = timed - (trainer.get_num_updates() - updates_before)  # an overflowed update is not counted
     # as fairseq-train runs its updates: nothing waits for the GPU between them but what an update itself waits for
     queued = tr.queued_ms(lambda: trainer.train_step([sample]), device, timed)
     steady = statistics.median(ms)
@@ -570,7 +570,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
          "criterion": trainer.cfg.criterion._name, "layers": _layers(trainer.model, section),
          "build_s": round(build_s, 2), "update_ms": steady, "min_ms": min(ms), "ms": ms,
          "tokens_per_s": batch * n / (steady / 1000.0), "queued_ms": queued,
-         "queued_tokens_per_s": batch * n / (queued / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows[0],
+         "queued_tokens_per_s": batch * n / (queued / 1000.0), "warmup_updates": warmup, "overflows_timed": overflows,
          "loss_scale": _loss_scale(trainer), "graphs_compiled_while_timed": _graphs() - graphs,
          "cudagraph_skips": _cudagraph_skips() - skips}
     if device == "cuda":
@@ -608,7 +608,7 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         + ", ".join(f"{k} {v:.1f}" for k, v in c["split_ms"].items())
         + " (rest: " + ", ".join(f"{k} {v:.1f}" for k, v in c["rest_ms"].items()) + ")"
         + (f", compile {c['compile_s']:.0f} s, graphs while timed {c['graphs_compiled_while_timed']}" if compiled else "")
-        + (f", overflows while timed {overflows[0]} (loss scale {c['loss_scale']})" if c["loss_scale"] else ""))
+        + (f", overflows while timed {overflows} (loss scale {c['loss_scale']})" if c["loss_scale"] else ""))
     del trainer
     if device == "cuda":
         torch.cuda.empty_cache()

@@ -47,7 +47,6 @@ from benchmarks.trainer import CONFIGS, FULL_GROUPS, LABELS, MASKED_FRACTION, PA
     QUICK_MODEL, QUICK_VOCAB, VOCAB  # noqa: E402
 
 MIB = 2.0 ** 20
-LOSSES = ("fused", "fairseq")
 LOSS_WORDS = {"fused": "the recipes' criteria, tnn_cross_entropy and tnn_masked_lm, fused as on a GPU (they keep "
                        "the logits and each row's log-sum-exp)",
               "fairseq": "fairseq's cross_entropy and masked_lm (they keep the fp32 log-softmax)"}
@@ -280,7 +279,7 @@ def main(argv=None):
     p.add_argument("--precision", choices=sorted(RESIDENT_BYTES), default="fp16",
                    help="fp16: fairseq's --fp16 recipe (default); fp32")
     p.add_argument("--quick", action="store_true", help="tiny models and sizes (a smoke test)")
-    p.add_argument("--loss", choices=LOSSES, default="fused",
+    p.add_argument("--loss", choices=list(LOSS_WORDS), default="fused",
                    help="fused: the recipes' criteria as a GPU trains them, which keep the logits (default); fairseq: "
                         "fairseq's cross_entropy and masked_lm, which keep the fp32 log-softmax")
     add_out_options(p, "results/bench-memory")
