@@ -13,7 +13,12 @@ its TNOs replaced by the identity). For each, eager:
   second, after a warm-up that lasts until fp16's loss scale stops falling (an overflowing update is skipped,
   optimizer and all, and is cheaper), with the timed updates that still overflowed counted; and the time an update
   of as many more run back to back, synchronised before the first and after the last only (``queued``: as
-  fairseq-train runs them, one update's host work beside the GPU's work on the one before);
+  fairseq-train runs them, one update's host work beside the GPU's work on the one before); for the configurations
+  of ``--accumulated`` (by default the main target's two sides, TNN and transformer_lm causal at 8 x 512) also
+  updates of ``--update-freq`` micro-batches, the recipe's gradient accumulation on one GPU (16 causal, 32 masked),
+  synchronised, queued and split, where the optimizer step and the Trainer's rest weigh per token what they weigh in
+  training (an update of one micro-batch pays them 16-32 times as often) and the CUDA graphs' copy of the gradients
+  accumulated so far runs;
 * kernel time per update (the kernels' device time; fairseq's ``record_function`` spans, which torch.profiler
   also lays over the device's timeline, left out) and kernels launched per update (torch.profiler; on CPU:
   the outermost operators), and the host's kernel-launch calls;
@@ -119,6 +124,9 @@ QUICK_COMPILED_DEFAULT: List[str] = []
 # compiled with CUDA graphs (--tnn-cuda-graphs, the recipe's default on a GPU), each right after its compiled run: every
 # configuration one of issue 39's targets compares (``targets``; benchmarks/gpu_run.sh's targets call), in that order
 GRAPHS_DEFAULT = [key for key in COMPILED_DEFAULT if key != "masked/512/ski"]
+# timed again with the recipe's gradient accumulation on one GPU (``--accumulated``, ``--update-freq``): the main
+# target's two sides, whose optimizer step and Trainer overhead updates of one micro-batch weigh 16 times too much
+ACCUMULATED_DEFAULT = ["causal/512/tnn6", "causal/512/transformer"]
 # measured again in bf16 as the recipe's PRECISION=bf16 trains (fairseq's --bf16: --bf16-weights) in each mode the
 # main precision measured them (issue 39: bf16 within 1.1x of fp16); bf16 autocast (--bf16) on request only
 BF16_DEFAULT = ["causal/512/tnn6"]
@@ -154,7 +162,7 @@ REST_PARTS = (("_set_seed", "seed"), ("zero_grad", "zero_grad"), ("_prepare_samp
               ("clip_grad_norm", "clip"), ("_reduce_and_log_stats", "logging"))
 
 
-def split_update(trainer, sample, device: str, n: int, sync: bool = True) -> Dict[str, float]:
+def split_update(trainer, sample, device: str, n: int, sync: bool = True, update_freq: int = 1) -> Dict[str, float]:
     """Mean ms (so that the parts add up to the total) of the training forward, the backward, the optimizer step and
     the rest of ``train_step``, from ``n`` updates with the device synchronised at each boundary: the criterion's
     forward, the optimizer's ``backward`` and ``step`` are wrapped for the time (on this trainer only). The rest is
@@ -164,7 +172,9 @@ def split_update(trainer, sample, device: str, n: int, sync: bool = True) -> Dic
 
     ``sync=False``: the host's own time in each part instead, nothing synchronised inside the update (the device is
     synchronised before each one, as between timed updates): ``total`` is then the host's time in ``train_step``,
-    and ``drain`` the wait for the device after it returned (about 0 where the host is the longer of the two)."""
+    and ``drain`` the wait for the device after it returned (about 0 where the host is the longer of the two).
+    ``update_freq``: micro-batches (copies of ``sample``) per update, their forwards and backwards each summed."""
+    samples = [sample] * update_freq
     spent = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
     parts = {name: 0.0 for _, name in REST_PARTS}
     criterion, optimizer = trainer.criterion, trainer.optimizer
@@ -196,11 +206,11 @@ def split_update(trainer, sample, device: str, n: int, sync: bool = True) -> Dic
                     d[k] = 0.0
             drain = {}
             if sync:
-                total = _timed(lambda: trainer.train_step([sample]), device, 1)[0]
+                total = _timed(lambda: trainer.train_step(samples), device, 1)[0]
             else:
                 _sync(device)
                 t = time.perf_counter()
-                trainer.train_step([sample])
+                trainer.train_step(samples)
                 total = (time.perf_counter() - t) * 1000.0
                 _sync(device)
                 drain = {"drain": (time.perf_counter() - t) * 1000.0 - total}
@@ -213,6 +223,35 @@ def split_update(trainer, sample, device: str, n: int, sync: bool = True) -> Dic
     out = {k: statistics.fmean(r[k] for r in rows) for k in rows[0] if k != "rest_parts"}
     out["rest_parts"] = {k: statistics.fmean(r["rest_parts"][k] for r in rows) for k in rows[0]["rest_parts"]}
     return out
+
+
+# At most this many updates of each kind (synchronised, queued) with the recipe's gradient accumulation: each is
+# --update-freq micro-batches (16 causal, 32 masked), as long as 16-32 plain updates
+ACCUMULATED_TIMED = 3
+
+
+def accumulated(trainer, sample, device: str, update_freq: int, timed: int, batch_tokens: int) -> Dict:
+    """Updates of ``update_freq`` micro-batches (copies of ``sample``, ``batch_tokens`` tokens each), as fairseq-train
+    runs them with ``--update-freq`` on one GPU (the recipe's 16 causal, 32 masked): one untimed (the accumulated
+    gradients' first copies, graphs mode's included), ``timed`` synchronised around each and ``timed`` back to back,
+    and one split as :func:`split_update` splits an update. The optimizer step and the Trainer's rest are paid once
+    per update, the forwards and backwards ``update_freq`` times, so their share per token is what training pays."""
+    samples = [sample] * update_freq
+    skips, graphs = _cudagraph_skips(), _graphs()
+    trainer.train_step(samples)
+    device_overflow.learn(trainer)
+    updates_before = trainer.get_num_updates()
+    ms = _timed(lambda: trainer.train_step(samples), device, timed)
+    device_overflow.learn(trainer)
+    overflows = timed - (trainer.get_num_updates() - updates_before)
+    queued = tr.queued_ms(lambda: trainer.train_step(samples), device, timed)
+    split = split_update(trainer, sample, device, 1, update_freq=update_freq)
+    tokens = update_freq * batch_tokens
+    steady = statistics.median(ms)
+    return {"update_freq": update_freq, "update_ms": steady, "ms": ms, "tokens_per_s": tokens / (steady / 1000.0),
+            "queued_ms": queued, "queued_tokens_per_s": tokens / (queued / 1000.0), "overflows_timed": overflows,
+            "rest_ms": split.pop("rest_parts"), "split_ms": split, "graphs_compiled_while_timed": _graphs() - graphs,
+            "cudagraph_skips": _cudagraph_skips() - skips}
 
 
 def _top(rows, total_us: float, updates: int) -> List[Dict]:
@@ -526,13 +565,14 @@ MAX_WARMUP = 30  # updates at most, until fp16's loss scale stops falling
 
 def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device: str, precision: str, quick: bool,
             data: str, timed: int, compiled, top: bool, floor_bw: Optional[float], log,
-            host_dir: Optional[str] = None) -> Dict:
+            host_dir: Optional[str] = None, accumulate: int = 0) -> Dict:
     """Every figure of one configuration, eager, compiled (True) or compiled with CUDA graphs (``tr.GRAPHS``; see
     the module docstring); with ``host_dir``, where the host's time goes too: each part of the update by the host's
     own clock, nothing synchronised inside it (:func:`split_update`), and function by function
     (:func:`host_python`, its files written to ``host_dir``). Under fp16 the warm-up runs until fairseq's loss scale
     stops falling (an update whose gradients overflow is skipped, optimizer step and all, and would time a cheaper
-    update); the timed updates that still overflowed are counted."""
+    update); the timed updates that still overflowed are counted. ``accumulate``: above 0, updates of that many
+    micro-batches too (:func:`accumulated`, under ``accumulated``)."""
     from benchmarks.opcount import trainer_counts
     sample = tr.synthetic_sample(section, n, batch, tr.QUICK_VOCAB if quick else tr.VOCAB, device=device)
     torch.manual_seed(1)
@@ -584,6 +624,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
                                           key=lambda kv: -kv[1])[:COMPILE_PHASES])
     else:
         c["first_updates_ms"] = first
+    if accumulate:
+        c["accumulated"] = accumulated(trainer, sample, device, accumulate, min(timed, ACCUMULATED_TIMED), batch * n)
     c.update(kernel_profile(trainer, sample, device, 2, top))
     c["wall_over_kernel"] = steady / c["kernel_ms"] if c["kernel_ms"] else None
     split = split_update(trainer, sample, device, 3)
@@ -608,7 +650,9 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
         + ", ".join(f"{k} {v:.1f}" for k, v in c["split_ms"].items())
         + " (rest: " + ", ".join(f"{k} {v:.1f}" for k, v in c["rest_ms"].items()) + ")"
         + (f", compile {c['compile_s']:.0f} s, graphs while timed {c['graphs_compiled_while_timed']}" if compiled else "")
-        + (f", overflows while timed {overflows} (loss scale {c['loss_scale']})" if c["loss_scale"] else ""))
+        + (f", overflows while timed {overflows} (loss scale {c['loss_scale']})" if c["loss_scale"] else "")
+        + (f"; update-freq {accumulate}: {c['accumulated']['update_ms']:.1f} ms/update, queued "
+           f"{c['accumulated']['queued_ms']:.1f}" if accumulate else ""))
     del trainer
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -660,8 +704,11 @@ def _resumed(previous: Dict, precision: str):
 def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List[str], budget: float, keys, write,
         log, graphs_ids: List[str] = (), bf16_ids: List[str] = (), amp_ids: List[str] = (),
         bf16w_ids: List[str] = (), host_ids: List[str] = (), shapes: List[str] = (), host_profile_ids: List[str] = (),
-        host_dir: Optional[str] = None, previous: Optional[Dict] = None, direct_floor_ids: List[str] = ()) -> Dict:
-    """Every configuration in each of its modes (the module docstring), written after each (``write``); with
+        host_dir: Optional[str] = None, previous: Optional[Dict] = None, direct_floor_ids: List[str] = (),
+        accumulated_ids: List[str] = (), update_freq: Optional[int] = None) -> Dict:
+    """Every configuration in each of its modes (the module docstring), written after each (``write``); those of
+    ``accumulated_ids`` (in the run's precision) also with updates of ``update_freq`` micro-batches (default: the
+    recipe's on one GPU, ``tr.recipe_update_freq``); with
     ``previous`` (the gpu_profile.json of the same command, whose process ended early), the runs it holds are kept
     and the others measured (``--resume``)."""
     import fairseq_tnn
@@ -679,6 +726,11 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                                                           if previous.get("running") else ""))
     log(f"copy bandwidth: {bw / 1e9:.1f} GB/s")
     done = _done(result)
+
+    def accumulate(cid, g, prec):
+        if cid not in accumulated_ids or prec != precision:
+            return 0
+        return update_freq or tr.recipe_update_freq(g["section"], g["n"], g["batch"])
 
     def measured(cid, how, prec, fn):
         """fn()'s row, the run named in the result while it runs, so that a process that ends inside it (a crash)
@@ -714,7 +766,7 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
                 host = host_dir if cid in host_profile_ids else None
                 g["configs"].append(measured(cid, False, precision, lambda: measure(
                     key, arch, bound, section, n, batch, device, precision, quick, data, timed, False, top, floor,
-                    log, host)))
+                    log, host, accumulate(cid, g, precision))))
                 write(result)
         # while the compile budget lasts: each configuration compiled, then with CUDA graphs, then in bf16 in the modes
         # it ran in, before the next configuration (so that the first ones of the lists, the targets', get every
@@ -755,7 +807,8 @@ def run(device: str, precision: str, quick: bool, timed: int, compiled_ids: List
             try:
                 c = measured(cid, how, prec, lambda: measure(
                     key, arch, bound, section, g["n"], g["batch"], device, prec, quick, data, timed, how, top, floor,
-                    log, host_dir if cid in host_profile_ids and prec == precision else None))
+                    log, host_dir if cid in host_profile_ids and prec == precision else None,
+                    accumulate(cid, g, prec)))
                 if prec != precision:
                     c["label"] += f" ({PRECISION_LABELS.get(prec, prec)})"
                 g["configs"].append(c)
@@ -866,6 +919,10 @@ def targets(result) -> List[Dict]:
                 if tnn6.get("queued_ms") and trans.get("queued_ms"):  # as fairseq-train runs updates: back to back
                     add(f"{shape}: TNN (RPE 6) {mode} tokens/s vs transformer_lm (eager), updates queued",
                         trans["queued_ms"] / tnn6["queued_ms"], 1.0)
+                a, b = tnn6.get("accumulated"), trans.get("accumulated")
+                if a and b and a["update_freq"] == b["update_freq"]:  # as the recipe trains on one GPU
+                    add(f"{shape}: TNN (RPE 6) {mode} tokens/s vs transformer_lm (eager), update-freq "
+                        f"{a['update_freq']}, updates queued", b["queued_ms"] / a["queued_ms"], 1.0)
             if tnn6 and fd3:
                 speedup("FD-TNN vs TNN (RPE 6)", tnn6, fd3, 1.25 if g["section"] == "causal" else 1.5)
             if tnn3 and fd3 and g["section"] == "causal":
@@ -952,6 +1009,35 @@ def _kinds_table(meta, floors, directs, unit: str) -> List[str]:
         out.append(f"| {g['section']} {g['batch']} x {g['n']} | {label} | {mode} | {product} | "
                    f"{f['mixing_kernel_ms']:.3f} | {f['mixing_kernels']:.0f} | "
                    + " | ".join(f"{kinds[k]['ms']:.3f} ({kinds[k]['count']:.0f})" for k in KERNEL_KINDS) + " |")
+    return out
+
+
+def _accumulated_table(groups) -> List[str]:
+    """The rows measured with the recipe's gradient accumulation (``accumulated``) beside their plain updates."""
+    rows = [(g, c) for g in groups for c in g["configs"] if c.get("accumulated")]
+    if not rows:
+        return []
+    out = ["", "## Updates as the recipe accumulates them on one GPU", "",
+           "Each update `--update-freq` micro-batches of the shape (the recipe's tokens per update on one GPU), as "
+           "fairseq-train runs them: the forwards and backwards paid per micro-batch, the optimizer step and the rest "
+           "of the Trainer once per update. ms / update: median of the updates synchronised around each; queued: "
+           "back to back; tokens/s vs update-freq 1: the queued tokens per second over the plain updates' queued ones; "
+           "split: one update synchronised at each phase (forward and backward summed over the micro-batches); step "
+           "share: the optimizer and rest's part of that update, against their part of a plain one.", "",
+           "| shape | configuration | update-freq | ms / update | queued ms | tokens/s (queued) | "
+           "tokens/s vs update-freq 1 | forward ms | backward ms | optimizer ms | rest ms | step share | "
+           "step share at update-freq 1 | overflowed |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def share(split):
+        return (split["optimizer"] + split["rest"]) / split["total"] if split["total"] else 0.0
+    for g, c in rows:
+        a, s = c["accumulated"], c["accumulated"]["split_ms"]
+        gain = f"{a['queued_tokens_per_s'] / c['queued_tokens_per_s']:.2f}x" if c.get("queued_tokens_per_s") else "-"
+        out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {a['update_freq']} | "
+                   f"{a['update_ms']:.1f} | {a['queued_ms']:.1f} | {a['queued_tokens_per_s']:,.0f} | {gain} | "
+                   f"{s['forward']:.1f} | {s['backward']:.1f} | {s['optimizer']:.2f} | {s['rest']:.2f} | "
+                   f"{share(s):.1%} | {share(c['split_ms']):.1%} | {a['overflows_timed']} |")
     return out
 
 
@@ -1130,6 +1216,7 @@ def markdown(result) -> str:
             out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {m['mixing_kernel_ms']:.3f} | "
                        f"{m['mixing_kernels']:.0f} | {c['layers']} | {m['floor_ms']:.3f} | {ratio} | "
                        + " | ".join(f"{kinds[k]['ms']:.3f} ({kinds[k]['count']:.0f})" for k in KERNEL_KINDS) + " |")
+    out += _accumulated_table(result["groups"])
     rests = [(g, c) for g in result["groups"] for c in g["configs"] if c.get("rest_ms")]
     if rests:
         names = list(rests[0][1]["rest_ms"])
@@ -1252,6 +1339,16 @@ def main(argv=None):
                         "beside the FFT product's, with the two's differences (default on CUDA with Triton and no "
                         f"--direct-max-n: {', '.join(f'{s}/{k}' for s, k in DIRECT_FLOOR_KEYS.items())} at each "
                         "shape of the run; otherwise none)")
+    acc_ids = sorted(set(ids) | {f"{s}/{n}/transformer" for s, n, _ in tr.FULL_GROUPS + tr.QUICK_GROUPS
+                                 if "transformer" in KEYS[s]})
+    p.add_argument("--accumulated", nargs="*", metavar="SECTION/N/KEY", choices=acc_ids,
+                   help="configurations also timed with updates of --update-freq micro-batches, in each mode they are "
+                        "measured in (the run's precision), as fairseq-train on one GPU runs the recipe (default: "
+                        f"{' '.join(ACCUMULATED_DEFAULT)}, the main target's two sides; quick: none; none: "
+                        "--accumulated with no value)")
+    p.add_argument("--update-freq", type=int, metavar="K",
+                   help="micro-batches per update of the --accumulated rows (default: the recipe's on one GPU, its "
+                        "tokens per update over the shape's: 16 causal at 8 x 512, 32 masked)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -1271,6 +1368,14 @@ def main(argv=None):
     timed = a.timed if a.timed is not None else (2 if a.quick else 10)
     if timed < 1:
         p.error(f"--timed={timed} must be >= 1")
+    accumulated_ids = a.accumulated if a.accumulated is not None else ([] if a.quick else ACCUMULATED_DEFAULT)
+    if a.update_freq is not None and a.update_freq < 2:
+        p.error(f"--update-freq={a.update_freq} must be >= 2 (every row's plain updates are update-freq 1 already)")
+    if a.update_freq is not None and not accumulated_ids:
+        p.error(f"--update-freq={a.update_freq}: no --accumulated configuration to time with it")
+    if a.quick and accumulated_ids and a.update_freq is None:
+        p.error("--accumulated with --quick needs --update-freq (the recipe's tokens per update over a quick shape's "
+                "is a thousand micro-batches)")
     if a.compile_budget < 0:
         p.error(f"--compile-budget={a.compile_budget} must be >= 0")
     compiled = a.compiled if a.compiled is not None else (QUICK_COMPILED_DEFAULT if a.quick else COMPILED_DEFAULT)
@@ -1333,7 +1438,8 @@ def main(argv=None):
             "graphs": graphs, "bf16": bf16, "bf16_weights": bf16_weights, "amp": a.amp,
             "host_overflow": a.host_overflow, "shapes": a.shapes or [], "host_profile": a.host_profile,
             "stack_regions": compiling.STACK_REGIONS, "graph_edges": compiling.GRAPH_EDGES,
-            "direct_max_n": a.direct_max_n, "direct_floor": direct_floor,
+            "direct_max_n": a.direct_max_n, "direct_floor": direct_floor, "accumulated": accumulated_ids,
+            "update_freq": a.update_freq,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(
@@ -1355,7 +1461,7 @@ def main(argv=None):
 
     result = run(a.device, precision, a.quick, timed, compiled, a.compile_budget, a.configs, write,
                  lambda m: print(m, flush=True), graphs, bf16, a.amp, bf16_weights, a.host_overflow, a.shapes or [],
-                 a.host_profile, a.out, previous, direct_floor)
+                 a.host_profile, a.out, previous, direct_floor, accumulated_ids, a.update_freq)
     write(result)
     print(markdown(result))
     return result

@@ -156,9 +156,10 @@ run_call() {
     targets)
         # every target of issue 39 side by side in one run (its "done when"): gpu_profile's defaults (the three shapes,
         # every configuration eager, the stack's graphs of each row a target compares while the compile budget lasts,
-        # fairseq's --bf16 of causal TNN, and last the floors again with the direct product) without the compiled
-        # rows the recipe does not train; about 8-9 minutes, a call of its own
-        resumable_profile "$dir" 540 --timed 8 --compile-budget 330 --compiled ;;
+        # the main target's two sides again with the recipe's gradient accumulation, fairseq's --bf16 of causal TNN,
+        # and last the floors again with the direct product) without the compiled rows the recipe does not train;
+        # about 8-9 minutes, a call of its own
+        resumable_profile "$dir" 540 --timed 8 --compile-budget 315 --compiled ;;
     no-edges)
         profile "$dir" 90 --no-graph-edges --configs tnn6 --graphs causal/512/tnn6 --host-profile causal/512/tnn6 ;;
     one-graph)

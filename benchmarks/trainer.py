@@ -179,6 +179,21 @@ def synthetic_sample(section: str, n: int, batch: int, vocab: int, seed: int = 0
     return sample
 
 
+# each section's preset whose recipe knobs set the tokens of an update (every preset of a kind has the same)
+RECIPE_PRESET = {"causal": "tnn_lm_wt103", "masked": "tnn_mlm_wt103"}
+
+
+def recipe_update_freq(section: str, n: int, batch: int) -> int:
+    """The micro-batches of ``batch`` x ``n`` tokens one update accumulates for the recipe's tokens per update on one
+    GPU (the knobs' defaults SEQS_PER_UPDATE x TOKENS_PER_SAMPLE, fairseq_tnn/recipe.py): 16 causal at 8 x 512, 32
+    masked at 16 x 512 and at 4 x 2048. A ValueError where the shape does not divide them."""
+    knobs = recipe.read(RECIPE_PRESET[section], env={})
+    tokens = int(knobs["SEQS_PER_UPDATE"]) * int(knobs["TOKENS_PER_SAMPLE"])
+    if tokens % (batch * n):
+        raise ValueError(f"{batch} x {n} tokens do not divide the {section} recipe's {tokens} tokens per update")
+    return tokens // (batch * n)
+
+
 def _sync(device):
     if device == "cuda":
         torch.cuda.synchronize()

@@ -1350,7 +1350,8 @@ def test_the_peak_memory_is_held_over_fairseqs_resets(monkeypatch):
 def test_gpu_profile_targets_tnn_against_the_transformer_synchronised_and_queued():
     """The main target both ways: updates synchronised one at a time, and queued back to back as fairseq-train runs
     them (where one update's host work hides behind the GPU's work on the one before); the queued row only where both
-    sides were measured queued (results of runs before it have none)."""
+    sides were measured queued (results of runs before it have none); and queued with the recipe's gradient
+    accumulation where both sides accumulated as many micro-batches."""
     from benchmarks import trainer as tr
     from benchmarks.gpu_profile import targets
     tnn = {"key": "tnn6", "label": "TNN", "compiled": tr.GRAPHS, "precision": "fp16", "update_ms": 12.0,
@@ -1362,7 +1363,14 @@ def test_gpu_profile_targets_tnn_against_the_transformer_synchronised_and_queued
     name = "causal 8 x 512: TNN (RPE 6) compiled + CUDA graphs tokens/s vs transformer_lm (eager)"
     assert rows[name]["ratio"] == pytest.approx(30 / 12) and rows[name]["met"]
     assert rows[name + ", updates queued"]["ratio"] == pytest.approx(19 / 9.5)
-    del trans["queued_ms"]
+    # as the recipe trains on one GPU: both sides accumulating the same micro-batches an update, queued
+    tnn["accumulated"], trans["accumulated"] = {"update_freq": 16, "queued_ms": 100.0}, {"update_freq": 16,
+                                                                                       "queued_ms": 150.0}
+    rows = {t["target"]: t for t in targets({"groups": [group]})}
+    assert rows[name + ", update-freq 16, updates queued"]["ratio"] == pytest.approx(1.5)
+    trans["accumulated"]["update_freq"] = 32  # not the same updates: no row
+    assert not any("update-freq" in t["target"] for t in targets({"groups": [group]}))
+    del trans["queued_ms"], trans["accumulated"]
     assert not any("queued" in t["target"] for t in targets({"groups": [group]}))
 
 
@@ -1401,3 +1409,89 @@ def test_gpu_profile_updates_log_into_fairseq_trains_aggregators(tmp_path):
         trainer.train_step([sample])
     for name in ("train", "train_inner"):
         assert {"loss", "gnorm", "wps"} <= set(metrics.get_meters(name) or {}), name
+
+
+def test_recipe_update_freq_is_the_recipes_tokens_per_update_over_the_shapes():
+    """The micro-batches an update of the recipe accumulates on one GPU: its knobs' SEQS_PER_UPDATE x
+    TOKENS_PER_SAMPLE over the benchmark shape's tokens; a shape that does not divide them is refused."""
+    from benchmarks import trainer as tr
+    from fairseq_tnn import recipe
+    for section, preset in tr.RECIPE_PRESET.items():
+        knobs = recipe.read(preset, env={})
+        tokens = int(knobs["SEQS_PER_UPDATE"]) * int(knobs["TOKENS_PER_SAMPLE"])
+        for _, n, batch in (g for g in tr.FULL_GROUPS if g[0] == section):
+            assert tr.recipe_update_freq(section, n, batch) * batch * n == tokens
+    assert tr.recipe_update_freq("causal", 512, 8) == 16
+    assert tr.recipe_update_freq("masked", 512, 16) == tr.recipe_update_freq("masked", 2048, 4) == 32
+    with pytest.raises(ValueError, match="3 x 512 tokens do not divide the causal recipe's 65536 tokens"):
+        tr.recipe_update_freq("causal", 512, 3)
+
+
+def test_gpu_profile_accumulated_updates_run_every_micro_batch_and_one_step(tmp_path, monkeypatch):
+    """An accumulated update is ``update_freq`` forwards and backwards and one optimizer step, as fairseq-train's
+    --update-freq: one untimed update, ``timed`` synchronised, ``timed`` queued and one split, each counted."""
+    from benchmarks import gpu_profile
+    from benchmarks import trainer as tr
+    trainer = tr.build_trainer("causal", "tnn_lm_tiny", None, 32, "cpu", "fp32", False,
+                               tr._dictionary_dir(str(tmp_path), 64), True)
+    sample = tr.synthetic_sample("causal", 32, 2, 64)
+    forwards, steps = [], []
+    criterion_cls, optimizer_cls = type(trainer.criterion), type(trainer.optimizer)
+    forward, step = criterion_cls.forward, optimizer_cls.step
+    monkeypatch.setattr(criterion_cls, "forward", lambda self, *a, **k: forwards.append(1) or forward(self, *a, **k))
+    monkeypatch.setattr(optimizer_cls, "step", lambda self, *a, **k: steps.append(1) or step(self, *a, **k))
+    before = trainer.get_num_updates()
+    a = gpu_profile.accumulated(trainer, sample, "cpu", 3, 2, 2 * 32)
+    updates = 1 + 2 + 2 + 1
+    assert trainer.get_num_updates() - before == len(steps) == updates
+    assert len(forwards) == 3 * updates
+    assert a["update_freq"] == 3 and len(a["ms"]) == 2 and a["overflows_timed"] == 0
+    assert a["tokens_per_s"] == pytest.approx(3 * 64 / (a["update_ms"] / 1000))
+    assert a["queued_tokens_per_s"] == pytest.approx(3 * 64 / (a["queued_ms"] / 1000))
+    s = a["split_ms"]
+    assert s["forward"] > 0 and s["backward"] > 0 and s["optimizer"] > 0
+    assert s["total"] == pytest.approx(s["forward"] + s["backward"] + s["optimizer"] + s["rest"])
+    assert sum(a["rest_ms"].values()) == pytest.approx(s["rest"], abs=1e-6)
+
+
+def test_gpu_profile_times_the_recipes_accumulated_updates_beside_the_plain_ones(tmp_path):
+    """--accumulated with --update-freq: those rows timed again with updates of K micro-batches, each mode they ran in,
+    beside their plain updates in the markdown, and the main target as the recipe trains (TNN's tokens per second
+    against transformer_lm's, both at update-freq K, queued)."""
+    out = tmp_path / "profile"
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--configs", "tnn6",
+           "transformer", "--accumulated", "causal/32/tnn6", "causal/32/transformer", "--update-freq", "3",
+           "--shapes", "causal/32", "--timed", "2", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "gpu_profile.json").read_text())
+    assert result["meta"]["accumulated"] == ["causal/32/tnn6", "causal/32/transformer"]
+    assert result["meta"]["update_freq"] == 3
+    causal = next(g for g in result["groups"] if g["section"] == "causal")
+    rows = {c["key"]: c for c in causal["configs"]}
+    for key in ("tnn6", "transformer"):
+        a = rows[key]["accumulated"]
+        assert a["update_freq"] == 3 and a["queued_ms"] > 0 and a["split_ms"]["forward"] > 0, key
+    assert not any(c.get("accumulated") for g in result["groups"] if g["section"] != "causal" for c in g["configs"])
+    name = "causal 2 x 32: TNN (RPE 6) eager tokens/s vs transformer_lm (eager), update-freq 3, updates queued"
+    target = next(t for t in result["targets"] if t["target"] == name)
+    assert target["ratio"] == pytest.approx(rows["transformer"]["accumulated"]["queued_ms"]
+                                            / rows["tnn6"]["accumulated"]["queued_ms"]) and target["bound"] == 1.0
+    md = (out / "gpu_profile.md").read_text()
+    assert "## Updates as the recipe accumulates them on one GPU" in md
+    assert re.search(r"\| causal 2 x 32 \| TNN \(RPE 6\) \| 3 \| [\d.]+ \| [\d.]+ \|", md), md
+
+
+def test_gpu_profile_refuses_an_update_freq_it_cannot_use(tmp_path):
+    """--update-freq below 2, --update-freq with no --accumulated row, and --accumulated under --quick without
+    --update-freq (the recipe's tokens over a quick shape's are a thousand micro-batches) are refused before any
+    work, naming the option."""
+    cases = ((["--accumulated", "causal/32/tnn6", "--update-freq", "1"], "--update-freq=1 must be >= 2"),
+             (["--update-freq", "4"], "--update-freq=4: no --accumulated configuration"),
+             (["--accumulated", "causal/32/tnn6"], "--accumulated with --quick needs --update-freq"))
+    for args, message in cases:
+        cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", *args,
+               "--out", str(tmp_path / "p")]
+        code, log, _ = execute(cmd, command_env(), 120, merge=True)
+        assert code == 2 and message in log, (args, log[-2000:])
+        assert not (tmp_path / "p").exists()
