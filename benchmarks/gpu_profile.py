@@ -283,11 +283,13 @@ def kernel_profile(trainer, sample, device: str, updates: int, top: bool) -> Dic
 
 
 def copy_bandwidth(device: str, mib: int) -> float:
-    """Bytes per second of a plain device-to-device copy of ``mib`` MiB (read once, written once): the median of 10."""
+    """Bytes per second of a plain device-to-device copy of ``mib`` MiB (read once, written once): the median of five
+    rounds of 10 copies back to back, the device synchronised around each round only (a synchronisation around each
+    copy, some 20 us beside its 0.5 ms on a GPU, would read the bandwidth a few percent low)."""
     src = torch.empty(mib * 2 ** 20, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    ms = statistics.median(_timed(lambda: dst.copy_(src), device, 10))
+    ms = statistics.median(tr.queued_ms(lambda: dst.copy_(src), device, 10) for _ in range(5))
     return 2 * src.numel() / (ms / 1000.0)
 
 
@@ -416,24 +418,59 @@ def direct_floor(model, section: str, batch: int, n: int, device: str, dtype, ba
 SYNC_WARNING = "called a synchronizing CUDA operation"  # torch's message under set_sync_debug_mode("warn")
 
 
-def host_syncs(update, set_mode) -> Dict:
+def host_syncs(update, set_mode, events=()) -> Dict:
     """The host's waits on the device during ``update()``: {"count": n, "sites": [{"where": "path:line", "calls":
     k}, ...]}, most calls first, path relative to site-packages or the repository. ``set_mode``:
     ``torch.cuda.set_sync_debug_mode``, under whose "warn" torch warns at each synchronising operation, the warning
-    attributed to the Python line that called it."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        set_mode("warn")
-        try:
-            update()
-        finally:
-            set_mode("default")
+    attributed to the Python line that called it. ``events``: classes whose ``synchronize`` is a wait torch does not
+    warn of (``torch.cuda.Event``: the step metrics' and the fp16 overflow flag's waits, each for work an update
+    old), each call counted by the line that called it with the ms it waited, under ``event_waits`` ({"count",
+    "ms", "sites": [{"where", "calls", "ms"}]})."""
+    waits: Dict[str, List[float]] = collections.defaultdict(list)
+    patched = []
+    for cls in events:
+        inner = cls.synchronize
+        patched.append((cls, cls.__dict__.get("synchronize")))
+
+        def synchronize(self, _inner=inner):
+            caller = sys._getframe(1)
+            t = time.perf_counter()
+            try:
+                return _inner(self)
+            finally:
+                waits[_site(caller.f_code.co_filename, caller.f_lineno)].append((time.perf_counter() - t) * 1000.0)
+        cls.synchronize = synchronize
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            set_mode("warn")
+            try:
+                update()
+            finally:
+                set_mode("default")
+    finally:
+        for cls, own in patched:
+            if own is None:
+                del cls.synchronize  # the base class's again
+            else:
+                cls.synchronize = own
     sites = collections.Counter()
     for w in caught:
         if SYNC_WARNING in str(w.message):
-            path = w.filename.split("site-packages" + os.sep)[-1]
-            sites[f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{w.lineno}"] += 1
-    return {"count": sum(sites.values()), "sites": [{"where": k, "calls": v} for k, v in sites.most_common()]}
+            sites[_site(w.filename, w.lineno)] += 1
+    out = {"count": sum(sites.values()), "sites": [{"where": k, "calls": v} for k, v in sites.most_common()]}
+    if events:
+        ranked = sorted(waits.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+        out["event_waits"] = {"count": sum(len(v) for v in waits.values()),
+                              "ms": sum(sum(v) for v in waits.values()),
+                              "sites": [{"where": k, "calls": len(v), "ms": sum(v)} for k, v in ranked]}
+    return out
+
+
+def _site(filename: str, line: int) -> str:
+    """``path:line``, the path relative to site-packages or the repository."""
+    path = filename.split("site-packages" + os.sep)[-1]
+    return f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{line}"
 
 
 HOST_FUNCTIONS = 20  # the host's Python functions listed per profiled configuration, by self and by cumulative time
@@ -441,8 +478,7 @@ HOST_FUNCTIONS = 20  # the host's Python functions listed per profiled configura
 
 def _where(filename: str, line: int, func: str) -> str:
     """A cProfile entry as ``path:line(function)``, the path relative to site-packages or the repository."""
-    path = filename.split("site-packages" + os.sep)[-1]
-    return f"{os.path.relpath(path, ROOT) if path.startswith(ROOT) else path}:{line}({func})"
+    return f"{_site(filename, line)}({func})"
 
 
 def host_python(update, device: str, n: int, out_dir: str, stem: str) -> Dict:
@@ -632,7 +668,8 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     c["rest_ms"] = split.pop("rest_parts")
     c["split_ms"] = split
     if device == "cuda":
-        c["syncs"] = host_syncs(lambda: trainer.train_step([sample]), torch.cuda.set_sync_debug_mode)
+        c["syncs"] = host_syncs(lambda: trainer.train_step([sample]), torch.cuda.set_sync_debug_mode,
+                                (torch.cuda.Event,))
     if host_dir is not None:
         host = split_update(trainer, sample, device, timed, sync=False)
         c["host_rest_ms"] = host.pop("rest_parts")
@@ -1049,11 +1086,19 @@ def _syncs_table(groups) -> List[str]:
     out = ["", "## The host's waits on the GPU", "",
            "Operations of one update that synchronise the host with the device "
            "(`torch.cuda.set_sync_debug_mode(\"warn\")`), by the line that called them: after the update's last "
-           "one, the GPU idles while the host runs what follows until it launches the next kernels.", "",
-           "| shape | configuration | waits | where (calls) |", "|---|---|---:|---|"]
+           "one, the GPU idles while the host runs what follows until it launches the next kernels. Event waits: "
+           "CUDA events' `synchronize`, which torch does not warn of, by the line that called it, with the ms the "
+           "host waited in them (the step metrics' and the fp16 overflow flag's, each for work an update old).", "",
+           "| shape | configuration | waits | where (calls) | event waits | event ms | where (calls, ms) |",
+           "|---|---|---:|---|---:|---:|---|"]
     for g, c in synced:
         where = ", ".join(f"`{s['where']}` ({s['calls']})" for s in c["syncs"]["sites"])
-        out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['syncs']['count']} | {where} |")
+        ev = c["syncs"].get("event_waits")
+        ev_cells = (f"{ev['count']} | {ev['ms']:.3f} | "
+                    + ", ".join(f"`{s['where']}` ({s['calls']}, {s['ms']:.3f})" for s in ev["sites"])
+                    if ev else "- | - | -")
+        out.append(f"| {g['section']} {g['batch']} x {g['n']} | {c['label']} | {c['syncs']['count']} | {where} | "
+                   f"{ev_cells} |")
     return out
 
 

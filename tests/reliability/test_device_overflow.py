@@ -247,8 +247,9 @@ def test_it_applies_only_with_the_rows_it_works_with(tmp_path, monkeypatch, fp16
 def test_on_cuda_an_update_makes_no_sync_and_trains_as_fairseqs(tmp_path, precision, compiled):
     """On a GPU, eager and with the stack's CUDA graphs (the recipe's default there), fp16 and both bf16s: a steady
     update makes no synchronising call (torch's sync debug mode, as benchmarks/gpu_profile.py counts them; fairseq's
-    check makes four under fp16, one otherwise), and updates (with and without overflow, under fp16) leave the
-    weights, count, loss scale and logs of fairseq's check."""
+    check makes four under fp16, one otherwise), its CUDA events' waits only the step metrics' and the device
+    check's flag copy (one each, for work an update old), and updates (with and without overflow, under fp16) leave
+    the weights, count, loss scale and logs of fairseq's check."""
     from benchmarks.gpu_profile import host_syncs
     scaler = precision == "fp16"
     assert_trains_as_fairseqs(*both(tmp_path, "causal", "tnn_lm_wt103", 14 if scaler else 7, "cuda", compiled,
@@ -257,8 +258,13 @@ def test_on_cuda_an_update_makes_no_sync_and_trains_as_fairseqs(tmp_path, precis
     samples = [tr.synthetic_sample("causal", 32, 2, 64, seed=i, device="cuda") for i in range(4)]
     for sample in samples[:3]:
         trainer.train_step([sample])
-    syncs = host_syncs(lambda: trainer.train_step([samples[3]]), torch.cuda.set_sync_debug_mode)
+    syncs = host_syncs(lambda: trainer.train_step([samples[3]]), torch.cuda.set_sync_debug_mode, (torch.cuda.Event,))
     assert syncs["count"] == 0, syncs
+    # the only event waits: the step metrics' for the update before's end, and the device's check's flag copy
+    assert device_overflow.applies(trainer)
+    expected = {"fairseq_tnn/tasks/step_metrics.py", "fairseq_tnn/patches/device_overflow.py"}
+    assert {s["where"].rsplit(":", 1)[0] for s in syncs["event_waits"]["sites"]} == expected, syncs
+    assert all(s["calls"] == 1 for s in syncs["event_waits"]["sites"]), syncs
 
 
 TIMING_KEYS = re.compile(r'"(?:\w+_)?(?:wps|ups|wall|train_wall|update_ms|max_rss_mb|gb_free)": "[^"]*",? ?')

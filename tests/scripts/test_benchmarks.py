@@ -425,7 +425,9 @@ def test_gpu_profile_measures_bf16_beside_the_runs_precision(tmp_path):
 def test_host_syncs_counts_each_wait_on_the_gpu_by_the_line_that_called_it():
     """gpu_profile.py's count of an update's synchronising operations: torch's warnings under
     set_sync_debug_mode("warn") (here raised by a stand-in update, the CPU having no CUDA), by calling line, other
-    warnings left out, the mode set back to "default" even when the update fails; and its markdown section."""
+    warnings left out, the mode set back to "default" even when the update fails; CUDA events' waits, which torch
+    does not warn of, by calling line with the time waited; and its markdown section."""
+    import time
     import warnings
     from benchmarks.gpu_profile import SYNC_WARNING, _syncs_table, host_syncs
     modes = []
@@ -450,8 +452,34 @@ def test_host_syncs_counts_each_wait_on_the_gpu_by_the_line_that_called_it():
     assert modes[-2:] == ["warn", "default"]
     groups = [{"section": "causal", "batch": 8, "n": 512, "configs": [{"label": "TNN", "syncs": result}, {"label": "x"}]}]
     table = "\n".join(_syncs_table(groups))
-    assert f"| causal 8 x 512 | TNN | 3 | `{here}:{line_a}` (2), `{here}:{line_a + 2}` (1) |" in table
+    assert f"| causal 8 x 512 | TNN | 3 | `{here}:{line_a}` (2), `{here}:{line_a + 2}` (1) | - | - | - |" in table
     assert _syncs_table([{**groups[0], "configs": [{"label": "x"}]}]) == []
+
+    # the waits torch does not warn of: an event's synchronize (a stand-in class, the CPU having no CUDA events),
+    # counted by calling line with the time waited, and the class's own method given back after, even on failure
+    class Event:
+        def synchronize(self):
+            time.sleep(0.01)
+
+    own = Event.__dict__["synchronize"]
+
+    def waiting():
+        e = Event()
+        for _ in range(2):
+            e.synchronize()  # line C
+        warnings.warn(SYNC_WARNING)
+
+    result = host_syncs(waiting, modes.append, (Event,))
+    line_c = waiting.__code__.co_firstlineno + 3
+    waits = result["event_waits"]
+    assert result["count"] == 1 and waits["count"] == 2 and waits["ms"] >= 20
+    assert [(s["where"], s["calls"]) for s in waits["sites"]] == [(f"{here}:{line_c}", 2)]
+    assert Event.__dict__["synchronize"] is own
+    with pytest.raises(RuntimeError, match="boom"):
+        host_syncs(failing, modes.append, (Event,))
+    assert Event.__dict__["synchronize"] is own
+    table = "\n".join(_syncs_table([{**groups[0], "configs": [{"label": "TNN", "syncs": result}]}]))
+    assert re.search(rf"\| 2 \| [\d.]+ \| `{re.escape(here)}:{line_c}` \(2, [\d.]+\) \|", table), table
 
 
 def test_gpu_profile_targets_by_kernel_time_and_the_memory_ceiling():
@@ -1495,3 +1523,15 @@ def test_gpu_profile_refuses_an_update_freq_it_cannot_use(tmp_path):
         code, log, _ = execute(cmd, command_env(), 120, merge=True)
         assert code == 2 and message in log, (args, log[-2000:])
         assert not (tmp_path / "p").exists()
+
+
+def test_copy_bandwidth_synchronises_around_rounds_of_copies_not_each_copy(monkeypatch):
+    """The floors' bandwidth: a device-to-device copy timed in rounds of 10 back to back, the device synchronised
+    before and after each round only (five rounds: ten waits for 50 copies), so that a wait's own time is not read
+    as the copy's."""
+    from benchmarks import gpu_profile
+    from benchmarks import trainer as tr
+    syncs = []
+    monkeypatch.setattr(tr, "_sync", lambda device: syncs.append(device))
+    bw = gpu_profile.copy_bandwidth("cpu", 1)
+    assert len(syncs) == 10 and bw > 0
