@@ -80,12 +80,13 @@ resumable_profile() {
     done
 }
 
-# A profile of causal TNN's graphed update (and, where given, other configurations and options).
+# A profile of causal TNN's graphed update (and, where given, other configurations and options); the accumulated
+# updates (--update-freq 16) are the targets call's alone, so that these calls keep the times they were sized to.
 profile() {
     local out=$1 budget=$2
     shift 2
     resumable_profile "$out" $((budget + 60)) --timed 8 --compile-budget "$budget" --shapes causal/512 --compiled \
-        --bf16-weights "$@"
+        --bf16-weights --accumulated "$@"
 }
 
 # One part of the tests call: pytest with what is left of the call's 5 minutes (TESTS_END), each test's outcome printed

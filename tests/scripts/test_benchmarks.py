@@ -1246,6 +1246,7 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     update, *versions = calls
     assert update[0] == str(ROOT) and update[1].endswith(str(ROOT)) and update[2] == "cache", update
     assert "--graphs causal/512/tnn6 causal/512/fd3 causal/512/bound_identity" in update[3], update
+    assert re.search(r"--accumulated( --|$)", update[3]), update  # no accumulated rows: the targets call's alone
     assert all(v[2] == "" and "--host-profile causal/512/tnn6" in v[3] for v in versions), versions
     carried = sorted({v[0] for v in versions} - {str(ROOT)})
     assert [v[0] for v in versions].count(str(ROOT)) == 2 and all(
@@ -1263,11 +1264,13 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     (targets,) = [line.split("|") for line in (out / "calls.txt").read_text().splitlines()[before:]
                   if "gpu_profile" in line]
     assert code == 0 and targets[2] == "cache" and "--shapes" not in targets[3], (err, targets)
-    assert not any(f"--{o} " in targets[3] + " " for o in ("graphs", "bf16-weights", "configs")), targets
+    assert not any(f"--{o} " in targets[3] + " " for o in ("graphs", "bf16-weights", "configs", "accumulated",
+                                                           "update-freq")), targets
     profile = importlib.import_module("benchmarks.gpu_profile")
     assert {"causal/512/tnn6", "causal/512/fd3", "causal/512/tnn3", "masked/512/tnn6", "masked/512/fd3",
             "masked/2048/tnn6", "masked/2048/fd3", "masked/2048/ski"} <= set(profile.GRAPHS_DEFAULT)
     assert profile.BF16_DEFAULT == ["causal/512/tnn6"] and (out / "targets.tgz").exists(), targets
+    assert profile.ACCUMULATED_DEFAULT == ["causal/512/tnn6", "causal/512/transformer"]  # the main target's sides
     # a profile whose process a signal ends: the generated code it crashed in kept, the run resumed by the same command
     # with --resume, with an inductor cache of its own (cold compiles)
     before = len((out / "calls.txt").read_text().splitlines())
