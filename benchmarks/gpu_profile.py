@@ -1160,6 +1160,8 @@ def markdown(result) -> str:
               if meta.get("stack_regions") else "The stack's CUDA graphs compile every layer's operations (no regions). ")
            + ("" if not meta.get("graphs") else "They hold the model's edges (embedding, final norm, output layer). "
               if meta.get("graph_edges") else "The model's edges run eagerly around them (no edges). ")
+           + (f"SKI-TNN: `--ski-backward {meta['ski_backward']}`. " if meta.get("ski_backward") and any(
+               c["key"] == "ski" for g in result["groups"] for c in g["configs"]) else "")
            + f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates (min beside it), "
            "after a warm-up that lasts until fp16's loss scale stops falling; split: mean of 3 updates synchronised at "
            f"each phase. {unit.capitalize()} ms: the device time of the kernels alone (fairseq's record_function spans "
@@ -1394,6 +1396,10 @@ def main(argv=None):
     p.add_argument("--update-freq", type=int, metavar="K",
                    help="micro-batches per update of the --accumulated rows (default: the recipe's on one GPU, its "
                         "tokens per update over the shape's: 16 causal at 8 x 512, 32 masked)")
+    p.add_argument("--ski-backward", choices=["recompute", "keep"],
+                   help="SKI-TNN's --ski-backward for the run (default: its preset's, recompute: the GTU keeps its "
+                        "projection alone and computes the gate again in the backward); keep: the gate kept for the "
+                        "backward, measured against a run without this option (the memory saved, the time it costs)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -1476,6 +1482,9 @@ def main(argv=None):
         compiling.STACK_REGIONS = False  # the stacks built from here on
     if a.no_graph_edges:
         compiling.GRAPH_EDGES = False  # the stacks built from here on
+    from fairseq_tnn.modules.tno.ski import SkiSettings  # its default: the preset's
+    if a.ski_backward:
+        tr.ARCH_OPTIONS["ski_tnn_mlm_wt103"] = ["--ski-backward", a.ski_backward]  # the trainers built from here on
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
     t0 = time.time()
@@ -1484,7 +1493,7 @@ def main(argv=None):
             "host_overflow": a.host_overflow, "shapes": a.shapes or [], "host_profile": a.host_profile,
             "stack_regions": compiling.STACK_REGIONS, "graph_edges": compiling.GRAPH_EDGES,
             "direct_max_n": a.direct_max_n, "direct_floor": direct_floor, "accumulated": accumulated_ids,
-            "update_freq": a.update_freq,
+            "update_freq": a.update_freq, "ski_backward": a.ski_backward or SkiSettings.ski_backward,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(

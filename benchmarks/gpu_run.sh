@@ -2,7 +2,7 @@
 # The next GPU run's calls (docs/performance.md, "The next GPU run, prepared"), one per device call:
 #
 #   bash benchmarks/gpu_run.sh CALL...      CALL: tests, direct, update, targets, no-edges, one-graph, direct-update,
-#                                                  versions
+#                                                  versions, ski-backward
 #
 # on the GPU machine, from the repository root, with $OUT its output folder; each call's log and results come back as
 # $OUT/CALL.tgz (at most 8 files come back), beside machine.txt and status.txt, and the markdown of its results is
@@ -23,8 +23,9 @@ export PYTHONUNBUFFERED=1 PYTHON=python3 PYTHONFAULTHANDLER=1
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/gpu_run.sh CALL..." >&2; exit 2; }
 for call in "$@"; do
     case $call in
-    tests | direct | update | targets | no-edges | one-graph | direct-update | versions) ;;
-    *) echo "unknown call: $call (tests, direct, update, targets, no-edges, one-graph, direct-update or versions)" >&2
+    tests | direct | update | targets | no-edges | one-graph | direct-update | versions | ski-backward) ;;
+    *) echo "unknown call: $call (tests, direct, update, targets, no-edges, one-graph, direct-update, versions or" \
+            "ski-backward)" >&2
        exit 2 ;;
     esac
 done
@@ -170,6 +171,17 @@ run_call() {
         # the mixing's kernels by kind, the direct product's among them)
         profile "$dir" 240 --direct-max-n 512 --shapes causal/512 masked/512 --configs tnn6 fd3 bound_identity \
             --compiled causal/512/tnn6 causal/512/fd3 masked/512/tnn6 --graphs causal/512/tnn6 masked/512/tnn6 ;;
+    ski-backward)
+        # SKI-TNN with its gate kept for the backward (--ski-backward keep) and recomputed there (recompute, the
+        # default), one after the other in the call: eager at both masked shapes and with the stack's graphs at
+        # 4 x 2048, the memory the recompute saves and the time it costs; about 4 minutes
+        local code=0 mode
+        for mode in keep recompute; do
+            mkdir -p "$dir/$mode"
+            resumable_profile "$dir/$mode" 130 --timed 8 --compile-budget 70 --shapes masked/512 masked/2048 \
+                --configs ski --compiled --graphs masked/2048/ski --accumulated --ski-backward "$mode" || code=$?
+        done
+        return $code ;;
     versions)
         # the host time of the versions, alternated (the current tree, then each older one carried as .gpurun/at-REV)
         local tree rev k=0

@@ -163,6 +163,7 @@ class FixedSpectrumTno(torch.nn.Module):
     """Bound: the FFT convolution of the activations with a spectrum computed once (no kernel work per step)."""
 
     layout = "dbn"
+    recompute_gate = False  # the GTU keeps what it keeps for every TNO but SKI's (Tno.recompute_gate)
 
     def __init__(self, tno, n: int):
         super().__init__()
@@ -179,6 +180,7 @@ class IdentityTno(torch.nn.Module):
     """Bound: no token mixing at all."""
 
     layout = "dbn"
+    recompute_gate = False
 
     def forward(self, x, layout="dbn"):
         return x

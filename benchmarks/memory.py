@@ -31,6 +31,7 @@ import os
 import re
 import sys
 import time
+import unittest.mock
 from collections import defaultdict
 from typing import Dict, List, Optional
 
@@ -120,7 +121,27 @@ class SavedTensorLog(TorchFunctionMode):
                                   "shape": list(t.shape)}
         return t
 
+    def _checkpoint(self, original):
+        """``torch.utils.checkpoint.checkpoint`` that records its tensor arguments as saved (op "checkpoint"): the
+        recomputation holds them (the GTU's gate, ``Tno.recompute_gate``), where the tensors saved inside it are
+        dropped and go to its own hooks, not to this log's."""
+        log = self
+
+        def checkpoint(function, *args, **kwargs):
+            log.ops.append("checkpoint")
+            try:
+                for a in args:
+                    if isinstance(a, torch.Tensor):
+                        log._pack(a)
+            finally:
+                log.ops.pop()
+            return original(function, *args, **kwargs)
+        return checkpoint
+
     def __enter__(self):
+        import torch.utils.checkpoint
+        self._stack.enter_context(unittest.mock.patch.object(
+            torch.utils.checkpoint, "checkpoint", self._checkpoint(torch.utils.checkpoint.checkpoint)))
         for name, module in self.model.named_modules():
             self._handles.append(module.register_forward_pre_hook(self._enter_module(name)))
             self._handles.append(module.register_forward_hook(self._exit_module))

@@ -103,12 +103,17 @@ PRECISION_OPTIONS = {"fp16": ["--fp16"], "bf16": ["--bf16-autocast"], "bf16w": [
 # fp16host: --fp16 with fairseq's overflow check on the host, as without the plugin's device_overflow patch
 
 
+# Further fairseq-train options of an arch for a whole run, after the configuration's own (gpu_profile's
+# --ski-backward sets SKI-TNN's): {arch: [option, value, ...]}
+ARCH_OPTIONS: Dict[str, List[str]] = {}
+
+
 def build_trainer(section: str, arch: str, bound, n: int, device: str, precision: str, compiled,
                   data: str, quick: bool, width: int = None, extra=()):
     """fairseq's Trainer for one configuration, built from a fairseq-train command line. ``width``: the model's
     width instead of the preset's (embedding and GLU; a transformer's FFN 4x, 64-wide heads), depth unchanged.
     ``compiled``: False, True (``--tnn-compile strict``) or :data:`GRAPHS` (``--tnn-compile strict
-    --tnn-cuda-graphs``). ``extra``: further fairseq-train options, last."""
+    --tnn-cuda-graphs``). ``extra``: further fairseq-train options, last (after the arch's ``ARCH_OPTIONS``)."""
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.trainer import Trainer
@@ -134,7 +139,7 @@ def build_trainer(section: str, arch: str, bound, n: int, device: str, precision
             sizes = {**sizes, ("decoder_embed_dim" if causal else "encoder_embed_dim"): width, "glu_dim": width}
     for k, v in sizes.items():
         argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
-    argv += [str(o) for o in extra]
+    argv += [str(o) for o in [*ARCH_OPTIONS.get(arch, []), *extra]]
     parser = options.get_training_parser()
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, argv))
     bf16.bf16_leaves_tpu_off(cfg, argv)  # what fairseq-train's launch does with --bf16 (patches/bf16.py)

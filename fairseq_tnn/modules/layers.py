@@ -3,6 +3,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Tuple
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from ..ops.toeplitz import causal_toeplitz_tail, direct_product
@@ -55,18 +56,31 @@ class Gtu(nn.Module):
         self.tno = tno
         self.out_proj = FusedLinear(d1, dim)
 
-    def _gate_inputs(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-        """u and v (d1, b, n) of x (b, n, d); v is zero at the padded positions of pad_mask (b, n)."""
+    def _projection(self, x: torch.Tensor) -> torch.Tensor:
+        """[W_u; W_v] x^T (2 d1, b n) of x (b, n, d): the gate's input, before the activation."""
         b, n, d = x.shape
-        d1 = self.d1
         weight, bias = self.uv_proj.parts()
-        uv = torch.addmm(bias.unsqueeze(1), weight, x.reshape(b * n, d).t())  # (2 d1, b n)
+        return torch.addmm(bias.unsqueeze(1), weight, x.reshape(b * n, d).t())
+
+    def _activations(self, uv: torch.Tensor, b: int, n: int,
+                     pad_mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """u and v (d1, b, n) of the projection uv (2 d1, b n); v is zero at the padded positions of pad_mask (b, n)."""
+        d1 = self.d1
         u = self.act(uv[:d1]).view(d1, b, n)
         v = self.act(uv[d1:]).view(d1, b, n)
         if pad_mask is not None:
             # padded positions must not leak into real ones through the token mixing
             v = v.masked_fill(pad_mask.unsqueeze(0), 0.0)
         return u, v
+
+    def _gate_inputs(self, x: torch.Tensor, pad_mask: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """u and v (d1, b, n) of x (b, n, d) (``_activations`` of ``_projection``)."""
+        return self._activations(self._projection(x), x.shape[0], x.shape[1], pad_mask)
+
+    def _gate(self, uv: torch.Tensor, b: int, n: int, pad_mask: Optional[torch.Tensor], extra: dict) -> torch.Tensor:
+        """The gated product u * TNO(v) (d1, b, n) of the projection uv (2 d1, b n); ``extra``: the TNO's keywords."""
+        u, v = self._activations(uv, b, n, pad_mask)
+        return u * self.tno(v, layout="dbn", **extra)
 
     def _output(self, z: torch.Tensor) -> torch.Tensor:
         """W_o z for the gated product z (d1, b, n): (b, n, d)."""
@@ -80,12 +94,24 @@ class Gtu(nn.Module):
         """``kernel_length``: a causal model's planned generation length, handed to a TNO whose kernel depends on
         the length (``kernel_depends_on_length``), which then applies the kernel of max(n, kernel_length)
         positions; the other TNOs are called without it. ``spectrum``: the TNO's spectrum for this forward,
-        computed with the other layers' (``layer_spectra``), handed to the TNO; None: the TNO computes it."""
-        u, v = self._gate_inputs(x, pad_mask)
+        computed with the other layers' (``layer_spectra``), handed to the TNO; None: the TNO computes it.
+
+        Where the TNO asks for it (``Tno.recompute_gate``: SKI's ``--ski-backward recompute``) and autograd records,
+        the gated product runs under ``torch.utils.checkpoint``: the backward keeps the projection uv alone, of
+        what the gate computes from it (u, v, the TNO's output and what the TNO keeps for its own backward), and
+        computes them again from uv when it gets there. The TNO is deterministic, so no random state is kept; under
+        torch.compile the checkpoint is traced, and the compiled backward recomputes the same operations."""
+        b, n = x.shape[0], x.shape[1]
+        uv = self._projection(x)
         extra = {"kernel_length": kernel_length} if kernel_length and self.tno.kernel_depends_on_length else {}
         if spectrum is not None:
             extra["spectrum"] = spectrum
-        return self._output(u * self.tno(v, layout="dbn", **extra))
+        if self.tno.recompute_gate and torch.is_grad_enabled():
+            z = torch.utils.checkpoint.checkpoint(self._gate, uv, b, n, pad_mask, extra, use_reentrant=False,
+                                                  preserve_rng_state=False)
+        else:
+            z = self._gate(uv, b, n, pad_mask, extra)
+        return self._output(z)
 
     def init_cache(self, batch: int, capacity: int, device=None) -> GtuCache:
         """An empty cache for decoding up to ``capacity`` positions of ``batch`` sequences (causal TNO)."""

@@ -101,7 +101,8 @@ def test_the_export_computes_what_the_checkpoint_computes(arch, checkpoints, exp
     assert (config["embed_dim"], config["layers"], config["expand_ratio"], config["glu_dim"]) == (64, 2, 3, 64)
     assert config["training_length"] == 128 and config["tokenizer"] == "sentencepiece"
     if TNO[arch] == "ski":
-        assert config["tno"] == {"ski_rank": 8, "ski_taps": 5, "ski_warp_decay": 0.99, "ski_lowrank": "mean"}
+        assert config["tno"] == {"ski_rank": 8, "ski_taps": 5, "ski_warp_decay": 0.99, "ski_lowrank": "mean",
+                                 "ski_backward": "recompute"}
     else:
         assert config["tno"]["rpe_dim"] == 16 and config["tno"]["rpe_layers"] == 2
     assert (folder / "spm.model").read_bytes() == SPM.read_bytes()

@@ -65,6 +65,8 @@ TABLE = [
     ("ski_tnn_mlm_tiny", MLM, ["--ski-warp-decay", "1.0"], r"--ski-warp-decay=1.0", "(0, 1) for --tno-type ski"),
     ("ski_tnn_mlm_tiny", MLM, ["--ski-warp-decay", "0"], r"--ski-warp-decay=0.0", "(0, 1) for --tno-type ski"),
     ("ski_tnn_mlm_tiny", MLM, ["--ski-lowrank", "median"], r"--ski-lowrank.*median", "choose from"),
+    ("ski_tnn_mlm_tiny", MLM, ["--ski-backward", "never"], r"--ski-backward.*never", "choose from"),
+    ("fd_tnn_mlm_tiny", MLM, ["--ski-backward", "keep"], r"--ski-backward=keep", "applies to --tno-type ski only"),
     ("ski_tnn_mlm_tiny", MLM, ["--decay", "0.9"], r"--decay=0.9", "applies to --tno-type tnn only, not ski"),
     ("ski_tnn_mlm_tiny", MLM, ["--rpe-layers", "3"], r"--rpe-layers=3", "applies to --tno-type tnn or fd only"),
     ("ski_tnn_mlm_tiny", MLM, ["--rpe-dim", "32"], r"--rpe-dim=32", "applies to --tno-type tnn or fd only"),

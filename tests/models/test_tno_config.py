@@ -56,7 +56,8 @@ PUBLISHED = [
     ("fd_tnn_lm_wt103", "FdTno", dict(rpe_dim=64, rpe_layers=3, rpe_activation="relu", rpe_norm_type="simplermsnorm")),
     ("tnn_mlm_wt103", "TnnTno", TNN), ("tnn_mlm_wt103_rpe3", "TnnTno", {**TNN, "rpe_layers": 3}),
     ("fd_tnn_mlm_wt103", "FdTno", dict(rpe_dim=64, rpe_layers=3, rpe_activation="relu", rpe_norm_type="simplermsnorm")),
-    ("ski_tnn_mlm_wt103", "SkiTno", dict(ski_rank=32, ski_taps=17, ski_warp_decay=0.99, ski_lowrank="mean")),
+    ("ski_tnn_mlm_wt103", "SkiTno", dict(ski_rank=32, ski_taps=17, ski_warp_decay=0.99, ski_lowrank="mean",
+                                                ski_backward="recompute")),
 ]
 
 

@@ -71,8 +71,8 @@ def test_compiled_layer_equals_eager(kind):
 @pytest.mark.slow
 def test_compiled_ski_layer_with_the_convolution_band_equals_eager(monkeypatch):
     """SKI-TNO's band by torch's depthwise convolution (``BAND_METHOD`` "conv1d", the GPU's method,
-    benchmarks/ski_band.py) compiles into the layer's one graph, and the compiled layer computes what the eager one
-    does: output, input gradient and every parameter's gradient."""
+    benchmarks/ski_band.py) compiles into the layer's one graph, inside the GTU's checkpointed gate, and the compiled
+    layer computes what the eager one does: output, input gradient and every parameter's gradient."""
     from fairseq_tnn.ops import ski
     monkeypatch.setitem(ski.BAND_METHOD, "cpu", "conv1d")
     torch._dynamo.reset()
@@ -82,7 +82,10 @@ def test_compiled_ski_layer_with_the_convolution_band_equals_eager(monkeypatch):
     compile_layers(torch.nn.ModuleList([compiled]))
     explain = torch._dynamo.explain(copy.deepcopy(eager))(torch.randn(2, 40, 64))
     assert explain.graph_break_count == 0, explain.break_reasons
-    assert "conv1d" in explain.graphs[0].code  # the convolution's band, not the GEMM's
+    # the convolution's band, not the GEMM's, in the checkpointed gate's body (--ski-backward recompute, the
+    # default): the checkpoint traced, not a graph break
+    assert "tag_activation_checkpoint" in explain.graphs[0].code
+    assert any("conv1d" in m.code for m in explain.graphs[0].modules() if isinstance(m, torch.fx.GraphModule))
     for n in (40, 23):
         assert_compiled_matches_eager(eager, compiled, torch.randn(2, n, 64))
     for (name, pe), pc in zip(eager.named_parameters(), compiled.parameters()):

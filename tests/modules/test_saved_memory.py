@@ -64,3 +64,49 @@ def test_the_fft_product_returns_a_compact_output(device):
     y = fft_conv(x, torch.randn(4, size // 2 + 1, dtype=torch.complex64, device=device), size, layout="dbn")
     assert_on(device, y)
     assert y.is_contiguous() and y.untyped_storage().nbytes() == y.nbytes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_ski_gtu_recomputes_its_gate_in_the_backward_and_gives_the_same_gradients(dtype, device):
+    """--ski-backward recompute (the default): once the forward is done, the SKI-TNO's output is not alive (autograd
+    keeps the gate's input, the projection, alone: ``Tno.recompute_gate``), the backward runs the TNO's forward again,
+    and the output and every gradient are those of ``keep``, which keeps the output for the backward, to the bit (the
+    recomputation repeats the same operations). A padded row included; fp16 as fairseq's --fp16 model runs it."""
+    import copy
+    import gc
+    import weakref
+
+    from fairseq_tnn.modules.layers import Gtu
+    if dtype == torch.float16 and device == "cpu":
+        pytest.skip("fp16 GEMMs are the GPU's (the CPU test runs fp32)")
+    torch.manual_seed(0)
+    d, d1, b, n = 16, 48, 3, 40
+    gtus = {"recompute": Gtu(d, d1, build_tno("ski", d1, False)).to(device, dtype)}
+    gtus["keep"] = copy.deepcopy(gtus["recompute"])
+    gtus["keep"].tno.recompute_gate = False
+    assert gtus["recompute"].tno.recompute_gate and build_tno("ski", d1, False, ski_backward="keep").recompute_gate is False
+    assert not build_tno("tnn", d1, True).recompute_gate and not build_tno("fd", d1, False).recompute_gate
+    x = torch.randn(b, n, d, device=device, dtype=dtype)
+    pad_mask = torch.zeros(b, n, dtype=torch.bool, device=device)
+    pad_mask[1, -7:] = True
+    g = torch.randn(b, n, d, device=device, dtype=dtype)
+    results = {}
+    for mode, gtu in gtus.items():
+        outputs = []
+        hook = gtu.tno.register_forward_hook(lambda module, args, out: outputs.append(weakref.ref(out)))
+        xi = x.clone().requires_grad_()
+        y = gtu(xi, pad_mask)
+        gc.collect()
+        alive = [ref() is not None for ref in outputs]
+        y.backward(g)
+        hook.remove()
+        assert_on(device, y, xi.grad)
+        results[mode] = (alive, len(outputs), [y, xi.grad] + [p.grad for p in gtu.parameters()])
+    assert results["recompute"][:2] == ([False], 2), results["recompute"][:2]  # freed; run again in the backward
+    assert results["keep"][:2] == ([True], 1), results["keep"][:2]  # kept by the gate's product for its backward
+    for a, k in zip(results["recompute"][2], results["keep"][2]):
+        assert a is not None and torch.equal(a, k)
+    with torch.no_grad():  # no autograd, no checkpoint: one forward
+        outputs = []
+        gtus["recompute"].tno.register_forward_hook(lambda module, args, out: outputs.append(out))
+        assert torch.equal(gtus["recompute"](x, pad_mask), results["keep"][2][0]) and len(outputs) == 1

@@ -4,6 +4,7 @@ import importlib
 import json
 import re
 import sys
+import tempfile
 
 import pytest
 
@@ -132,7 +133,16 @@ def test_memory_accounting_of_every_configuration(tmp_path):
         for c in by.values():
             assert c["total_mib"] == pytest.approx(c["activations_mib"] + c["resident_mib"])
             assert c["layer_bytes_per_token"] == pytest.approx(sum(p["bytes_per_token_layer"] for p in c["parts"]))
-            assert c["activations_mib"] >= bound["activations_mib"]  # a token mixer adds to what no mixing keeps
+            if c["key"] != "ski":
+                assert c["activations_mib"] >= bound["activations_mib"]  # a token mixer adds to what no mixing keeps
+        if "ski" in by:
+            # --ski-backward recompute: the GTU keeps its projection alone (held by torch.utils.checkpoint), nothing
+            # of the activations, the SKI-TNO or the gate's product: the bound's layer less the product's u and v
+            ski = {(p["part"], p["op"], p["dtype"]): p["bytes_per_token_layer"] for p in by["ski"]["parts"]}
+            kept = {(p["part"], p["op"]): p["bytes_per_token_layer"] for p in bound["parts"]}
+            assert ski[("gtu", "checkpoint", "float16")] == kept[("gtu", "silu")]  # [u; v] before the activation
+            assert not [k for k in ski if k[0] == "gtu.tno" or k[:2] in {("gtu", "mul"), ("gtu", "silu")}], ski
+            assert by["ski"]["layer_bytes_per_token"] == pytest.approx(bound["layer_bytes_per_token"] - kept[("gtu", "mul")])
         parts = {(p["part"], p["op"], p["dtype"]) for p in by["tnn6"]["parts"]}
         # fp16 recipe: the FFT product keeps its fp16 input (and the complex spectrum of the kernel)
         assert ("gtu.tno", "SpectralConv", "float16") in parts and ("gtu.uv_proj", "addmm", "float16") not in parts
@@ -1271,6 +1281,14 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
             "masked/2048/tnn6", "masked/2048/fd3", "masked/2048/ski"} <= set(profile.GRAPHS_DEFAULT)
     assert profile.BF16_DEFAULT == ["causal/512/tnn6"] and (out / "targets.tgz").exists(), targets
     assert profile.ACCUMULATED_DEFAULT == ["causal/512/tnn6", "causal/512/transformer"]  # the main target's sides
+    # the ski-backward call: SKI-TNN kept and recomputed, one profile each, at the masked shapes only
+    before = len((out / "calls.txt").read_text().splitlines())
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "ski-backward"], env, 60)
+    runs = [line.split("|")[3] for line in (out / "calls.txt").read_text().splitlines()[before:] if "gpu_profile" in line]
+    assert code == 0 and len(runs) == 2 and (out / "ski-backward.tgz").exists(), (err, runs)
+    for run, mode in zip(runs, ["keep", "recompute"]):
+        assert f"/ski-backward/{mode} " in run and run.endswith(f"--ski-backward {mode}"), run
+        assert "--shapes masked/512 masked/2048 --configs ski --compiled --graphs masked/2048/ski" in run, run
     # a profile whose process a signal ends: the generated code it crashed in kept, the run resumed by the same command
     # with --resume, with an inductor cache of its own (cold compiles)
     before = len((out / "calls.txt").read_text().splitlines())
@@ -1538,3 +1556,28 @@ def test_copy_bandwidth_synchronises_around_rounds_of_copies_not_each_copy(monke
     monkeypatch.setattr(tr, "_sync", lambda device: syncs.append(device))
     bw = gpu_profile.copy_bandwidth("cpu", 1)
     assert len(syncs) == 10 and bw > 0
+
+
+def test_gpu_profile_ski_backward_builds_ski_tnn_with_it_and_says_so(tmp_path, monkeypatch):
+    """--ski-backward keep: the run's SKI-TNN trainers are built with fairseq-train's --ski-backward keep (its GTU
+    keeps the gate for the backward), recorded in the JSON and named in the markdown; without it the preset's
+    recompute. The other archs are built as before."""
+    monkeypatch.syspath_prepend(str(ROOT))
+    tr = importlib.import_module("benchmarks.trainer")
+    out = tmp_path / "profile"
+    cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--configs", "ski",
+           "--shapes", "masked/32", "--timed", "1", "--ski-backward", "keep", "--out", str(out)]
+    code, log, _ = execute(cmd, command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "gpu_profile.json").read_text())
+    assert result["meta"]["ski_backward"] == "keep" and [c["key"] for g in result["groups"] for c in g["configs"]] == [
+        "ski"]
+    assert "SKI-TNN: `--ski-backward keep`." in (out / "gpu_profile.md").read_text()
+    importlib.import_module("fairseq_tnn").register()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = tr._dictionary_dir(tmp, tr.QUICK_VOCAB)
+        for options, recomputes in (({}, True), ({"ski_tnn_mlm_wt103": ["--ski-backward", "keep"]}, False)):
+            monkeypatch.setattr(tr, "ARCH_OPTIONS", options)
+            trainer = tr.build_trainer("masked", "ski_tnn_mlm_wt103", None, 32, "cpu", "fp32", False, data, True)
+            assert trainer.model.encoder.layers[0].gtu.tno.recompute_gate is recomputes
+            assert tr.build_trainer("masked", "tnn_mlm_wt103", None, 32, "cpu", "fp32", False, data, True).model

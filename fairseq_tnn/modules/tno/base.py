@@ -139,6 +139,10 @@ class Tno(nn.Module):
     kernel_depends_on_length: bool = False
     # Whether the constructor takes training_length=n (the model's --tokens-per-sample; build_layers passes it).
     uses_training_length: bool = False
+    # Whether the GTU keeps only its gate's input for the backward, and computes the activations, this TNO's output
+    # and their product again there (``Gtu.forward``): for a TNO whose forward costs little beside the memory its
+    # output and input hold (SKI's, ``--ski-backward``). False: the GTU keeps them, as autograd does.
+    recompute_gate: bool = False
 
     def __init__(self, dim: int, causal: bool, settings: Optional[TnoSettings] = None, **values):
         """``settings``: a ``Settings`` instance as ``checked_settings`` (``tno_settings``) returns it, which a

@@ -13,6 +13,7 @@ from .base import Tno, TnoSettings, is_int, register_tno, require
 logger = logging.getLogger(__name__)
 
 LOWRANK_MODES = ["mean", "sum", "off"]
+BACKWARD_MODES = ["recompute", "keep"]
 
 
 @dataclass
@@ -30,6 +31,13 @@ class SkiSettings(TnoSettings):
                 "docs/design.md#ski-tnn-the-scale-of-the-low-rank-part); 'sum' uses A as the knots give it (the "
                 "scale of checkpoints made before this option); 'off' drops it (the band alone, an ablation)",
         "choices": LOWRANK_MODES})
+    ski_backward: str = field(default="recompute", metadata={
+        "help": "what the GTU keeps of its gate u * SKI(v) for the backward: 'recompute' keeps the gate's input "
+                "alone, [W_u; W_v] x before the activation, and computes u, v, SKI(v) and the product again in the "
+                "backward (one more SKI-TNO forward a layer; SKI-TNN's activation memory a quarter less: "
+                "docs/performance.md); 'keep' keeps u, v and SKI(v), as the GTU of every other TNO does (the faster "
+                "where the memory allows)",
+        "choices": BACKWARD_MODES})
 
     def check(self) -> None:
         require(is_int(self.ski_rank, 2), "ski_rank", self.ski_rank, "r must be an integer >= 2")
@@ -81,6 +89,7 @@ class SkiTno(Tno):
         s = self.settings
         self.warp_decay = s.ski_warp_decay
         self.lowrank = s.ski_lowrank
+        self.recompute_gate = s.ski_backward == "recompute"
         # N(0, 1), as the SKI authors draw them (measured better than U(+-m^-1/2), for SKI and its band alone:
         # docs/design.md#initialisation)
         self.conv_weight = nn.Parameter(torch.randn(dim, s.ski_taps))
