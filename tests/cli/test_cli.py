@@ -3,8 +3,10 @@ import math
 import re
 
 import pytest
+import torch
 
-from helpers import ROOT, USER_DIR, cli, command_env, execute, lm_train_cmd, mlm_train_cmd, run, split_tokens, valid_ppls
+from helpers import ROOT, USER_DIR, cli, command_env, execute, lm_train_cmd, mlm_train_cmd, rank0_updates, run, split_tokens, \
+    valid_ppls
 
 TPS = 64
 
@@ -110,6 +112,21 @@ def test_masked_lm_trains_and_validates_at_8x_length(data_bin, tmp_path, arch):
             log = run([cli("fairseq-eval-lm"), data_bin, "--user-dir", USER_DIR, "--cpu", *task,
                        "--path", tmp_path / "ck" / "checkpoint_last.pt", "--tokens-per-sample", 128], expect_ok=False)
             assert "is a bidirectional masked language model" in log and "fairseq-validate" in log, log[-3000:]
+
+
+def test_ski_tnn_trains_alike_with_its_gate_recomputed_or_kept(data_bin, tmp_path):
+    """fairseq-train of ski_tnn_mlm_tiny with --ski-backward recompute (the default: the GTU computes its gate again in
+    the backward) and with keep: the same loss at every update, as the recomputed gate is the kept one to the bit and
+    the layers' dropout, outside the gate, draws the same masks; each checkpoint's config holds its mode."""
+    losses = {}
+    for mode in ("recompute", "keep"):
+        extra = [] if mode == "recompute" else ["--ski-backward", mode]
+        log = run(mlm_train_cmd(data_bin, *extra, arch="ski_tnn_mlm_tiny", tokens_per_sample=128, max_update=4,
+                                log_interval=1, save_dir=tmp_path / mode, disable_validation=True))
+        losses[mode] = rank0_updates(log)
+        state = torch.load(tmp_path / mode / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+        assert state["cfg"]["model"]["ski_backward"] == mode
+    assert sorted(losses["keep"]) == [1, 2, 3, 4] and losses["recompute"] == losses["keep"], losses
 
 
 def test_hydra_train_with_a_config_from_configs(data_bin, tmp_path):
