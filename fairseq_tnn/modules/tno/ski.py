@@ -34,9 +34,9 @@ class SkiSettings(TnoSettings):
     ski_backward: str = field(default="recompute", metadata={
         "help": "what the GTU keeps of its gate u * SKI(v) for the backward: 'recompute' keeps the gate's input "
                 "alone, [W_u; W_v] x before the activation, and computes u, v, SKI(v) and the product again in the "
-                "backward (one more SKI-TNO forward a layer; ski_tnn_mlm_wt103's saved activations a third less at the "
-                "paper's shapes, by benchmarks/memory.py's accounting: docs/performance.md); 'keep' keeps u, v and SKI(v), as the GTU of every other TNO does (the faster "
-                "where the memory allows)",
+                "backward (one more SKI-TNO forward a layer; ski_tnn_mlm_wt103's saved activations a third less at "
+                "the paper's shapes, by benchmarks/memory.py's accounting: docs/performance.md); 'keep' keeps u, v "
+                "and SKI(v), as the GTU of every other TNO does (the faster where the memory allows)",
         "choices": BACKWARD_MODES})
 
     def check(self) -> None:
