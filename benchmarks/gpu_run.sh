@@ -179,7 +179,8 @@ run_call() {
         for mode in keep recompute; do
             mkdir -p "$dir/$mode"
             resumable_profile "$dir/$mode" 130 --timed 8 --compile-budget 70 --shapes masked/512 masked/2048 \
-                --configs ski --compiled --graphs masked/2048/ski --accumulated --ski-backward "$mode" || code=$?
+                --configs ski --compiled --graphs masked/2048/ski --accumulated --bf16-weights --direct-floor \
+                --ski-backward "$mode" || code=$?
         done
         return $code ;;
     versions)

@@ -1288,7 +1288,8 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     assert code == 0 and len(runs) == 2 and (out / "ski-backward.tgz").exists(), (err, runs)
     for run, mode in zip(runs, ["keep", "recompute"]):
         assert f"/ski-backward/{mode} " in run and run.endswith(f"--ski-backward {mode}"), run
-        assert "--shapes masked/512 masked/2048 --configs ski --compiled --graphs masked/2048/ski" in run, run
+        assert "--shapes masked/512 masked/2048 --configs ski --compiled --graphs masked/2048/ski --accumulated " \
+               "--bf16-weights --direct-floor" in run, run  # no other rows than SKI's at the masked shapes
     # a profile whose process a signal ends: the generated code it crashed in kept, the run resumed by the same command
     # with --resume, with an inductor cache of its own (cold compiles)
     before = len((out / "calls.txt").read_text().splitlines())
