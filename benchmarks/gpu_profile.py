@@ -1484,7 +1484,8 @@ def main(argv=None):
         compiling.GRAPH_EDGES = False  # the stacks built from here on
     from fairseq_tnn.modules.tno.ski import SkiSettings  # its default: the preset's
     if a.ski_backward:
-        tr.ARCH_OPTIONS["ski_tnn_mlm_wt103"] = ["--ski-backward", a.ski_backward]  # the trainers built from here on
+        ski_arch = next(arch for key, arch, _, _ in tr.CONFIGS["masked"] if key == "ski")
+        tr.ARCH_OPTIONS[ski_arch] = ["--ski-backward", a.ski_backward]  # the trainers built from here on
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
     t0 = time.time()
