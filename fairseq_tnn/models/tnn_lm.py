@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 import torch
-import torch.nn.functional as F
 from fairseq.models import FairseqIncrementalDecoder, FairseqLanguageModel, register_model, register_model_architecture
 from fairseq.models.transformer import Embedding
 from torch import nn
@@ -22,6 +21,7 @@ from torch import nn
 from .blocks import build_layers
 from .compile import compile_per_config, run_layers
 from ..modules.tno import TnoSettings
+from ..ops.logits import vocab_linear
 from .config import TnnBlockConfig, add_compile_choices, set_defaults, validate_block_config
 from .trainer_calls import TrainerCalls
 
@@ -184,7 +184,7 @@ class TnnDecoder(FairseqIncrementalDecoder):
 
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.output_projection is None else self.output_projection.weight
-        return F.linear(features, weight)
+        return vocab_linear(features, weight)  # its GEMMs aligned on a GPU for any vocabulary size
 
     def forward(self, prev_output_tokens, src_lengths=None, features_only: bool = False,
                 return_all_hiddens: bool = False, incremental_state=None, kernel_length: Optional[int] = None,

@@ -6,6 +6,7 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
+from ..ops.logits import vocab_linear
 from ..ops.toeplitz import causal_toeplitz_tail, direct_product
 from .activations import get_activation
 from .linear import FusedLinear
@@ -241,4 +242,5 @@ class MaskedLMHead(nn.Module):
         self.bias = nn.Parameter(torch.zeros(weight.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(self.norm(nn.functional.gelu(self.dense(x))), self.weight) + self.bias
+        # the projection's GEMMs aligned on a GPU (ops/logits.py: the masked dictionary's 50,265 symbols are odd)
+        return vocab_linear(self.norm(nn.functional.gelu(self.dense(x))), self.weight) + self.bias

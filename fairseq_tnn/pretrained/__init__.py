@@ -34,6 +34,7 @@ from torch import nn
 from ..modules import Glu, Gtu, MaskedLMHead, TnnLayer
 from ..modules.layers import layer_spectra
 from ..modules.tno import tno_class
+from ..ops.logits import vocab_linear
 from .safetensors import load_file, save_file
 from .tokenizers import load_tokenizer
 
@@ -138,7 +139,7 @@ class CausalStack(nn.Module):
 
     def output_layer(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.output_projection is None else self.output_projection.weight
-        return F.linear(x, weight)
+        return vocab_linear(x, weight)
 
     def forward(self, tokens: torch.Tensor, kernel_length: Optional[int] = None) -> torch.Tensor:
         """Logits (b, n, vocab) of the next token at every position of ``tokens`` (b, n). As the fairseq decoder:
