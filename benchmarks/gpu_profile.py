@@ -1160,8 +1160,10 @@ def markdown(result) -> str:
               if meta.get("stack_regions") else "The stack's CUDA graphs compile every layer's operations (no regions). ")
            + ("" if not meta.get("graphs") else "They hold the model's edges (embedding, final norm, output layer). "
               if meta.get("graph_edges") else "The model's edges run eagerly around them (no edges). ")
-           + (f"SKI-TNN: `--ski-backward {meta['ski_backward']}`. " if meta.get("ski_backward") and any(
-               c["key"] == "ski" for g in result["groups"] for c in g["configs"]) else "")
+           + (f"SKI-TNN: `--ski-backward {meta['ski_backward']}`"
+              + (f", its band by {meta['ski_band']}" if meta.get("ski_band") else "") + ". "
+              if meta.get("ski_backward") and any(c["key"] == "ski" for g in result["groups"] for c in g["configs"])
+              else "")
            + f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates (min beside it), "
            "after a warm-up that lasts until fp16's loss scale stops falling; split: mean of 3 updates synchronised at "
            f"each phase. {unit.capitalize()} ms: the device time of the kernels alone (fairseq's record_function spans "
@@ -1400,6 +1402,10 @@ def main(argv=None):
                    help="SKI-TNN's --ski-backward for the run (default: its preset's, recompute: the GTU keeps its "
                         "projection alone and computes the gate again in the backward); keep: the gate kept for the "
                         "backward, measured against a run without this option (the memory saved, the time it costs)")
+    p.add_argument("--ski-band", choices=["conv1d", "triton"],
+                   help="how SKI-TNO's band runs on the GPU for the run (fairseq_tnn/ops/ski.py BAND_METHOD; default: "
+                        "its setting, conv1d: cuDNN's depthwise convolution); triton: the direct band's Triton kernels "
+                        "(ops/band_direct.py), measured against a run without this option")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -1486,6 +1492,12 @@ def main(argv=None):
     if a.ski_backward:
         ski_arch = next(arch for key, arch, _, _ in tr.CONFIGS["masked"] if key == "ski")
         tr.ARCH_OPTIONS[ski_arch] = ["--ski-backward", a.ski_backward]  # the trainers built from here on
+    from fairseq_tnn.ops import band_direct, ski
+    if a.ski_band:
+        if a.ski_band == "triton" and (a.device != "cuda" or not band_direct.AVAILABLE):
+            p.error("--ski-band=triton: the direct band's kernels need --device cuda and Triton (a CUDA build of torch "
+                    "brings it)")
+        ski.BAND_METHOD[a.device] = a.ski_band  # every SKI-TNO of the run
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
     t0 = time.time()
@@ -1495,6 +1507,7 @@ def main(argv=None):
             "stack_regions": compiling.STACK_REGIONS, "graph_edges": compiling.GRAPH_EDGES,
             "direct_max_n": a.direct_max_n, "direct_floor": direct_floor, "accumulated": accumulated_ids,
             "update_freq": a.update_freq, "ski_backward": a.ski_backward or SkiSettings.ski_backward,
+            "ski_band": ski.BAND_METHOD.get(a.device, "gemm"),
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(

@@ -2,7 +2,7 @@
 # The next GPU run's calls (docs/performance.md, "The next GPU run, prepared"), one per device call:
 #
 #   bash benchmarks/gpu_run.sh CALL...      CALL: tests, direct, update, targets, no-edges, one-graph, direct-update,
-#                                                  versions, ski-backward
+#                                                  versions, ski-backward, ski-band
 #
 # on the GPU machine, from the repository root, with $OUT its output folder; each call's log and results come back as
 # $OUT/CALL.tgz (at most 8 files come back), beside machine.txt and status.txt, and the markdown of its results is
@@ -23,9 +23,9 @@ export PYTHONUNBUFFERED=1 PYTHON=python3 PYTHONFAULTHANDLER=1
 [ $# -gt 0 ] || { echo "usage: bash benchmarks/gpu_run.sh CALL..." >&2; exit 2; }
 for call in "$@"; do
     case $call in
-    tests | direct | update | targets | no-edges | one-graph | direct-update | versions | ski-backward) ;;
-    *) echo "unknown call: $call (tests, direct, update, targets, no-edges, one-graph, direct-update, versions or" \
-            "ski-backward)" >&2
+    tests | direct | update | targets | no-edges | one-graph | direct-update | versions | ski-backward | ski-band) ;;
+    *) echo "unknown call: $call (tests, direct, update, targets, no-edges, one-graph, direct-update, versions," \
+            "ski-backward or ski-band)" >&2
        exit 2 ;;
     esac
 done
@@ -126,8 +126,10 @@ run_call() {
         # own leaves the device's 15 minutes room for the update's measurement, in parts, the one that matters most
         # first: the recipe's default path on one GPU (every preset with the model's edges and the layers as regions in
         # the stack's graphs), then the recipes' loss (tnn_cross_entropy's and tnn_masked_lm's fused kernels against
-        # fairseq's computation, and the benchmarks' peak memory held over fairseq's resets, then the two losses timed
-        # side by side, some 20 s), then the graphs under DistributedDataParallel
+        # fairseq's computation, the output layer's padded GEMMs against F.linear, and the benchmarks' peak memory held
+        # over fairseq's resets, then the two losses timed side by side, some 20 s, and the output layer's GEMMs plain
+        # and padded, some 10 s), then SKI's direct band (its tests, then the band's methods timed, some 30 s), then
+        # the graphs under DistributedDataParallel
         # (CUDA_GRAPHS' default on several GPUs rests on it since the ninth run), then the stack's graphs
         # without the edges (the first fallback) and the regions' dropout, then the direct product (off by default).
         # Each part gets what the parts before it left, and prints each test's outcome as it ends, so that a part cut
@@ -135,11 +137,25 @@ run_call() {
         local code=0 left
         TESTS_END=$((SECONDS + ${TESTS_SECONDS:-300})) CRASH_DIR=$dir
         tests_part tests/gpu/test_gpu.py -k models_edges || code=$?
-        tests_part tests/ops/test_cross_entropy.py \
+        tests_part tests/ops/test_cross_entropy.py tests/ops/test_logits.py \
             tests/gpu/test_gpu.py::test_the_benchmarks_peak_is_the_updates_not_the_memory_between_them || code=$?
         left=$((TESTS_END - SECONDS))
         if [ $left -gt 30 ]; then
             timeout $((left < 60 ? left : 60)) python3 benchmarks/cross_entropy.py --out "$dir/cross-entropy" || code=$?
+        fi
+        # the output layer's GEMMs over the masked dictionary's odd 50,265 symbols, plain and padded (some 10 s)
+        left=$((TESTS_END - SECONDS))
+        if [ $left -gt 30 ]; then
+            timeout 30 python3 benchmarks/vocab_linear.py --out "$dir/vocab-linear" || code=$?
+        fi
+        # SKI-TNO's band by the Triton kernels (off by default): against the convolution on CUDA, compiled and in the
+        # stack's graphs; then each band method timed side by side, eagerly (some 30 s; the ski-band call compiles)
+        tests_part tests/ops/test_band_direct.py \
+            tests/gpu/test_gpu.py::test_the_direct_band_in_ski_tnns_compiled_layers_and_graphs_equals_eager || code=$?
+        left=$((TESTS_END - SECONDS))
+        if [ $left -gt 40 ]; then
+            timeout $((left < 70 ? left : 70)) python3 benchmarks/ski_band.py --device cuda --rounds 5 \
+                --out "$dir/ski-band" || code=$?
         fi
         tests_part tests/gpu/test_gpu.py -k distributed_data_parallel || code=$?
         tests_part tests/gpu/test_gpu.py -k "cuda_graphs_equal_eager or regions" || code=$?
@@ -181,6 +197,19 @@ run_call() {
             resumable_profile "$dir/$mode" 130 --timed 8 --compile-budget 70 --shapes masked/512 masked/2048 \
                 --configs ski --compiled --graphs masked/2048/ski --accumulated --bf16-weights --direct-floor \
                 --ski-backward "$mode" || code=$?
+        done
+        return $code ;;
+    ski-band)
+        # SKI-TNO's band each way (the banded GEMM, cuDNN's depthwise convolution, the direct band's Triton kernels),
+        # alone and in the whole SKI-TNO, eager and compiled; then SKI-TNN's update with the convolution's band and
+        # with the direct one, one after the other: eager at both masked shapes and with the stack's graphs at
+        # 4 x 2048; about 6 minutes
+        local code=0 method
+        timeout 150 python3 benchmarks/ski_band.py --device cuda --compiled --out "$dir/ski-band" || code=$?
+        for method in conv1d triton; do
+            mkdir -p "$dir/$method"
+            resumable_profile "$dir/$method" 110 --timed 8 --compile-budget 60 --shapes masked/512 masked/2048 \
+                --configs ski --compiled --graphs masked/2048/ski --bf16-weights --ski-band "$method" || code=$?
         done
         return $code ;;
     versions)

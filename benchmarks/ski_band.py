@@ -1,11 +1,13 @@
 """SKI-TNO's band (its m-tap depthwise convolution) applied each way the operator can, side by side in one process:
 the banded GEMM over blocks of 16, 32, 64 and 128 positions (``method="gemm"``, which copies each block's window of
-the input, about (B + m - 1) / B times the input for blocks of B) and torch's depthwise convolution
-(``method="conv1d"``); then the whole SKI-TNO with each method. Which one a device type runs is
+the input, about (B + m - 1) / B times the input for blocks of B), torch's depthwise convolution
+(``method="conv1d"``) and the direct summation in Triton kernels (``method="triton"``, ``ops/band_direct.py``; on a
+GPU only: Triton's interpreter, the CPU's way to run them, takes seconds a step); then the whole SKI-TNO with each
+method. Which one a device type runs is
 ``fairseq_tnn.ops.ski.BAND_METHOD`` (the GEMM with blocks of 16 unless it says otherwise; the convolution on a GPU
 since the fifth GPU run), decided by this measurement.
 
-    python benchmarks/ski_band.py --device cuda --out $OUT/ski-band        # on a GPU, fp16 (under a minute)
+    python benchmarks/ski_band.py --device cuda --compiled --out $OUT/ski-band   # on a GPU, fp16 (about a minute)
     python benchmarks/ski_band.py --device cpu --batch-scale 4 --out results/ski-band   # the CPU, fp32
 
 At ski_tnn_mlm_wt103's width (d1 = 3 x 768 channels, m = 17 taps, r = 32) and the paper's masked per-GPU shapes
@@ -42,7 +44,8 @@ QUICK_SHAPES = [("quick 4 x 64", 4, 64), ("quick 2 x 200", 2, 200)]
 D1, QUICK_D1, TAPS, RANK, LAMBDA = 3 * 768, 48, 17, 32, 0.99
 # (label, band_conv's method, block)
 BANDS = [("GEMM, blocks of 16", "gemm", 16), ("GEMM, blocks of 32", "gemm", 32), ("GEMM, blocks of 64", "gemm", 64),
-         ("GEMM, blocks of 128", "gemm", 128), ("depthwise conv1d", "conv1d", None)]
+         ("GEMM, blocks of 128", "gemm", 128), ("depthwise conv1d", "conv1d", None),
+         ("direct, Triton", "triton", None)]
 QUEUED = 20
 WARMUP = 2
 
@@ -89,7 +92,7 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
     """The band's variants alone and the whole SKI-TNO with each method at one shape; with ``compiled``, the whole
     SKI-TNO also ``torch.compile``d with each method (a compilation each)."""
     from fairseq_tnn.modules import build_tno
-    from fairseq_tnn.ops import ski
+    from fairseq_tnn.ops import band_direct, ski
     g = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(d1, batch, n, generator=g).to(device, dtype).requires_grad_()
     grad = torch.randn(d1, batch, n, generator=g).to(device, dtype)
@@ -103,8 +106,12 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
             return [y.detach(), x.grad, taps.grad]
         return step
 
-    bands = measure({label: band_step(method, block) for label, method, block in BANDS}, device, rounds,
-                    BANDS[0][0])
+    # the direct band where its kernels run (a GPU; on the CPU only where a test lets the interpreter run them, and
+    # not compiled there: the interpreter's kernels are no custom operators)
+    methods = [m for m in ski.BAND_METHODS if m != "triton" or band_direct.supports(x, taps)]
+    compilable = [m for m in methods if m != "triton" or band_direct.TRITON_OPS]
+    bands = measure({label: band_step(method, block) for label, method, block in BANDS if method in methods}, device,
+                    rounds, BANDS[0][0])
     torch.manual_seed(0)
     tno = build_tno("ski", d1, False, ski_rank=RANK, ski_taps=TAPS, ski_warp_decay=LAMBDA, training_length=n)
     tno = tno.to(device, dtype)
@@ -128,9 +135,9 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
             return [y.detach(), x.grad, tno.conv_weight.grad, tno.knots.grad]
         return step
 
-    steps = {f"SKI-TNO, band by {m}": tno_step(m) for m in ski.BAND_METHODS}
-    names = [f"SKI-TNO compiled, band by {m}" for m in ski.BAND_METHODS] if compiled else []
-    for name, m in zip(names, ski.BAND_METHODS):  # one torch.compile per method, tracing the method BAND_METHOD names
+    steps = {f"SKI-TNO, band by {m}": tno_step(m) for m in methods}
+    names = [f"SKI-TNO compiled, band by {m}" for m in compilable] if compiled else []
+    for name, m in zip(names, compilable):  # one torch.compile per method, tracing the method BAND_METHOD names
         steps[name] = tno_step(m, torch.compile(tno, fullgraph=True))
     tnos = measure(steps, device, rounds, f"SKI-TNO, band by {ski.BAND_METHODS[0]}", names)
     return {"bands": bands, "tnos": tnos}

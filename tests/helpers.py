@@ -478,3 +478,24 @@ def wait_all(procs, logs, timeout: int = 600):
             if p.poll() is None:
                 p.kill()
     return codes, [log.read_text() for log in logs]
+
+
+def require_triton(request, device_less_on_cpu: bool) -> None:
+    """For the tests of Triton kernels (the direct Toeplitz product, the fused loss, the direct band): skip without
+    Triton, which a CPU-only torch lacks (scripts/setup.sh installs it there; CI fails instead), and a test on the CPU
+    where Triton's interpreter is off (tests/conftest.py turns it on, by ``TRITON_INTERPRET=1``, where no CUDA device
+    is): one whose ``device`` fixture is the CPU, and with ``device_less_on_cpu`` one without that fixture."""
+    import pytest
+
+    from fairseq_tnn.ops import toeplitz_direct
+    if not toeplitz_direct.AVAILABLE:
+        if os.environ.get("CI") == "true":
+            pytest.fail("Triton is not installed: scripts/setup.sh installs it beside a CPU-only torch")
+        pytest.skip("needs Triton (scripts/setup.sh installs it beside a CPU-only torch)")
+    if "device" in request.fixturenames:
+        on_cpu = request.getfixturevalue("device") == "cpu"
+    else:
+        on_cpu = device_less_on_cpu
+    if on_cpu and not toeplitz_direct.INTERPRETED:
+        pytest.skip("the CPU runs Triton's kernels only in its interpreter, chosen as Triton is imported: "
+                    "TRITON_INTERPRET=1, which tests/conftest.py sets where no CUDA device is (here one is)")

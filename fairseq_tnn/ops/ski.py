@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from torch.autograd.function import once_differentiable
 
-from . import fast
+from . import band_direct, fast
 from .checks import check_lam, check_layout, check_length, check_rank, check_taps
 from .toeplitz import (AUTOCAST_DEVICE_TYPES, autocast_off, fft_conv, fft_dtype, next_fast_len, seq_shape,
                        toeplitz_fft)
@@ -293,7 +293,11 @@ class BlockedBand(torch.autograd.Function):
 # against 151 MiB; compiled (4 x 2048) as fast within 2% (2.79 against 2.74 ms queued, 3.18 against 3.28 synchronised),
 # peak 73 against 115 MiB (H200, torch 2.11, ``python benchmarks/ski_band.py --device cuda --compiled``, the fifth GPU
 # run, docs/measurements/2026-11-27-h200-fifth).
-BAND_METHODS = ("gemm", "conv1d")
+# "triton": the band by direct summation in Triton kernels (``ops/band_direct.py``: one pass over the input each way,
+# where cuDNN's depthwise kernels moved the band's bytes at a sixth of the memory's bandwidth in the sixth GPU run);
+# where it cannot run (no Triton, fp64), the convolution runs instead. Not yet any device type's default: no GPU has
+# timed it (``python benchmarks/ski_band.py --device cuda --compiled`` times it beside the other two).
+BAND_METHODS = ("gemm", "conv1d", "triton")
 BAND_METHOD = {"cpu": "gemm", "cuda": "conv1d"}
 
 
@@ -304,11 +308,16 @@ def band_conv(x: torch.Tensor, conv_weight: torch.Tensor, block: int = BAND_BLOC
 
     Same result as ``F.conv1d(x.transpose(0, 1), conv_weight[:, None], padding=(m-1)//2, groups=d)``
     (tap k multiplies x[i + k - (m-1)/2], zeros beyond the ends). ``method``: "gemm" (the banded GEMM over
-    blocks of ``block`` positions) or "conv1d" (``depthwise_band``); None: the device type's (``BAND_METHOD``).
+    blocks of ``block`` positions), "conv1d" (``depthwise_band``) or "triton" (``band_direct.direct_band``, the
+    convolution where it cannot run); None: the device type's (``BAND_METHOD``).
     """
     method = method or BAND_METHOD.get(x.device.type, "gemm")
     if method not in BAND_METHODS:
         raise ValueError(f"method={method!r} is invalid: must be one of {list(BAND_METHODS)}")
+    if method == "triton":
+        if band_direct.supports(x, conv_weight):
+            return band_direct.direct_band(x, conv_weight)
+        method = "conv1d"
     if method == "conv1d":
         with autocast_off(x.device.type):  # the taps' dtype, as the GEMM's path computes
             return depthwise_band(x, conv_weight)

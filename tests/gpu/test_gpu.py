@@ -204,6 +204,36 @@ def test_cuda_graphs_with_the_models_edges_equal_eager(arch, monkeypatch):
     assert stack.edges == compiling.GRAPH_EDGES and stack.regions == STACK_REGIONS and stack.error is None
 
 
+def test_the_direct_band_in_ski_tnns_compiled_layers_and_graphs_equals_eager(monkeypatch):
+    """SKI-TNO's band by the Triton kernels (``BAND_METHOD["cuda"] = "triton"``, ops/band_direct.py): eagerly the same
+    masked features and gradients as the convolution's band, and compiled (its custom operators inside the layers'
+    graphs, the gate recomputed in the backward) and in the stack's CUDA graphs the same as eager, over two updates."""
+    from fairseq_tnn.ops import ski
+    torch.manual_seed(0)
+    reference = build_arch("ski_tnn_mlm_wt103", 1000, dropout=0.0, encoder_layers=3).cuda()
+    eager, model = copy.deepcopy(reference), copy.deepcopy(reference)
+    compile_layers(model.encoder.layers, "strict", "layers", cuda_graphs=True)
+    for update in range(2):
+        tokens = torch.randint(4, 1000, (2, 512), device="cuda")
+        tokens[1, -37:] = 1
+        g = torch.randn(2, 512, 768, device="cuda")
+        g[tokens.eq(1)] = 0
+        outputs = []
+        for method, net in (("conv1d", reference), ("triton", eager), ("triton", model)):
+            monkeypatch.setitem(ski.BAND_METHOD, "cuda", method)
+            net.zero_grad(set_to_none=True)
+            y = net.encoder.extract_features(tokens)[0]
+            y.backward(g)
+            outputs.append((y.detach(), {k: p.grad for k, p in net.named_parameters() if p.grad is not None}))
+        (y_ref, grads_ref), *others = outputs
+        for which, (y, grads) in zip(("eager", "graphed"), others):
+            assert rel(y, y_ref) < 1e-5, (which, update, float(rel(y, y_ref)))
+            assert grads.keys() == grads_ref.keys(), which
+            for name in grads:
+                assert rel(grads[name], grads_ref[name]) < 1e-4, (which, name, float(rel(grads[name], grads_ref[name])))
+    assert model.encoder.layers[0].forward.stack.error is None
+
+
 @pytest.mark.skipif(not STACK_REGIONS, reason="this torch compiles no stack regions (STACK_REGIONS)")
 def test_dropout_in_the_stacks_regions_draws_a_new_mask_per_layer_and_update():
     """The stack's CUDA graphs compile each layer as one region, stamped out for each layer (``STACK_REGIONS``): in the

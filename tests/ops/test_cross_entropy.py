@@ -1,10 +1,11 @@
 """The fused softmax cross-entropy (``fairseq_tnn/ops/cross_entropy.py``, Triton kernels) against fairseq's computation,
 the loss and the logits' gradient, on every device (the CPU under Triton's interpreter, CUDA where present); and the
 ``tnn_cross_entropy`` criterion (``fairseq_tnn/criterions/cross_entropy.py``) against fairseq's ``cross_entropy``."""
-import os
 
 import pytest
 import torch
+
+from helpers import require_triton
 
 from fairseq_tnn.ops import cross_entropy as ce
 from fairseq_tnn.ops import fast, toeplitz_direct
@@ -13,13 +14,7 @@ from fairseq_tnn.ops import fast, toeplitz_direct
 @pytest.fixture(autouse=True)
 def triton_kernels(request, monkeypatch):
     """Triton, and on the CPU its interpreter, with the kernels let run there (``CPU_INTERPRETED``)."""
-    if not toeplitz_direct.AVAILABLE:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Triton is not installed: scripts/setup.sh installs it beside a CPU-only torch")
-        pytest.skip("needs Triton (scripts/setup.sh installs it beside a CPU-only torch)")
-    on_cpu = "device" in request.fixturenames and request.getfixturevalue("device") == "cpu"
-    if on_cpu and not toeplitz_direct.INTERPRETED:
-        pytest.skip("the CPU runs Triton's kernels only in its interpreter (TRITON_INTERPRET=1, tests/conftest.py)")
+    require_triton(request, device_less_on_cpu=False)
     monkeypatch.setattr(ce, "CPU_INTERPRETED", True)
 
 

@@ -435,5 +435,5 @@ def test_the_device_types_band_method_runs_the_ski_tno(monkeypatch):
 
 def test_band_method_must_be_known():
     from fairseq_tnn.ops.ski import band_conv
-    with pytest.raises(ValueError, match=r"method='fft' is invalid: must be one of \['gemm', 'conv1d'\]"):
+    with pytest.raises(ValueError, match=r"method='fft' is invalid: must be one of \['gemm', 'conv1d', 'triton'\]"):
         band_conv(torch.zeros(2, 1, 8), torch.zeros(2, 3), method="fft")

@@ -7,22 +7,15 @@ import pytest
 import torch
 
 from benchmarks.opcount import count
-from helpers import on, rel
+from helpers import on, rel, require_triton
 from fairseq_tnn.ops import toeplitz, toeplitz_direct
 from fairseq_tnn.ops.toeplitz import fft_conv, kernel_spectrum, next_fast_len, toeplitz_ref
 
 
 @pytest.fixture(autouse=True)
-def triton_kernels(request, monkeypatch):
-    """Triton, which a CPU-only torch lacks (scripts/setup.sh installs it there for these tests; CI fails without it),
-    and on the CPU its interpreter (``INTERPRETED``)."""
-    if not toeplitz_direct.AVAILABLE:
-        if os.environ.get("CI") == "true":
-            pytest.fail("Triton is not installed: scripts/setup.sh installs it beside a CPU-only torch")
-        pytest.skip("needs Triton (scripts/setup.sh installs it beside a CPU-only torch)")
-    if "device" in request.fixturenames and request.getfixturevalue("device") == "cpu" and not toeplitz_direct.INTERPRETED:
-        pytest.skip("the CPU runs Triton's kernels only in its interpreter, chosen as Triton is imported: "
-                    "TRITON_INTERPRET=1, which tests/conftest.py sets where no CUDA device is (here one is)")
+def triton_kernels(request):
+    """Triton, and on the CPU its interpreter (``INTERPRETED``); the tests without a device need Triton only."""
+    require_triton(request, device_less_on_cpu=False)
 
 
 def _case(n, batch, causal, dtype, device, seed=0):

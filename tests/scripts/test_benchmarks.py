@@ -996,9 +996,13 @@ def test_gpu_profile_graphs_train_the_stack_as_one_graph_through_fairseqs_traine
 
 def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
     """benchmarks/ski_band.py (issue 39: which way a GPU should apply SKI-TNO's band, ``BAND_METHOD``): the banded GEMM
-    at four block sizes and torch's depthwise convolution, alone and inside the whole SKI-TNO, on one input; each
+    at four block sizes, torch's depthwise convolution and the direct band's Triton kernels, alone and inside the whole
+    SKI-TNO, on one input; each
     computes the first's result, and the convolution dispatches fewer operations; with --compiled, at the last shape
     the whole SKI-TNO compiled with each method as well."""
+    from unittest import mock
+
+    import torch
     out = tmp_path / "band"
     cmd = [sys.executable, str(ROOT / "benchmarks/ski_band.py"), "--device", "cpu", "--quick", "--rounds", "1",
            "--compiled", "--out", str(out)]
@@ -1007,7 +1011,7 @@ def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
     result = json.loads((out / "ski_band.json").read_text())
     assert result["meta"]["band_method"] == {"cpu": "gemm", "cuda": "conv1d"}
     assert [(r["batch"], r["n"]) for r in result["rows"]] == [(4, 64), (2, 200)]
-    for r in result["rows"]:
+    for r in result["rows"]:  # no direct band on the CPU (its kernels there only under a test's interpreter: below)
         assert list(r["bands"]) == ["GEMM, blocks of 16", "GEMM, blocks of 32", "GEMM, blocks of 64",
                                     "GEMM, blocks of 128", "depthwise conv1d"]
         compiled = ["SKI-TNO compiled, band by gemm", "SKI-TNO compiled, band by conv1d"] if r["n"] == 200 else []
@@ -1020,6 +1024,16 @@ def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
         assert r["tnos"]["SKI-TNO, band by conv1d"]["ops"] < r["tnos"]["SKI-TNO, band by gemm"]["ops"]
     md = (out / "ski_band.md").read_text()
     assert "| quick 2 x 200 (2 x 200) | depthwise conv1d |" in md
+    # where the direct band's kernels run (here Triton's interpreter, let run on a tiny shape): its rows, alone and in
+    # the SKI-TNO, the first row's result, the TNO's not compiled (the interpreter's kernels are no custom operators)
+    from benchmarks import ski_band
+    from fairseq_tnn.ops import band_direct
+    if band_direct.INTERPRETED:
+        with mock.patch.object(band_direct, "CPU_INTERPRETED", True):
+            shape = ski_band.run_shape(4, 1, 16, "cpu", torch.float32, 1, compiled=True)
+        assert list(shape["bands"])[-1] == "direct, Triton" and shape["bands"]["direct, Triton"]["rel_diff"] < 1e-5
+        assert [k for k in shape["tnos"] if "triton" in k] == ["SKI-TNO, band by triton"], list(shape["tnos"])
+        assert shape["tnos"]["SKI-TNO, band by triton"]["rel_diff"] < 1e-5
     code, log, _ = execute(cmd, command_env(), 120, merge=True)  # the results of the run above are kept
     assert code == 2 and "refusing to overwrite" in log, log[-2000:]
     code, log, _ = execute([*cmd, "--force", "--dtype", "fp16"], command_env(), 120, merge=True)
@@ -1226,6 +1240,32 @@ def test_cross_entropy_times_both_losses_side_by_side(tmp_path, monkeypatch):
         cross_entropy.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])  # no --force
 
 
+def test_vocab_linear_times_the_output_layers_gemms_plain_and_padded(tmp_path):
+    """benchmarks/vocab_linear.py --quick on the CPU: F.linear and the padded GEMMs of ``vocab_linear`` (asked for on
+    the CPU here, and only here), forward and with backward, their ratio, the padded way's logits and gradients equal
+    to the plain way's, the padded GEMMs run; the CPU's default (no padding) left as it was; refused before any work
+    where an output is there already."""
+    from unittest import mock
+
+    import torch
+
+    from benchmarks import vocab_linear
+    from fairseq_tnn.ops import logits
+    seen = []
+    pad = torch.nn.functional.pad
+    with mock.patch.object(logits.F, "pad", lambda t, p, *a: seen.append(tuple(t.shape)) or pad(t, p, *a)):
+        result = vocab_linear.main(["--quick", "--device", "cpu", "--rounds", "2", "--out", str(tmp_path)])
+    md = (tmp_path / "vocab_linear.md").read_text()
+    assert "| quick 300 rows | 300 x 32 x 301 | padded |" in md and "| quick 300 rows | 300 x 32 x 301 | plain |" in md
+    (row,) = result["rows"]
+    assert all(row[way][part] > 0 for way in vocab_linear.WAYS for part in ("forward", "forward_backward")), row
+    assert max(row["differences"]) < 1e-5 and len(row["differences"]) == 3, row["differences"]
+    assert seen and set(seen) == {(301, 32)}  # the weight padded, at every padded call
+    assert "cpu" not in logits.ALIGN and logits.MIN_ROWS == 256
+    with pytest.raises(SystemExit):
+        vocab_linear.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])  # no --force
+
+
 def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     """benchmarks/gpu_run.sh, the next GPU run's calls, with a python3 that records its command lines instead of
     running them (the calls need a CUDA GPU): each call runs its commands from the repository root (the profiles with
@@ -1290,6 +1330,16 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
         assert f"/ski-backward/{mode} " in run and run.endswith(f"--ski-backward {mode}"), run
         assert "--shapes masked/512 masked/2048 --configs ski --compiled --graphs masked/2048/ski --accumulated " \
                "--bf16-weights --direct-floor" in run, run  # no other rows than SKI's at the masked shapes
+    # the ski-band call: the band's methods compiled, then SKI-TNN's update with the convolution's band and the direct
+    before = len((out / "calls.txt").read_text().splitlines())
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "ski-band"], env, 60)
+    new = [line.split("|")[3] for line in (out / "calls.txt").read_text().splitlines()[before:]
+           if line.split("|")[3].startswith("benchmarks/")]
+    assert code == 0 and (out / "ski-band.tgz").exists(), err
+    assert new[0].startswith("benchmarks/ski_band.py --device cuda --compiled --out "), new
+    runs = [run for run in new if "gpu_profile" in run]
+    assert len(runs) == 2 and [run.split()[-1] for run in runs] == ["conv1d", "triton"], runs
+    assert all("--shapes masked/512 masked/2048 --configs ski --compiled --graphs masked/2048/ski" in r for r in runs)
     # a profile whose process a signal ends: the generated code it crashed in kept, the run resumed by the same command
     # with --resume, with an inductor cache of its own (cold compiles)
     before = len((out / "calls.txt").read_text().splitlines())
@@ -1317,12 +1367,18 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     parts = [line.split("|")[3] for line in new if "-m pytest" in line]
     assert code == 3 and "tests: exit 3" in (out / "status.txt").read_text(), err
     assert [p.split(" -p no:cacheprovider ")[1] for p in parts] == [
-        "tests/gpu/test_gpu.py -k models_edges", "tests/ops/test_cross_entropy.py "
+        "tests/gpu/test_gpu.py -k models_edges", "tests/ops/test_cross_entropy.py tests/ops/test_logits.py "
         "tests/gpu/test_gpu.py::test_the_benchmarks_peak_is_the_updates_not_the_memory_between_them",
+        "tests/ops/test_band_direct.py "
+        "tests/gpu/test_gpu.py::test_the_direct_band_in_ski_tnns_compiled_layers_and_graphs_equals_eager",
         "tests/gpu/test_gpu.py -k distributed_data_parallel",
         "tests/gpu/test_gpu.py -k cuda_graphs_equal_eager or regions", "tests/ops/test_toeplitz_direct.py"], parts
     losses = [i for i, line in enumerate(new) if "benchmarks/cross_entropy.py --out" in line]
     assert len(losses) == 1 and "test_cross_entropy" in new[losses[0] - 1], new
+    heads = [i for i, line in enumerate(new) if "benchmarks/vocab_linear.py --out" in line]
+    assert heads == [losses[0] + 1], new
+    bands = [i for i, line in enumerate(new) if "benchmarks/ski_band.py --device cuda --rounds 5 --out" in line]
+    assert len(bands) == 1 and "test_band_direct" in new[bands[0] - 1], new
     assert all(p.startswith("-m pytest -v -rfE --tb=short --durations=0") for p in parts), parts
     # a part whose process crashes: the generated code its trace names kept, the part run again without the tests
     # that have an outcome and the one that crashed
@@ -1337,7 +1393,7 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     assert [p.split(" -p no:cacheprovider ")[1] for p in parts[:2]] == [
         "tests/gpu/test_gpu.py -k models_edges", "tests/gpu/test_gpu.py -k models_edges --deselect "
         "tests/gpu/test_gpu.py::test_a[x] --deselect tests/gpu/test_gpu.py::test_b[y]"], parts
-    assert len(parts) == 6, parts
+    assert len(parts) == 7, parts
     with tarfile.open(out / "tests.tgz") as tar:  # the call's folder, named after it
         kept = [name for name in tar.getnames() if name.split("/")[-1].startswith("crash-")]
         assert len(kept) == 1 and tar.extractfile(kept[0]).read() == generated.read_bytes(), tar.getnames()
@@ -1561,19 +1617,25 @@ def test_copy_bandwidth_synchronises_around_rounds_of_copies_not_each_copy(monke
 
 def test_gpu_profile_ski_backward_builds_ski_tnn_with_it_and_says_so(tmp_path, monkeypatch):
     """--ski-backward keep: the run's SKI-TNN trainers are built with fairseq-train's --ski-backward keep (its GTU
-    keeps the gate for the backward), recorded in the JSON and named in the markdown; without it the preset's
-    recompute. The other archs are built as before."""
+    keeps the gate for the backward), recorded in the JSON and named in the markdown, as --ski-band's method of the
+    band; without it the preset's recompute. The other archs are built as before."""
     monkeypatch.syspath_prepend(str(ROOT))
     tr = importlib.import_module("benchmarks.trainer")
     out = tmp_path / "profile"
     cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--configs", "ski",
-           "--shapes", "masked/32", "--timed", "1", "--ski-backward", "keep", "--out", str(out)]
+           "--shapes", "masked/32", "--timed", "1", "--ski-backward", "keep", "--ski-band", "conv1d", "--out", str(out)]
     code, log, _ = execute(cmd, command_env(), 600, merge=True)
     assert code == 0, log[-4000:]
     result = json.loads((out / "gpu_profile.json").read_text())
     assert result["meta"]["ski_backward"] == "keep" and [c["key"] for g in result["groups"] for c in g["configs"]] == [
         "ski"]
-    assert "SKI-TNN: `--ski-backward keep`." in (out / "gpu_profile.md").read_text()
+    assert result["meta"]["ski_band"] == "conv1d"  # --ski-band: the band's method of the run's device type
+    assert "SKI-TNN: `--ski-backward keep`, its band by conv1d." in (out / "gpu_profile.md").read_text()
+    # the direct band's kernels run on a GPU only: refused on the CPU before any work
+    code, log, _ = execute([*cmd[:-2], "--ski-band", "triton", "--out", str(tmp_path / "refused")], command_env(), 120,
+                           merge=True)
+    assert code == 2 and "--ski-band=triton: the direct band's kernels need --device cuda" in log, log[-2000:]
+    assert not (tmp_path / "refused").exists()
     importlib.import_module("fairseq_tnn").register()
     with tempfile.TemporaryDirectory() as tmp:
         data = tr._dictionary_dir(tmp, tr.QUICK_VOCAB)
