@@ -13,13 +13,13 @@ bytes at a fraction of the memory's bandwidth: in the sixth GPU run (H200, fp16,
 4 x 2048 update's 24.2 (the SKI-TNO's whole floor: 45 us a layer); and the gate's recomputation in the backward
 (``--ski-backward recompute``) runs the forward once more.
 
-Here one program takes one row (c, r) of the input, in blocks of ``BLOCK`` positions: it gathers the block's m
-shifted windows of the input as one (m, BLOCK) tile (each window contiguous, from the cache after the first: the
-input is read from memory once) and sums it against the taps, in fp32. The backward's program reads the output
-gradient's windows once for both gradients: the input's (the windows against the reversed taps) and the taps' (the
-input's windows times the gradient, summed over the block's positions and the row's blocks, one partial sum per row
-and tap, which torch then sums over the rows: deterministic, no atomics). So the forward moves x and y once, the
-backward g, x and gx once: the least bytes the band needs.
+Here a program takes a block of up to ``BLOCK_MAX`` positions of one row (c, r): for each tap in turn (the taps
+unrolled at compile time) it reads the block's window of the input shifted by that tap, from the cache after the
+first (the input is read from memory once), and adds it times the tap, in fp32. The backward's program reads the
+output gradient's shifted windows for the input's gradient (against the reversed taps) and the input's windows
+times the block's gradient for the taps' (one sum per block and tap, which torch then sums over the rows and blocks:
+deterministic, no atomics). So the forward moves x and y once, the backward g, x and gx once: the least bytes the
+band needs.
 
 fp16, bf16 and fp32 inputs and taps, accumulated in fp32; the output in the taps' dtype and the input's gradient in
 the input's, as ``band_conv``'s other methods. Triton is optional, as for ``toeplitz_direct``: without it, off a CUDA
@@ -32,8 +32,7 @@ import torch
 
 from .toeplitz_direct import AVAILABLE, INTERPRETED, constexpr, tl, triton
 
-BLOCK = 256  # positions a program sums at a time: the gathered tile is (next power of 2 of m) x BLOCK fp32 values
-BACKWARD_WARPS = 8  # the backward holds three such tiles (the gradient's windows, the input's, the taps' sums)
+BLOCK_MAX = 1024  # positions a program sums (``_block``)
 # Whether the kernels run on the CPU under Triton's interpreter (``INTERPRETED``): only where a test sets this (the
 # interpreter runs a program at a time in Python, far slower than the CPU's banded GEMM).
 CPU_INTERPRETED = False
@@ -48,43 +47,41 @@ def supports(x: torch.Tensor, taps: torch.Tensor) -> bool:
     return x.device.type == "cuda" or (x.device.type == "cpu" and INTERPRETED and CPU_INTERPRETED)
 
 
-def _band_kernel(x_ptr, w_ptr, y_ptr, rows, n, TAPS: constexpr, TAPS_P2: constexpr, BLOCK: constexpr):
-    """One row (c, r): y[i] = sum_k w[c, k] x[i + k - h] for every position i, a block at a time."""
+def _band_kernel(x_ptr, w_ptr, y_ptr, rows, n, TAPS: constexpr, BLOCK: constexpr):
+    """One row (c, r), BLOCK positions i: y[i] = sum_k w[c, k] x[i + k - h], a shifted window of x per tap (from the
+    cache after the first), in fp32."""
     row = tl.program_id(0).to(tl.int64)
     c = row // rows
-    k = tl.arange(0, TAPS_P2)
-    has_tap = k < TAPS
-    w = tl.load(w_ptr + c * TAPS + k, mask=has_tap, other=0.0).to(tl.float32)
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     base = row * n
-    for start in range(0, n, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        src = i[None, :] + k[:, None] - (TAPS - 1) // 2  # (taps, positions): the windows
-        xs = tl.load(x_ptr + base + src, mask=has_tap[:, None] & (src >= 0) & (src < n), other=0.0)
-        y = tl.sum(xs.to(tl.float32) * w[:, None], axis=0)
-        tl.store(y_ptr + base + i, y.to(y_ptr.dtype.element_ty), mask=i < n)
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for k in tl.static_range(TAPS):
+        src = i + (k - (TAPS - 1) // 2)
+        xs = tl.load(x_ptr + base + src, mask=(src >= 0) & (src < n), other=0.0)
+        acc += xs.to(tl.float32) * tl.load(w_ptr + c * TAPS + k).to(tl.float32)
+    tl.store(y_ptr + base + i, acc.to(y_ptr.dtype.element_ty), mask=i < n)
 
 
-def _band_backward_kernel(g_ptr, x_ptr, w_ptr, gx_ptr, part_ptr, rows, n, TAPS: constexpr, TAPS_P2: constexpr,
-                          BLOCK: constexpr):
-    """One row (c, r): gx[j] = sum_k w[c, m - 1 - k] g[j + k - h], and part[row, k] = sum_i g[i] x[i + k - h]."""
+def _band_backward_kernel(g_ptr, x_ptr, w_ptr, gx_ptr, part_ptr, rows, n, TAPS: constexpr, BLOCK: constexpr):
+    """One row (c, r), BLOCK positions: gx[j] = sum_k w[c, m - 1 - k] g[j + k - h] at its positions j, and for each
+    tap k the block's share of the taps' gradient, sum_i g[i] x[i + k - h] over its positions i, in part[row, block,
+    k]."""
     row = tl.program_id(0).to(tl.int64)
+    block = tl.program_id(1)
     c = row // rows
-    k = tl.arange(0, TAPS_P2)
-    has_tap = k < TAPS
-    reversed_w = tl.load(w_ptr + c * TAPS + (TAPS - 1 - k), mask=has_tap, other=0.0).to(tl.float32)
+    i = block * BLOCK + tl.arange(0, BLOCK)
     base = row * n
-    tap_sums = tl.zeros((TAPS_P2, BLOCK), dtype=tl.float32)
-    for start in range(0, n, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        src = i[None, :] + k[:, None] - (TAPS - 1) // 2
-        inside = has_tap[:, None] & (src >= 0) & (src < n)
-        gs = tl.load(g_ptr + base + src, mask=inside, other=0.0).to(tl.float32)  # g's windows around position i
-        tl.store(gx_ptr + base + i, tl.sum(gs * reversed_w[:, None], axis=0).to(gx_ptr.dtype.element_ty),
-                 mask=i < n)
-        g = tl.load(g_ptr + base + i, mask=i < n, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + base + i, mask=i < n, other=0.0).to(tl.float32)
+    gx = tl.zeros((BLOCK,), dtype=tl.float32)
+    parts = part_ptr + (row * tl.num_programs(1) + block) * TAPS
+    for k in tl.static_range(TAPS):
+        src = i + (k - (TAPS - 1) // 2)
+        inside = (src >= 0) & (src < n)
+        gs = tl.load(g_ptr + base + src, mask=inside, other=0.0).to(tl.float32)
+        gx += gs * tl.load(w_ptr + c * TAPS + (TAPS - 1 - k)).to(tl.float32)
         xs = tl.load(x_ptr + base + src, mask=inside, other=0.0).to(tl.float32)
-        tap_sums += xs * g[None, :]
-    tl.store(part_ptr + row * TAPS + k, tl.sum(tap_sums, axis=1), mask=has_tap)
+        tl.store(parts + k, tl.sum(xs * g, axis=0))
+    tl.store(gx_ptr + base + i, gx.to(gx_ptr.dtype.element_ty), mask=i < n)
 
 
 _KERNELS = []
@@ -101,26 +98,33 @@ def _same(kernel):
     return kernel
 
 
+def _block(n: int) -> int:
+    """The positions a program sums: ``BLOCK_MAX``, or the next power of 2 of a shorter length (at least 16)."""
+    return max(16, min(BLOCK_MAX, triton.next_power_of_2(n)))
+
+
 def _forward(x: torch.Tensor, taps: torch.Tensor, wrap=_same) -> torch.Tensor:
     """x (d, R, n) and taps (d, m) contiguous: the band of x, in the taps' dtype. ``wrap``: what the Triton kernels are
     launched through (``torch.library.wrap_triton`` inside a ``triton_op``)."""
     d, rows, n = x.shape
-    m = taps.shape[1]
     y = torch.empty(x.shape, device=x.device, dtype=taps.dtype)
-    wrap(_kernels()[0])[(d * rows,)](x, taps, y, rows, n, TAPS=m, TAPS_P2=triton.next_power_of_2(m), BLOCK=BLOCK)
+    block = _block(n)
+    wrap(_kernels()[0])[(d * rows, triton.cdiv(n, block))](x, taps, y, rows, n, TAPS=taps.shape[1], BLOCK=block)
     return y
 
 
 def _backward(grad: torch.Tensor, x: torch.Tensor, taps: torch.Tensor,
               wrap=_same) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The input's gradient (x's dtype) and the taps' (their dtype), for grad, x (d, R, n) and taps (d, m) contiguous."""
+    """The input's gradient (x's dtype) and the taps' (their dtype), for grad, x (d, R, n) and taps (d, m) contiguous:
+    the taps' from the kernel's (d, R x blocks, m) fp32 shares, summed by torch (in a fixed order: no atomics)."""
     d, rows, n = x.shape
     m = taps.shape[1]
+    block = _block(n)
+    blocks = triton.cdiv(n, block)
     gx = torch.empty_like(x)
-    part = torch.empty(d * rows, m, device=x.device, dtype=torch.float32)
-    wrap(_kernels()[1])[(d * rows,)](grad, x, taps, gx, part, rows, n, TAPS=m, TAPS_P2=triton.next_power_of_2(m),
-                                     BLOCK=BLOCK, num_warps=BACKWARD_WARPS)
-    return gx, part.view(d, rows, m).sum(1).to(taps.dtype)
+    part = torch.empty(d * rows * blocks, m, device=x.device, dtype=torch.float32)
+    wrap(_kernels()[1])[(d * rows, blocks)](grad, x, taps, gx, part, rows, n, TAPS=m, BLOCK=block)
+    return gx, part.view(d, rows * blocks, m).sum(1).to(taps.dtype)
 
 
 class DirectBand(torch.autograd.Function):

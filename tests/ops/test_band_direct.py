@@ -32,16 +32,18 @@ def _case(d, rows, n, m, device, seed=0):
     return x.to(device), w.to(device), cot.to(device)
 
 
-# (d, R, n, m): one position, taps wider than the sequence, a length within one block and across blocks (BLOCK 256,
-# not a multiple), one tap, taps whose count is a power of 2 plus one (17: 32 lanes, 15 masked) and not (31)
-CASES = [(3, 2, 1, 17), (4, 3, 7, 5), (2, 2, 33, 17), (2, 3, 300, 3), (3, 1, 96, 31), (2, 2, 64, 1),
-         (2, 2, 520, 17)]
+# (d, R, n, m, BLOCK_MAX): one position, taps wider than the sequence, lengths that are and are not powers of 2, one
+# tap, many; one block a row, and several (the taps' gradient summed over the blocks; windows across their edges)
+CASES = [(3, 2, 1, 17, 1024), (4, 3, 7, 5, 1024), (2, 2, 33, 17, 1024), (2, 3, 300, 3, 1024), (3, 1, 96, 31, 1024),
+         (2, 2, 64, 1, 1024), (2, 2, 100, 17, 16), (3, 2, 33, 5, 16), (2, 1, 64, 31, 16)]
 
 
-@pytest.mark.parametrize("d,rows,n,m", CASES)
-def test_the_direct_band_is_torchs_depthwise_convolution(d, rows, n, m, device):
+@pytest.mark.parametrize("d,rows,n,m,block", CASES)
+def test_the_direct_band_is_torchs_depthwise_convolution(d, rows, n, m, block, device, monkeypatch):
     """fp32: the output and both gradients (the input's, the taps') within fp32 rounding of torch's convolution of each
     channel in fp64, and the kernels' Function the one that ran."""
+    monkeypatch.setattr(band_direct, "BLOCK_MAX", block)
+    assert band_direct._block(n) == max(16, min(block, 1 << (n - 1).bit_length()))
     x64, w64, cot64 = _case(d, rows, n, m, device)
     x, w = x64.float().requires_grad_(), w64.float().requires_grad_()
     y = ski.band_conv(x, w, method="triton")
