@@ -45,7 +45,7 @@ D1, QUICK_D1, TAPS, RANK, LAMBDA = 3 * 768, 48, 17, 32, 0.99
 # (label, band_conv's method, block)
 BANDS = [("GEMM, blocks of 16", "gemm", 16), ("GEMM, blocks of 32", "gemm", 32), ("GEMM, blocks of 64", "gemm", 64),
          ("GEMM, blocks of 128", "gemm", 128), ("depthwise conv1d", "conv1d", None),
-         ("direct, Triton", "triton", None)]
+         ("direct, Triton, blocks of 256", "triton", 256), ("direct, Triton, blocks of 1,024", "triton", 1024)]
 QUEUED = 20
 WARMUP = 2
 
@@ -101,8 +101,14 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
     def band_step(method, block):
         def step():
             x.grad = taps.grad = None
-            y = ski.band_conv(x, taps, block=block, method=method)
-            y.backward(grad)
+            kept = band_direct.BLOCK_MAX
+            if method == "triton":  # the direct band's positions a program (``BLOCK_MAX``; the GEMM's block otherwise)
+                band_direct.BLOCK_MAX = block
+            try:
+                y = ski.band_conv(x, taps, block=block, method=method)
+                y.backward(grad)  # its blocks too
+            finally:
+                band_direct.BLOCK_MAX = kept
             return [y.detach(), x.grad, taps.grad]
         return step
 
