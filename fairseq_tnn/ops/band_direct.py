@@ -29,6 +29,7 @@ False and ``band_conv`` runs its convolution. Which device type takes this metho
 from typing import Tuple
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .toeplitz_direct import AVAILABLE, INTERPRETED, constexpr, tl, triton
 
@@ -137,10 +138,10 @@ class DirectBand(torch.autograd.Function):
         return _forward(x, taps)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad: torch.Tensor):
         x, taps = ctx.saved_tensors
-        gx, gw = _backward(grad.contiguous(), x, taps)
-        return gx, gw
+        return _backward(grad.contiguous(), x, taps)
 
 
 # ``DirectBand`` as torch.compile sees it (inside the stack's CUDA graphs): custom operators whose Triton kernels

@@ -12,13 +12,13 @@ weight's), 2.4 of the graphed 4 x 2048 update's 24.2 ms of kernels, the longest 
 autocast's dtype where autocast runs, as ``F.linear`` would cast it), the GEMM's output (rows, padded) aligned, the
 padded columns dropped by a view (row stride the padded size). Autograd's backward then pads the logits' gradient with
 zero columns for its two GEMMs, and hands the weight the first rows of the padded weight's gradient. The cost is a
-copy of the weight forward (fp16: 77 MB at the masked wt103 width) and of the logits' gradient backward, tens of
-microseconds where the unaligned GEMMs cost milliseconds.
+copy of the weight forward (fp16: 77 MB at the masked wt103 width), which the GEMM keeps for its backward, and of the
+logits' gradient backward: tens of microseconds where the unaligned GEMMs cost milliseconds.
 
-It pads on the device types of ``ALIGN`` (CUDA), for at least ``MIN_ROWS`` rows of logits, with the fast paths on (``fast.enabled``), outside torch.compile
-(inductor pads a GEMM's operands itself, ``torch._inductor.config.shape_padding``), for a vocabulary that is not
-aligned already; otherwise it is ``F.linear``, its reference (tests/ops/test_logits.py compares the two, forward and
-gradients).
+It pads on the device types of ``ALIGN`` (CUDA), for at least ``MIN_ROWS`` rows of logits, with the fast paths on
+(``fast.enabled``), outside torch.compile (inductor pads a GEMM's operands itself,
+``torch._inductor.config.shape_padding``), for a vocabulary that is not aligned already; otherwise it is ``F.linear``,
+its reference (tests/ops/test_logits.py compares the two, forward and gradients).
 """
 from typing import Dict
 
