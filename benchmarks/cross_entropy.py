@@ -16,7 +16,6 @@ and ``cross_entropy.md``.
 """
 import argparse
 import os
-import statistics
 import sys
 from typing import Dict
 
@@ -26,8 +25,8 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
-                                triton_run, write_results)
+from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, interleaved_rounds,  # noqa: E402
+                                refuse_overwrite, triton_run, write_results)
 from benchmarks.toeplitz_direct import _clock  # noqa: E402
 
 VOCAB = 50264  # Wikitext-103's dictionary (GPT-2 BPE), fairseq's 4 specials included (benchmarks/trainer.py)
@@ -72,14 +71,8 @@ def measure(label: str, rows: int, vocab: int, dtype, device: str, rounds: int) 
              for way in WAYS}
     for way in WAYS:
         steps[way]["forward_backward"]()  # the first call: Triton's compilation for the fused way
-    times = {w: {"forward": [], "forward_backward": []} for w in WAYS}
-    for _ in range(rounds):
-        for way in WAYS:
-            for part in ("forward", "forward_backward"):
-                times[way][part].append(timed(steps[way][part]))
-    row: Dict = {"shape": label, "rows": rows, "vocab": vocab}
+    row: Dict = {"shape": label, "rows": rows, "vocab": vocab, **interleaved_rounds(steps, timed, rounds)}
     for way in WAYS:
-        row[way] = {part: {"median_ms": statistics.median(v), "least_ms": min(v)} for part, v in times[way].items()}
         row[way]["peak_mib"] = _peak_mib(device, steps[way]["forward_backward"])
     row["fairseq_over_fused"] = {part: row["fairseq"][part]["median_ms"] / row["fused"][part]["median_ms"]
                                  for part in ("forward", "forward_backward")}

@@ -13,7 +13,7 @@ import resource
 import statistics
 import tempfile
 import time
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +50,19 @@ def checked_dtype(parser: argparse.ArgumentParser, args) -> Tuple[str, torch.dty
     if args.device == "cpu" and name == "fp16":
         parser.error("--dtype fp16 needs --device cuda (the CPU has no fp16 FFT)")
     return name, DTYPES[name]
+
+
+def interleaved_rounds(steps: Dict[str, Dict[str, Callable[[], object]]], timed: Callable[[Callable], float],
+                       rounds: int) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """Side by side: ``steps`` {way: {part: fn}} (each way's "forward" and "forward_backward"), timed by ``timed`` (ms)
+    in ``rounds`` rounds, each running every way's parts once, in order; per way and part the median and least ms."""
+    times = {way: {part: [] for part in parts} for way, parts in steps.items()}
+    for _ in range(rounds):
+        for way, parts in steps.items():
+            for part, fn in parts.items():
+                times[way][part].append(timed(fn))
+    return {way: {part: {"median_ms": statistics.median(v), "least_ms": min(v)} for part, v in parts.items()}
+            for way, parts in times.items()}
 
 
 def triton_run(args, dtype_name: str) -> Dict:

@@ -23,7 +23,6 @@ FFT product of the spectrum against ``direct_conv``, which takes the spectrum ba
 """
 import argparse
 import os
-import statistics
 import sys
 import time
 from typing import Callable, Dict, List
@@ -34,8 +33,8 @@ if ROOT not in sys.path:
 
 import torch  # noqa: E402
 
-from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, refuse_overwrite,  # noqa: E402
-                                triton_run, write_results)
+from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, interleaved_rounds,  # noqa: E402
+                                refuse_overwrite, triton_run, write_results)
 
 # (label, channels, batch, n, causal): the causal TNO at the paper's 8 x 512 (the direct product sums T's lower
 # triangle), the bidirectional at 16 x 512 and 4 x 2048, and a length between
@@ -141,13 +140,7 @@ def measure(label: str, d: int, b: int, n: int, causal: bool, dtype, device: str
         if device == "cuda":
             torch.cuda.synchronize()
         row.setdefault("first_call_s", {})[way] = time.perf_counter() - t
-    times: Dict[str, Dict[str, List[float]]] = {w: {"forward": [], "forward_backward": []} for w in ways}
-    for _ in range(rounds):
-        for way in ways:
-            for part in ("forward", "forward_backward"):
-                times[way][part].append(timed(steps[way][part]))
-    for way in ways:
-        row[way] = {part: {"median_ms": statistics.median(v), "least_ms": min(v)} for part, v in times[way].items()}
+    row.update(interleaved_rounds(steps, timed, rounds))
     row["fft_over_direct"] = {way: {part: row["fft"][part]["median_ms"] / row[way][part]["median_ms"]
                                     for part in ("forward", "forward_backward")} for way in ways[1:]}
     row["differences"] = {way: _differences(way, x, cot, pos, neg, size, causal, operand) for way in ways[1:]}

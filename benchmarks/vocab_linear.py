@@ -13,7 +13,6 @@ Writes ``vocab_linear.json`` and ``vocab_linear.md``.
 """
 import argparse
 import os
-import statistics
 import sys
 from typing import Dict
 
@@ -24,7 +23,8 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from benchmarks.measure import add_device_options, add_out_options, checked_dtype, refuse_overwrite, write_results  # noqa: E402,E501
+from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, interleaved_rounds,  # noqa: E402
+                                refuse_overwrite, write_results)
 from benchmarks.toeplitz_direct import _clock  # noqa: E402
 
 VOCAB = 50264 + 1  # the GPT-2 dictionary with fairseq's 4 specials (benchmarks/trainer.py), and the masked LM's <mask>
@@ -52,14 +52,10 @@ def measure(label: str, rows: int, dim: int, vocab: int, dtype, device: str, rou
              for way in WAYS}
     for way in WAYS:
         steps[way]["forward_backward"]()  # cuBLAS's first call of each shape
-    times = {w_: {"forward": [], "forward_backward": []} for w_ in WAYS}
-    for _ in range(rounds):
-        for way in WAYS:
-            for part in ("forward", "forward_backward"):
-                times[way][part].append(timed(steps[way][part]))
+    timings = interleaved_rounds(steps, timed, rounds)
     row: Dict = {"shape": label, "rows": rows, "dim": dim, "vocab": vocab}
     for way in WAYS:
-        row[way] = {part: statistics.median(v) for part, v in times[way].items()}
+        row[way] = {part: t["median_ms"] for part, t in timings[way].items()}
     row["plain_over_padded"] = {part: row["plain"][part] / row["padded"][part] for part in ("forward", "forward_backward")}
     ref = (steps["plain"]["forward"](), *steps["plain"]["forward_backward"]())
     got = (steps["padded"]["forward"](), *steps["padded"]["forward_backward"]())

@@ -52,7 +52,6 @@ def test_the_padded_logits_equal_f_linear_forward_and_gradients(device, padded_o
         torch.testing.assert_close(got, ref)
     padded = logits.padded_vocab(vocab, device)
     assert padded % 8 == 0 and padded - vocab < 8
-    # every GEMM of the forward and backward has the padded vocabulary for a dimension (or none, where it is aligned)
     # the forward's GEMM and the backward's two (the features' gradient, the weight's) run over the padded vocabulary
     assert len(seen.shapes) == 3 and all(padded in s for s in seen.shapes), seen.shapes
 
