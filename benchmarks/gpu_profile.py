@@ -95,7 +95,7 @@ import sys
 import tempfile
 import time
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 # This process's start, before torch's import: a resumed run charges the run that ended the process before it with
 # the compile seconds from that run's start to this one's (the restart and imports in between are not compiling)
@@ -141,6 +141,18 @@ DIRECT_FLOOR_KEYS = {s: [k for k in keys if k != "ski"] for s, keys in FLOOR_KEY
 
 
 _sync = tr._sync
+
+
+def timed_updates(trainer, update, device, timed: int) -> Tuple[List[float], int, float]:
+    """``timed`` calls of ``update`` (one train_step) with the device synchronised around each, then ``timed`` back to
+    back, as fairseq-train runs its updates (nothing waits for the GPU between them but what an update itself waits
+    for): their milliseconds, how many of the synchronised ones overflowed under fp16 (an update fairseq skips and
+    does not count; the last one's overflow learnt outside the timed calls), and the queued milliseconds a call."""
+    updates_before = trainer.get_num_updates()
+    ms = _timed(update, device, timed)
+    device_overflow.learn(trainer)
+    overflows = timed - (trainer.get_num_updates() - updates_before)
+    return ms, overflows, tr.queued_ms(update, device, timed)
 
 
 def _timed(fn, device, n: int) -> List[float]:
@@ -240,11 +252,7 @@ def accumulated(trainer, sample, device: str, update_freq: int, timed: int, batc
     skips, graphs = _cudagraph_skips(), _graphs()
     trainer.train_step(samples)
     device_overflow.learn(trainer)
-    updates_before = trainer.get_num_updates()
-    ms = _timed(lambda: trainer.train_step(samples), device, timed)
-    device_overflow.learn(trainer)
-    overflows = timed - (trainer.get_num_updates() - updates_before)
-    queued = tr.queued_ms(lambda: trainer.train_step(samples), device, timed)
+    ms, overflows, queued = timed_updates(trainer, lambda: trainer.train_step(samples), device, timed)
     split = split_update(trainer, sample, device, 1, update_freq=update_freq)
     tokens = update_freq * batch_tokens
     steady = statistics.median(ms)
@@ -631,15 +639,10 @@ def measure(key: str, arch: str, bound, section: str, n: int, batch: int, device
     if device == "cuda":
         resting = torch.cuda.memory_allocated()  # between updates: weights, master copy, optimizer state, the sample
     graphs = _graphs()
-    updates_before = trainer.get_num_updates()
     with peak_memory_held():  # the peak of the timed updates (fairseq resets it at the end of each)
-        ms = _timed(lambda: trainer.train_step([sample]), device, timed)
+        ms, overflows, queued = timed_updates(trainer, lambda: trainer.train_step([sample]), device, timed)
         if device == "cuda":  # read here: every update after these resets it again
             peak, reserved_peak = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
-    device_overflow.learn(trainer)  # the last timed update's overflow, if any (outside the timed calls)
-    overflows = timed - (trainer.get_num_updates() - updates_before)  # an overflowed update is not counted
-    # as fairseq-train runs its updates: nothing waits for the GPU between them but what an update itself waits for
-    queued = tr.queued_ms(lambda: trainer.train_step([sample]), device, timed)
     steady = statistics.median(ms)
     suffix = {False: "", True: " compiled", **GRAPH_SUFFIX}[compiled]
     c = {"key": key, "label": tr.LABELS[key] + suffix, "arch": arch, "compiled": compiled, "precision": precision,

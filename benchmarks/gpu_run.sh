@@ -148,8 +148,9 @@ run_call() {
         if [ $left -gt 30 ]; then
             timeout 30 python3 benchmarks/vocab_linear.py --out "$dir/vocab-linear" || code=$?
         fi
-        # SKI-TNO's band by the Triton kernels (off by default): against the convolution on CUDA, compiled and in the
-        # stack's graphs; then each band method timed side by side, eagerly (some 30 s; the ski-band call compiles)
+        # SKI-TNO's band by the Triton kernels (off by default), the low rank in them: against the convolution on CUDA,
+        # compiled and in the stack's graphs; then each band method timed side by side, eagerly, the direct band's with
+        # the low rank fused and after it (some 30 s; the ski-band call compiles)
         tests_part tests/ops/test_band_direct.py \
             tests/gpu/test_gpu.py::test_the_direct_band_in_ski_tnns_compiled_layers_and_graphs_equals_eager || code=$?
         left=$((TESTS_END - SECONDS))
@@ -201,11 +202,11 @@ run_call() {
         return $code ;;
     ski-band)
         # SKI-TNO's band each way (the banded GEMM, cuDNN's depthwise convolution, the direct band's Triton kernels),
-        # alone and in the whole SKI-TNO, eager and compiled; then SKI-TNN's update with the convolution's band and
-        # with the direct one, one after the other: eager at both masked shapes and with the stack's graphs at
-        # 4 x 2048; about 6 minutes
+        # alone and in the whole SKI-TNO (the direct band's with the low rank fused and after it), eager and compiled;
+        # then SKI-TNN's update with the convolution's band and with the direct one (the low rank fused), one after the
+        # other: eager at both masked shapes and with the stack's graphs at 4 x 2048; about 6-7 minutes
         local code=0 method
-        timeout 150 python3 benchmarks/ski_band.py --device cuda --compiled --out "$dir/ski-band" || code=$?
+        timeout 180 python3 benchmarks/ski_band.py --device cuda --compiled --out "$dir/ski-band" || code=$?
         for method in conv1d triton; do
             mkdir -p "$dir/$method"
             resumable_profile "$dir/$method" 110 --timed 8 --compile-budget 60 --shapes masked/512 masked/2048 \

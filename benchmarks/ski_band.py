@@ -3,7 +3,7 @@ the banded GEMM over blocks of 16, 32, 64 and 128 positions (``method="gemm"``, 
 the input, about (B + m - 1) / B times the input for blocks of B), torch's depthwise convolution
 (``method="conv1d"``) and the direct summation in Triton kernels (``method="triton"``, ``ops/band_direct.py``; on a
 GPU only: Triton's interpreter, the CPU's way to run them, takes seconds a step); then the whole SKI-TNO with each
-method. Which one a device type runs is
+method, the direct band's twice: with the low rank in its kernels (``ski.FUSE_LOWRANK``, the default) and after them. Which one a device type runs is
 ``fairseq_tnn.ops.ski.BAND_METHOD`` (the GEMM with blocks of 16 unless it says otherwise; the convolution on a GPU
 since the fifth GPU run), decided by this measurement.
 
@@ -124,15 +124,16 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
     with torch.no_grad():  # knots away from zero ('mean' starts them there), so the low rank takes part
         tno.knots.normal_(0.0, RANK ** -0.5)
 
-    def tno_step(method, forward=tno):
+    def tno_step(method, fuse, forward=tno):
         def step():
             tno.zero_grad(set_to_none=True)
             x.grad = None
-            saved = ski.BAND_METHOD.get(device)
-            ski.BAND_METHOD[device] = method
+            saved, saved_fuse = ski.BAND_METHOD.get(device), ski.FUSE_LOWRANK
+            ski.BAND_METHOD[device], ski.FUSE_LOWRANK = method, fuse
             try:
                 y = forward(x, layout="dbn")
             finally:
+                ski.FUSE_LOWRANK = saved_fuse
                 if saved is None:
                     del ski.BAND_METHOD[device]
                 else:
@@ -141,10 +142,16 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
             return [y.detach(), x.grad, tno.conv_weight.grad, tno.knots.grad]
         return step
 
-    steps = {f"SKI-TNO, band by {m}": tno_step(m) for m in methods}
-    names = [f"SKI-TNO compiled, band by {m}" for m in compilable] if compiled else []
-    for name, m in zip(names, compilable):  # one torch.compile per method, tracing the method BAND_METHOD names
-        steps[name] = tno_step(m, torch.compile(tno, fullgraph=True))
+    # the direct band with the low rank in its kernels (``ski.FUSE_LOWRANK``) and after them
+    variants = [(f"band by {m}", m, False) for m in methods if m != "triton"]
+    if "triton" in methods:
+        variants += [("band by triton, low rank fused", "triton", True), ("band by triton, low rank after", "triton", False)]
+    steps = {f"SKI-TNO, {label}": tno_step(m, fuse) for label, m, fuse in variants}
+    names = []
+    for label, m, fuse in variants if compiled else ():  # one torch.compile each, tracing the method it names
+        if m in compilable:
+            names.append(f"SKI-TNO compiled, {label}")
+            steps[names[-1]] = tno_step(m, fuse, torch.compile(tno, fullgraph=True))
     tnos = measure(steps, device, rounds, f"SKI-TNO, band by {ski.BAND_METHODS[0]}", names)
     return {"bands": bands, "tnos": tnos}
 

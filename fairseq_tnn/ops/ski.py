@@ -29,7 +29,9 @@ The fast path runs channel-major (``layout="dbn"``: x (d, *batch, n); the
 default ``"bnd"`` (b, n, d) is transposed to it): the band by batched GEMMs
 over blocks of the sequence (``BlockedBand``; or torch's depthwise convolution
 where ``BAND_METHOD`` says so for the device type), W^T and W as dense matmuls and
-A_c by an FFT of size O(r) (``toeplitz_fft``). ``ski_tno_ref`` builds every
+A_c by an FFT of size O(r) (``toeplitz_fft``); where the band runs in Triton kernels (``BAND_METHOD`` "triton"),
+the low rank runs in them too (``FUSE_LOWRANK``: W^T x a GEMM, A z a batched GEMM, W (A z) added as the band's
+kernel writes y). ``ski_tno_ref`` builds every
 matrix densely from independent formulas (hat functions for W and f).
 Computation is in float32 (float64 for float64 input); the output is cast to
 ``x.dtype``.
@@ -404,9 +406,13 @@ def _ski_tno(x, conv_weight, knots, lam, layout, gemm, scale):
     xd = x.permute(2, 0, 1) if layout == "bnd" else x  # (d, *batch, n), x's dtype
     d, n = xd.shape[0], xd.shape[-1]
     xd = xd.reshape(d, -1, n)  # (d, R, n), R = batch
-    y = band_conv(xd, conv_weight.to(gemm))  # (d, R, n) in the GEMMs' dtype; its backward keeps x in x's dtype
-    if knots is not None:
-        y = _add_lowrank(y, xd, knots.to(ct), lam, scale)
+    taps = conv_weight.to(gemm)
+    if knots is not None and fuses_lowrank(xd, taps):
+        y = _fused_lowrank(xd, taps, knots.to(ct), lam, scale)
+    else:
+        y = band_conv(xd, taps)  # (d, R, n) in the GEMMs' dtype; its backward keeps x in x's dtype
+        if knots is not None:
+            y = _add_lowrank(y, xd, knots.to(ct), lam, scale)
     if layout == "bnd":
         return y.view(d, x.shape[0], n).permute(1, 2, 0).to(x.dtype)
     return y.view(x.shape).to(x.dtype)
@@ -436,6 +442,50 @@ def _add_lowrank(y, xd, knots, lam, scale):
         pos, neg = ski_kernel(n, knots * scale if scale != 1.0 else knots, lam)  # (r_eff, d), (r_eff - 1, d)
         az = toeplitz_fft(z, pos.t(), neg.t(), layout="dbn")  # (d, R, r_eff) = A W^T x, FFT of size O(r), z's dtype
     return y.reshape(d * rows, n).addmm(az.reshape(d * rows, -1), w.t()).view(d, rows, n)  # + W A W^T x
+
+
+# Whether the "triton" band (``BAND_METHOD``) takes the low rank into its kernels too (``band_direct.direct_ski``): W A
+# W^T x added where the band's kernel writes y, and W A^T W^T g where its backward writes the input's gradient, A z by
+# a batched GEMM of each channel's r x r Toeplitz A. It moves x and g once less each than ``band_conv`` followed by
+# ``_add_lowrank`` (whose addmm reads and writes y again, and whose input's gradient is a GEMM's output added to the
+# band's): by the bytes, some 6 activations less a layer forward and backward, 2 more for the gate's recomputation
+# (``--ski-backward recompute``). Only on the fast path; like the direct band, timed by no GPU yet
+# (``benchmarks/ski_band.py`` times it beside the band alone).
+FUSE_LOWRANK = True
+
+
+def fuses_lowrank(x: torch.Tensor, taps: torch.Tensor) -> bool:
+    """Whether the SKI-TNO of channel-major x and taps in the GEMMs' dtype runs band and low rank in the direct band's
+    kernels: ``FUSE_LOWRANK``, the fast path, the device type's band method "triton", and kernels that run there."""
+    return (FUSE_LOWRANK and fast.enabled() and BAND_METHOD.get(x.device.type, "gemm") == "triton"
+            and band_direct.supports(x, taps))
+
+
+def _fused_lowrank(xd, taps, knots, lam, scale):
+    """Band x + W A W^T x by ``band_direct.direct_ski``: A's coefficients at its 2 r_eff - 1 lags one GEMM of the knots
+    (f is linear in them), the rest constants of the length (``_fused_constants``)."""
+    n, r = xd.shape[-1], knots.shape[0] // 2
+    key = ("ski-fused-lowrank", n, r, float(lam), float(scale), taps.dtype, knots.dtype)
+    w, index, weight, lags, placement = fast.constant(
+        key, knots.device, lambda: _fused_constants(n, r, float(lam), float(scale), knots.device, taps.dtype,
+                                                    knots.dtype))
+    return band_direct.direct_ski(xd, taps, torch.mm(knots.t(), lags), w, index, weight, placement)
+
+
+def _fused_constants(n: int, r: int, lam: float, scale: float, device, gemm: torch.dtype, dtype: torch.dtype):
+    """For ``band_direct.direct_ski`` at length n: W (n, r_eff) in the GEMMs' dtype; its two non-zeros a position,
+    index (n, 2) int32 and weight (n, 2) fp32; ``lags`` (2r, 2 r_eff - 1), which takes the knots to A's coefficients
+    at lags -(r_eff - 1) .. r_eff - 1 (``scale`` times f at the warped lags); the 0/1 ``placement`` (2 r_eff - 1,
+    r_eff^2) that puts the coefficient of lag k - l at A[k, l]."""
+    r_eff = min(r, n)
+    index, weight = interp_weights(n, r, device=device, dtype=torch.float32)
+    m_pos, m_neg = _kernel_matrices(n, r, lam, device, torch.float64)  # lags 0 .. r_eff - 1; -1 .. -(r_eff - 1)
+    lags = (torch.cat([m_neg.flip(0), m_pos]) * scale).t().to(dtype).contiguous()
+    i = torch.arange(r_eff, device=device)
+    lag = (i[:, None] - i[None, :] + r_eff - 1).view(1, -1)  # A[k, l]'s coefficient index
+    placement = (torch.arange(2 * r_eff - 1, device=device)[:, None] == lag).to(dtype)
+    return (interp_matrix(n, r, device=device, dtype=gemm), index.to(torch.int32).contiguous(), weight.contiguous(),
+            lags, placement)
 
 
 def _lowrank_spectrum_matrix(n: int, r: int, lam: float, scale: float, device, dtype) -> Tuple[torch.Tensor, int]:

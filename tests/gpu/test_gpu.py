@@ -205,9 +205,10 @@ def test_cuda_graphs_with_the_models_edges_equal_eager(arch, monkeypatch):
 
 
 def test_the_direct_band_in_ski_tnns_compiled_layers_and_graphs_equals_eager(monkeypatch):
-    """SKI-TNO's band by the Triton kernels (``BAND_METHOD["cuda"] = "triton"``, ops/band_direct.py): eagerly the same
-    masked features and gradients as the convolution's band, and compiled (its custom operators inside the layers'
-    graphs, the gate recomputed in the backward) and in the stack's CUDA graphs the same as eager, over two updates."""
+    """SKI-TNO's band by the Triton kernels (``BAND_METHOD["cuda"] = "triton"``, ops/band_direct.py), the low rank in
+    them (``ski.FUSE_LOWRANK``, its default): eagerly the same masked features and gradients as the convolution's band
+    followed by the FFT's low rank, and compiled (its custom operators inside the layers' graphs, the gate recomputed in
+    the backward) and in the stack's CUDA graphs the same as eager, over two updates."""
     from fairseq_tnn.ops import ski
     torch.manual_seed(0)
     reference = build_arch("ski_tnn_mlm_wt103", 1000, dropout=0.0, encoder_layers=3).cuda()

@@ -75,41 +75,112 @@ def test_the_direct_band_computes_in_the_taps_dtype(dtype, device):
             assert (got.double() - want).abs().max() / want.abs().max() < bound
 
 
-def test_the_ski_tno_with_the_direct_band_equals_its_dense_reference(monkeypatch):
-    """``BAND_METHOD`` set to "triton" for the CPU: the SKI-TNO (band and low rank, fp32) runs the direct band and
-    equals its dense reference, forward and every gradient; fp64, which the kernels do not take, runs the
-    convolution instead."""
+# (n, r, m, d, b, layout, scale, BLOCK_MAX): the rank below the length and above it (r_eff = n, W the identity), one
+# position (W = [[1]]), several blocks a row (the interpolation's positions offset by the block), batch rows, both
+# layouts, the module's mean scale
+SKI_CASES = [(37, 8, 17, 3, 2, "bnd", 1.0, 1024), (5, 8, 3, 4, 2, "dbn", 1.0, 1024), (1, 4, 5, 2, 3, "bnd", 1.0, 1024),
+             (100, 6, 9, 2, 3, "dbn", 0.25, 16), (64, 32, 17, 3, 1, "bnd", 1.0, 16)]
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["low rank fused", "band alone"])
+@pytest.mark.parametrize("n,r,m,d,b,layout,scale,block", SKI_CASES)
+def test_the_ski_tno_with_the_direct_band_equals_its_dense_reference(n, r, m, d, b, layout, scale, block, fused,
+                                                                       device, monkeypatch):
+    """``BAND_METHOD`` set to "triton" for the device: the SKI-TNO (band and low rank, fp32) runs the direct band, with
+    the low rank in its kernels (``FUSE_LOWRANK``, ``band_direct.DirectSki``) or after it (``DirectBand``, then
+    ``_add_lowrank``), and equals its dense reference, forward and every gradient."""
+    monkeypatch.setitem(ski.BAND_METHOD, device, "triton")
+    monkeypatch.setattr(ski, "FUSE_LOWRANK", fused)
+    monkeypatch.setattr(band_direct, "BLOCK_MAX", block)
+    inputs = [t.requires_grad_(True) for t in ski_inputs(n, r, m, torch.float32, layout, d=d, b=b, device=device)]
+    g = torch.randn(inputs[0].shape, generator=torch.Generator().manual_seed(1)).to(device)
+    y_ref = ski.ski_tno_ref(*[t.double() for t in inputs], lam=0.9, layout=layout, scale=scale)
+    grads_ref = torch.autograd.grad(y_ref, inputs, g.double())
+    y = ski.ski_tno(*inputs, lam=0.9, layout=layout, scale=scale)
+    assert _ran(y, "DirectSkiBackward" if fused else "DirectBandBackward"), "not the expected kernels' Function"
+    assert fused or not _ran(y, "DirectSkiBackward")
+    assert_close_rel(y.double(), y_ref, 2e-5)
+    for name, a, want in zip(("x", "taps", "knots"), torch.autograd.grad(y, inputs, g), grads_ref):
+        assert_close_rel(a.double(), want, 2e-5, name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_fused_ski_tno_computes_16_bit_inputs_as_the_unfused_one(dtype, device, monkeypatch):
+    """16-bit x and taps (``--fp16``'s half weights): the GEMMs in 16 bits, A z and the sums in fp32, so the fused
+    SKI-TNO is within 16-bit rounding of the dense fp64 reference, forward and every gradient, and of the same dtypes
+    as the unfused path's (band, then ``_add_lowrank``), and no further from the reference than it (up to 1.5x)."""
+    monkeypatch.setitem(ski.BAND_METHOD, device, "triton")
+    x, taps, knots = ski_inputs(200, 16, 17, torch.float64, "dbn", d=8, b=2, seed=3, device=device)
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64).to(device)
+    ref = [t.clone().requires_grad_() for t in (x, taps, knots)]
+    y_ref = ski.ski_tno_ref(*ref, lam=0.95, layout="dbn")
+    wants = (y_ref, *torch.autograd.grad(y_ref, ref, g))
+    errors = {}
+    for fused in (True, False):
+        monkeypatch.setattr(ski, "FUSE_LOWRANK", fused)
+        inputs = [x.to(dtype).requires_grad_(), taps.to(dtype).requires_grad_(), knots.float().requires_grad_()]
+        y = ski.ski_tno(*inputs, lam=0.95, layout="dbn")
+        assert _ran(y, "DirectSkiBackward") == fused
+        gots = (y, *torch.autograd.grad(y, inputs, g.to(dtype)))
+        assert [t.dtype for t in gots] == [dtype, dtype, dtype, torch.float32]
+        errors[fused] = [float((got.double() - want).abs().max() / want.abs().max()) for got, want in zip(gots, wants)]
+    bound = 3e-2 if dtype == torch.bfloat16 else 4e-3
+    assert max(errors[True]) < bound, errors
+    assert all(a <= 1.5 * b + 1e-4 for a, b in zip(errors[True], errors[False])), errors
+
+
+def test_the_fused_ski_tno_dispatches_no_fft_and_fewer_operations(device, monkeypatch):
+    """The low rank in the band's kernels: forward and backward dispatch no FFT, no ``addmm`` and no separate sum of the
+    input's two gradients, and fewer operations than the band followed by ``_add_lowrank`` (the allocations and copies
+    of Triton's interpreter, which moves each tensor argument to the host and back, left out)."""
+    from benchmarks.opcount import OpCounter
+    monkeypatch.setitem(ski.BAND_METHOD, device, "triton")
+    inputs = [t.requires_grad_(True) for t in ski_inputs(64, 8, 17, torch.float32, "dbn", device=device)]
+    counts = {}
+    for fused in (True, False):
+        monkeypatch.setattr(ski, "FUSE_LOWRANK", fused)
+        ski.ski_tno(*inputs, lam=0.9, layout="dbn").sum().backward()  # the constants built
+        counter = OpCounter()
+        with counter:
+            y = ski.ski_tno(*inputs, lam=0.9, layout="dbn")
+            y.backward(torch.ones_like(y))
+        counts[fused] = {k: v for k, v in counter.counts.items() if k not in ("empty", "new_empty", "set_", "copy_")}
+    assert not any("fft" in k or k in ("addmm", "add") for k in counts[True]), counts[True]
+    assert counts[False]["_fft_r2c"] and counts[False]["addmm"], counts[False]
+    assert sum(counts[True].values()) < sum(counts[False].values()) * 0.6, counts
+
+
+def test_where_the_kernels_cannot_run_the_ski_tno_takes_the_convolution(monkeypatch):
+    """fp64, which the kernels do not take: the SKI-TNO with the "triton" method runs torch's convolution for its band
+    and the unfused low rank."""
     from benchmarks.opcount import OpCounter
     monkeypatch.setitem(ski.BAND_METHOD, "cpu", "triton")
-    x, conv_weight, knots = ski_inputs(37, 8, 17, torch.float32)
-    inputs = [t.requires_grad_(True) for t in (x, conv_weight, knots)]
-    g = torch.randn(x.shape)
-    y_ref = ski.ski_tno_ref(*[t.double() for t in inputs], lam=0.9)
-    grads_ref = torch.autograd.grad(y_ref, inputs, g.double())
-    y = ski.ski_tno(*inputs, lam=0.9)
-    assert _ran_direct(y), "the direct band did not run"
-    assert_close_rel(y.double(), y_ref, 2e-5)
-    for a, b in zip(torch.autograd.grad(y, inputs, g), grads_ref):
-        assert_close_rel(a.double(), b, 2e-5)
+    x, conv_weight, knots = ski_inputs(37, 8, 17, torch.float64)
+    assert not ski.fuses_lowrank(x.permute(2, 0, 1), conv_weight)
     counter = OpCounter()
-    x64 = [t.detach().double() for t in inputs]
     with counter:
-        ski.ski_tno(*x64, lam=0.9)
+        y = ski.ski_tno(x, conv_weight, knots, lam=0.9)
     assert counter.counts["convolution"] == 1, dict(counter.counts)
+    torch.testing.assert_close(y, ski.ski_tno_ref(x, conv_weight, knots, lam=0.9))
 
 
-def _ran_direct(y) -> bool:
-    """Whether a DirectBand node is in y's autograd graph."""
+def _ran(y, function: str) -> bool:
+    """Whether a node of the autograd Function ``function`` (its backward's class name) is in y's graph."""
     seen, todo = set(), [y.grad_fn]
     while todo:
         node = todo.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        if type(node).__name__ == "DirectBandBackward":
+        if type(node).__name__ == function:
             return True
         todo.extend(n for n, _ in node.next_functions)
     return False
+
+
+def _ran_direct(y) -> bool:
+    """Whether a DirectBand node is in y's autograd graph."""
+    return _ran(y, "DirectBandBackward")
 
 
 def test_where_the_kernels_cannot_run_the_convolution_does(monkeypatch):
