@@ -192,3 +192,75 @@ def test_where_the_kernels_cannot_run_the_convolution_does(monkeypatch):
     y = ski.band_conv(x.float().requires_grad_(), w.float(), method="triton")
     assert not _ran_direct(y)
     torch.testing.assert_close(y.double(), _conv(x, w), rtol=1e-5, atol=1e-5)
+
+
+# Run in a process where Triton is not in its interpreter (so that its kernels are ``JITFunction``s and the custom
+# operators exist): the kernels compiled for an H100 / H200, then the operators traced on fake tensors.
+COMPILE_FOR_HOPPER = r'''
+import json
+import torch
+import triton
+from torch._subclasses.fake_tensor import FakeTensorMode
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fairseq_tnn.ops import band_direct as bd
+forward, backward = bd._kernels()
+target, built = GPUTarget("cuda", 90, 32), []
+
+def compile(kernel, signature, constants):
+    signature = {**signature, **{k: "constexpr" for k in constants}}
+    built.append(len(triton.compile(ASTSource(kernel, signature, constants), target=target).asm["cubin"]))
+
+ints = {k: "i32" for k in ("rows", "n", "rank")}
+for x, taps in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("fp32", "fp32")):
+    for lowrank in (False, True):
+        extra = ("*fp32", "*i32", "*fp32") if lowrank else ("*" + x,) * 3  # the low rank's rows, index, weight
+        constants = {"TAPS": 17, "BLOCK": bd.BLOCK_MAX, "LOWRANK": lowrank}
+        compile(forward, {"x_ptr": "*" + x, "w_ptr": "*" + taps, "y_ptr": "*" + taps,
+                          **dict(zip(("az_ptr", "index_ptr", "weight_ptr"), extra)), **ints}, constants)
+        compile(backward, {"g_ptr": "*" + taps, "x_ptr": "*" + x, "w_ptr": "*" + taps, "gx_ptr": "*" + x,
+                           "part_ptr": "*fp32", **dict(zip(("gz_ptr", "index_ptr", "weight_ptr"), extra)), **ints},
+                constants)
+
+# the custom operators torch.compile sees, forward and registered backward, on fake tensors: shapes and dtypes
+d, rows, n, m, r = 16, 2, 64, 17, 8
+shapes = {}
+with FakeTensorMode():
+    x = torch.empty(d, rows, n, dtype=torch.float16, requires_grad=True)
+    taps = torch.empty(d, m, dtype=torch.float16, requires_grad=True)
+    coef = torch.empty(d, 2 * r - 1, requires_grad=True)
+    constants = (torch.empty(n, r, dtype=torch.float16), torch.empty(n, 2, dtype=torch.int32), torch.empty(n, 2),
+                 torch.empty(2 * r - 1, r * r))
+    y, z = bd._ski_op(x, taps, coef, *constants)
+    grads = torch.autograd.grad(y, (x, taps, coef), torch.empty_like(y))
+    shapes["ski"] = [[list(t.shape), str(t.dtype)] for t in (y, z, *grads)]
+    y = bd._band_op(x, taps)
+    shapes["band"] = [[list(t.shape), str(t.dtype)] for t in (y, *torch.autograd.grad(y, (x, taps), torch.empty_like(y)))]
+print(json.dumps({"built": built, "shapes": shapes}))
+'''
+
+
+def test_the_kernels_compile_for_a_hopper_gpu_and_the_operators_trace(tmp_path):
+    """Without a GPU: the band's kernels, with and without the low rank, for each dtype pair the SKI-TNO launches
+    (16-bit x and taps, fp16 x with fp32 taps, fp32), compiled to machine code for an H100 / H200 (sm_90) by Triton's
+    compiler and ptxas, in a process where Triton is not in its interpreter (types and the helper's call, which the
+    interpreter does not check); and there the custom operators torch.compile traces (``fairseq_tnn::ski_lowrank``,
+    ``fairseq_tnn::ski_band`` and their backward), run on fake tensors: their outputs' and gradients' shapes and
+    dtypes."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from helpers import ROOT
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(result["built"]) == 16 and min(result["built"]) > 3_000, result["built"]  # 16 cubins of real code
+    half, single = "torch.float16", "torch.float32"
+    assert result["shapes"] == {
+        "ski": [[[16, 2, 64], half], [[32, 8], half], [[16, 2, 64], half], [[16, 17], half], [[16, 15], single]],
+        "band": [[[16, 2, 64], half], [[16, 2, 64], half], [[16, 17], half]]}, result["shapes"]
