@@ -391,15 +391,30 @@ for dtype, precision in (("fp16", "fp16"), ("bf16", "tf32"), ("fp32", "ieee")):
 compile(scale_kernel, {"k_ptr": "*fp32", "scaled_ptr": "*fp16", "scale_ptr": "*fp32", "size": "i32"},
         {"BLOCK": td.SCALE_BLOCK})
 print(json.dumps(built))
+
+# the custom operators torch.compile sees, forward and registered backward, on fake tensors: shapes and dtypes
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+shapes = []
+with FakeTensorMode():
+    for dtype in (torch.float16, torch.bfloat16):
+        for causal in (False, True):
+            x = torch.empty(4, 8, 100, dtype=dtype, requires_grad=True)
+            kernel = torch.empty(4, 100 if causal else 199, requires_grad=True)
+            y = td._direct_op(x, kernel, causal)
+            shapes.append([[list(t.shape), str(t.dtype)]
+                           for t in (y, *torch.autograd.grad(y, (x, kernel), torch.empty_like(y)))])
+print(json.dumps(shapes))
 '''
 
 
-def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
+def test_the_kernels_compile_for_a_hopper_gpu_and_the_operators_trace(tmp_path):
     """Without a GPU, the Triton kernels are compiled to machine code for an H100 / H200 (sm_90, the GPU machines'),
     every variant the product launches (fp16, bf16 and fp32 x; T and T^T; whole and causal; the lag gradient, whole
     and causal; the fp16 coefficients' scaling), by Triton's own compiler and ptxas, in a process where Triton is not
     in its interpreter: what the interpreter does not check (types, layouts, the tensor-core products' shapes) is
-    checked here before a GPU run."""
+    checked here before a GPU run; and there the custom operators torch.compile traces (``fairseq_tnn::direct_toeplitz``
+    and its backward's two), run on fake tensors: their outputs' and gradients' shapes and dtypes."""
     import json
     import subprocess
     import sys
@@ -410,5 +425,8 @@ def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    sizes = json.loads(done.stdout.strip().splitlines()[-1])
+    sizes, shapes = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
     assert len(sizes) == 19 and min(sizes) > 3_000, sizes  # 19 cubins of real code
+    x_shape, kernel = [4, 8, 100], "torch.float32"
+    assert shapes == [[[x_shape, dtype], [x_shape, dtype], [[4, size], kernel]]
+                      for dtype in ("torch.float16", "torch.bfloat16") for size in (199, 100)], shapes
