@@ -1164,7 +1164,9 @@ def markdown(result) -> str:
            + ("" if not meta.get("graphs") else "They hold the model's edges (embedding, final norm, output layer). "
               if meta.get("graph_edges") else "The model's edges run eagerly around them (no edges). ")
            + (f"SKI-TNN: `--ski-backward {meta['ski_backward']}`"
-              + (f", its band by {meta['ski_band']}" if meta.get("ski_band") else "") + ". "
+              + (f", its band by {meta['ski_band']}" if meta.get("ski_band") else "")
+              + (", the low rank in the band's kernels" if meta.get("ski_band") == "triton"
+                 and meta.get("ski_lowrank_fused") else "") + ". "
               if meta.get("ski_backward") and any(c["key"] == "ski" for g in result["groups"] for c in g["configs"])
               else "")
            + f"Plain copy: {result['bandwidth_gbs']:.1f} GB/s. Update: median of {meta['timed']} updates (min beside it), "
@@ -1510,7 +1512,7 @@ def main(argv=None):
             "stack_regions": compiling.STACK_REGIONS, "graph_edges": compiling.GRAPH_EDGES,
             "direct_max_n": a.direct_max_n, "direct_floor": direct_floor, "accumulated": accumulated_ids,
             "update_freq": a.update_freq, "ski_backward": a.ski_backward or SkiSettings.ski_backward,
-            "ski_band": ski.BAND_METHOD.get(a.device, "gemm"),
+            "ski_band": ski.BAND_METHOD.get(a.device, "gemm"), "ski_lowrank_fused": ski.FUSE_LOWRANK,
             "compile_budget_s": a.compile_budget, "torch": torch.__version__, "cuda": torch.version.cuda,
             "machine": torch.cuda.get_device_name(0) if a.device == "cuda" else _machine(),
             "command": "python benchmarks/gpu_profile.py " + " ".join(

@@ -24,7 +24,7 @@ band needs.
 The SKI-TNO's low rank W A W^T x joins the same passes (``direct_ski``, ``ski.FUSE_LOWRANK``): W has two non-zeros
 a position, so the forward's program adds W (A W^T x) to its block as it writes y, and the backward's adds W (A^T
 W^T g) to the input's gradient, from the (d R, r_eff) rows A W^T x and A^T W^T g that a GEMM with W, then a batched
-GEMM with each channel's A, make beforehand (a few hundred bytes a row).
+GEMM with each channel's A, make beforehand (r_eff fp32 values a row).
 
 fp16, bf16 and fp32 inputs and taps, accumulated in fp32; the output in the taps' dtype and the input's gradient in
 the input's, as ``band_conv``'s other methods. Triton is optional, as for ``toeplitz_direct``: without it, off a CUDA
@@ -58,7 +58,7 @@ def _band_kernel(x_ptr, w_ptr, y_ptr, az_ptr, index_ptr, weight_ptr, rows, n, ra
                  BLOCK: constexpr, LOWRANK: constexpr):
     """One row (c, r), BLOCK positions i: y[i] = sum_k w[c, k] x[i + k - h], a shifted window of x per tap (from the
     cache after the first), in fp32; with ``LOWRANK``, plus the row's interpolated low rank (W az)[i] = weight[i, 0]
-    az[index[i, 0]] + weight[i, 1] az[index[i, 1]] (az (d R, rank) fp32, a few hundred bytes a row)."""
+    az[index[i, 0]] + weight[i, 1] az[index[i, 1]] (az (d R, rank) fp32: 128 bytes a row at r = 32)."""
     row = tl.program_id(0).to(tl.int64)
     c = row // rows
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)

@@ -1632,7 +1632,12 @@ def test_gpu_profile_ski_backward_builds_ski_tnn_with_it_and_says_so(tmp_path, m
     assert result["meta"]["ski_backward"] == "keep" and [c["key"] for g in result["groups"] for c in g["configs"]] == [
         "ski"]
     assert result["meta"]["ski_band"] == "conv1d"  # --ski-band: the band's method of the run's device type
+    assert result["meta"]["ski_lowrank_fused"] is True  # ski.FUSE_LOWRANK, which the direct band's rows then take
     assert "SKI-TNN: `--ski-backward keep`, its band by conv1d." in (out / "gpu_profile.md").read_text()
+    gpu_profile = importlib.import_module("benchmarks.gpu_profile")
+    for fused, words in ((True, "its band by triton, the low rank in the band's kernels."), (False, "its band by triton.")):
+        meta = {**result["meta"], "ski_band": "triton", "ski_lowrank_fused": fused}
+        assert f"SKI-TNN: `--ski-backward keep`, {words}" in gpu_profile.markdown({**result, "meta": meta})
     # the direct band's kernels run on a GPU only: refused on the CPU before any work
     code, log, _ = execute([*cmd[:-2], "--ski-band", "triton", "--out", str(tmp_path / "refused")], command_env(), 120,
                            merge=True)
