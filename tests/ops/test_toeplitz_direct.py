@@ -419,6 +419,8 @@ def test_the_kernels_compile_for_a_hopper_gpu_and_the_operators_trace(tmp_path):
     import subprocess
     import sys
     from helpers import ROOT
+    if torch.cuda.is_available():  # device time: a GPU compiles and runs the kernels in the other tests
+        pytest.skip("a check for machines without a GPU")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TRITON_CACHE_DIR"] = str(tmp_path)
