@@ -499,3 +499,36 @@ def require_triton(request, device_less_on_cpu: bool) -> None:
     if on_cpu and not toeplitz_direct.INTERPRETED:
         pytest.skip("the CPU runs Triton's kernels only in its interpreter, chosen as Triton is imported: "
                     "TRITON_INTERPRET=1, which tests/conftest.py sets where no CUDA device is (here one is)")
+
+
+# The start of a script for ``compile_for_hopper``: ``compile(kernel, signature, constants)`` compiles a Triton kernel
+# for sm_90 (an H100's or H200's) and appends its cubin's size to ``built``.
+_HOPPER_PRELUDE = r'''
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+target, built = GPUTarget("cuda", 90, 32), []
+
+def compile(kernel, signature, constants):
+    signature = {**signature, **{k: "constexpr" for k in constants}}
+    built.append(len(triton.compile(ASTSource(kernel, signature, constants), target=target).asm["cubin"]))
+'''
+
+
+def compile_for_hopper(script: str, tmp_path) -> list:
+    """Run ``script`` after ``_HOPPER_PRELUDE`` in a process where Triton is not in its interpreter (so that its
+    kernels are ``JITFunction``s, compiled by Triton's compiler and ptxas, and the plugin's custom operators exist), on
+    a machine without a GPU (one with a GPU compiles and runs the kernels in the other tests: the test is skipped there,
+    its device time saved). Returns the JSON of each line the script prints."""
+    import pytest
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a check for machines without a GPU")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["TRITON_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", _HOPPER_PRELUDE + script], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads(line) for line in done.stdout.strip().splitlines()]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import assert_close_rel, require_triton, ski_inputs
+from helpers import assert_close_rel, compile_for_hopper, require_triton, ski_inputs
 
 from fairseq_tnn.ops import band_direct, ski
 
@@ -197,20 +197,10 @@ def test_where_the_kernels_cannot_run_the_convolution_does(monkeypatch):
 # Run in a process where Triton is not in its interpreter (so that its kernels are ``JITFunction``s and the custom
 # operators exist): the kernels compiled for an H100 / H200, then the operators traced on fake tensors.
 COMPILE_FOR_HOPPER = r'''
-import json
 import torch
-import triton
 from torch._subclasses.fake_tensor import FakeTensorMode
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from fairseq_tnn.ops import band_direct as bd
 forward, backward = bd._kernels()
-target, built = GPUTarget("cuda", 90, 32), []
-
-def compile(kernel, signature, constants):
-    signature = {**signature, **{k: "constexpr" for k in constants}}
-    built.append(len(triton.compile(ASTSource(kernel, signature, constants), target=target).asm["cubin"]))
-
 ints = {k: "i32" for k in ("rows", "n", "rank")}
 for x, taps in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("fp32", "fp32")):
     for lowrank in (False, True):
@@ -247,20 +237,7 @@ def test_the_kernels_compile_for_a_hopper_gpu_and_the_operators_trace(tmp_path):
     interpreter does not check); and there the custom operators torch.compile traces (``fairseq_tnn::ski_lowrank``,
     ``fairseq_tnn::ski_band`` and their backward), run on fake tensors: their outputs' and gradients' shapes and
     dtypes."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from helpers import ROOT
-    if torch.cuda.is_available():  # device time: a GPU compiles and runs the kernels in the other tests
-        pytest.skip("a check for machines without a GPU")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    (result,) = compile_for_hopper(COMPILE_FOR_HOPPER, tmp_path)
     assert len(result["built"]) == 16 and min(result["built"]) > 3_000, result["built"]  # 16 cubins of real code
     half, single = "torch.float16", "torch.float32"
     assert result["shapes"] == {

@@ -5,7 +5,7 @@ the loss and the logits' gradient, on every device (the CPU under Triton's inter
 import pytest
 import torch
 
-from helpers import require_triton
+from helpers import compile_for_hopper, require_triton
 
 from fairseq_tnn.ops import cross_entropy as ce
 from fairseq_tnn.ops import fast, toeplitz_direct
@@ -318,3 +318,25 @@ def test_the_masked_criterion_equals_fairseqs_masked_lm(device, monkeypatch):
         unnamed = _mlm_sample(device, fused.padding_idx, positions=False)
         loss, size, _, _ = _gradients(fused, model, unnamed)
         assert not calls and torch.is_tensor(size) and torch.equal(loss, stock(model, unnamed)[0])
+
+
+COMPILE_FOR_HOPPER = r'''
+from fairseq_tnn.ops import cross_entropy as ce
+forward, backward = ce._kernels()
+ints = {k: "i32" for k in ("vocab", "stride", "ignore_index")}
+for dtype in ("fp16", "bf16", "fp32"):
+    compile(forward, {"logits_ptr": "*" + dtype, "target_ptr": "*i64", "lse_ptr": "*fp32", "loss_ptr": "*fp32",
+                      **ints}, {"BLOCK": ce.BLOCK})
+    compile(backward, {"logits_ptr": "*" + dtype, "target_ptr": "*i64", "lse_ptr": "*fp32", "grad_loss_ptr": "*fp32",
+                       "grad_ptr": "*" + dtype, "vocab": "i32", "stride": "i32", "grad_stride": "i32",
+                       "ignore_index": "i32"}, {"BLOCK": ce.BLOCK})
+print(json.dumps(built))
+'''
+
+
+def test_the_kernels_compile_for_a_hopper_gpu(tmp_path):
+    """Without a GPU: the fused loss's forward and backward kernels for fp16, bf16 and fp32 logits (the recipes' loss on
+    a GPU) compiled to machine code for an H100 / H200 (sm_90) by Triton's compiler and ptxas, in a process where Triton
+    is not in its interpreter: the types and reductions the interpreter does not check."""
+    (built,) = compile_for_hopper(COMPILE_FOR_HOPPER, tmp_path)
+    assert len(built) == 6 and min(built) > 3_000, built  # 6 cubins of real code

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks.opcount import count
-from helpers import on, rel, require_triton
+from helpers import compile_for_hopper, on, rel, require_triton
 from fairseq_tnn.ops import toeplitz, toeplitz_direct
 from fairseq_tnn.ops.toeplitz import fft_conv, kernel_spectrum, next_fast_len, toeplitz_ref
 
@@ -362,18 +362,8 @@ def test_the_stacks_cuda_graphs_take_the_direct_product(monkeypatch):
 
 
 COMPILE_FOR_HOPPER = r'''
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from fairseq_tnn.ops import toeplitz_direct as td
 apply_kernel, lag_grad_kernel, scale_kernel = td._kernels()
-target, built = GPUTarget("cuda", 90, 32), []
-
-def compile(kernel, signature, constants):
-    signature = {**signature, **{k: "constexpr" for k in constants}}
-    built.append(len(triton.compile(ASTSource(kernel, signature, constants), target=target).asm["cubin"]))
-
 ints = {k: "i32" for k in ("rows", "n", "size")}
 for dtype, precision in (("fp16", "fp16"), ("bf16", "tf32"), ("fp32", "ieee")):
     coefficients = "*fp16" if precision == "fp16" else "*fp32"
@@ -415,19 +405,7 @@ def test_the_kernels_compile_for_a_hopper_gpu_and_the_operators_trace(tmp_path):
     in its interpreter: what the interpreter does not check (types, layouts, the tensor-core products' shapes) is
     checked here before a GPU run; and there the custom operators torch.compile traces (``fairseq_tnn::direct_toeplitz``
     and its backward's two), run on fake tensors: their outputs' and gradients' shapes and dtypes."""
-    import json
-    import subprocess
-    import sys
-    from helpers import ROOT
-    if torch.cuda.is_available():  # device time: a GPU compiles and runs the kernels in the other tests
-        pytest.skip("a check for machines without a GPU")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["TRITON_CACHE_DIR"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    sizes, shapes = (json.loads(line) for line in done.stdout.strip().splitlines()[-2:])
+    sizes, shapes = compile_for_hopper(COMPILE_FOR_HOPPER, tmp_path)
     assert len(sizes) == 19 and min(sizes) > 3_000, sizes  # 19 cubins of real code
     x_shape, kernel = [4, 8, 100], "torch.float32"
     assert shapes == [[[x_shape, dtype], [x_shape, dtype], [[4, size], kernel]]
