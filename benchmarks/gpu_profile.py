@@ -1411,6 +1411,9 @@ def main(argv=None):
                    help="how SKI-TNO's band runs on the GPU for the run (fairseq_tnn/ops/ski.py BAND_METHOD; default: "
                         "its setting, conv1d: cuDNN's depthwise convolution); triton: the direct band's Triton kernels "
                         "(ops/band_direct.py), measured against a run without this option")
+    p.add_argument("--ski-lowrank", choices=["fused", "after"],
+                   help="where the direct band runs (--ski-band triton), whether SKI-TNO's low rank runs in its kernels "
+                        "(fairseq_tnn/ops/ski.py FUSE_LOWRANK; default: its setting, fused) or after them (after)")
     p.add_argument("--compile-budget", type=float, default=180.0,
                    help="seconds of building and measuring compiled configurations; the next one starts only where the "
                         "longest compile so far still fits (default 180)")
@@ -1503,6 +1506,8 @@ def main(argv=None):
             p.error("--ski-band=triton: the direct band's kernels need --device cuda and Triton (a CUDA build of torch "
                     "brings it)")
         ski.BAND_METHOD[a.device] = a.ski_band  # every SKI-TNO of the run
+    if a.ski_lowrank:
+        ski.FUSE_LOWRANK = a.ski_lowrank == "fused"
     os.makedirs(a.out, exist_ok=True)
     from benchmarks.measure import _machine
     t0 = time.time()

@@ -151,8 +151,10 @@ run_call() {
         # SKI-TNO's band by the Triton kernels (off by default), the low rank in them: against the convolution on CUDA,
         # compiled and in the stack's graphs; then each band method timed side by side, eagerly, the direct band's with
         # the low rank fused and after it (some 30 s; the ski-band call compiles)
+        local band=0
         tests_part tests/ops/test_band_direct.py \
-            tests/gpu/test_gpu.py::test_the_direct_band_in_ski_tnns_compiled_layers_and_graphs_equals_eager || code=$?
+            tests/gpu/test_gpu.py::test_the_direct_band_in_ski_tnns_compiled_layers_and_graphs_equals_eager || band=$?
+        [ $band -eq 0 ] || code=$band
         left=$((TESTS_END - SECONDS))
         if [ $left -gt 40 ]; then
             timeout $((left < 70 ? left : 70)) python3 benchmarks/ski_band.py --device cuda --rounds 5 \
@@ -161,6 +163,12 @@ run_call() {
         tests_part tests/gpu/test_gpu.py -k distributed_data_parallel || code=$?
         tests_part tests/gpu/test_gpu.py -k "cuda_graphs_equal_eager or regions" || code=$?
         tests_part tests/ops/test_toeplitz_direct.py || code=$?
+        # last, so that the call's output ends with it: the band the targets call should train SKI-TNN with, by the
+        # timing above and the band's tests (the environment of `bash benchmarks/gpu_run.sh targets`)
+        if [ -f "$dir/ski-band/ski_band.json" ]; then
+            python3 benchmarks/ski_band.py --choice "$dir/ski-band/ski_band.json" \
+                $([ $band -eq 0 ] || echo --tests-failed) || code=$?
+        fi
         return $code ;;
     direct)
         # handed the kernel in time first (TNN's and causal FD-TNN's stacks hand it so; the FFT way transforms it),
@@ -177,8 +185,10 @@ run_call() {
         # every configuration eager, the stack's graphs of each row a target compares while the compile budget lasts,
         # the main target's two sides again with the recipe's gradient accumulation, fairseq's --bf16 of causal TNN,
         # and last the floors again with the direct product) without the compiled rows the recipe does not train;
-        # about 8-9 minutes, a call of its own
-        resumable_profile "$dir" 540 --timed 8 --compile-budget 315 --compiled ;;
+        # about 8-9 minutes, a call of its own. SKI_BAND and SKI_LOWRANK (the tests call's last line says which):
+        # SKI-TNO's band and low rank for the run (gpu_profile's --ski-band, --ski-lowrank), BAND_METHOD's otherwise
+        resumable_profile "$dir" 540 --timed 8 --compile-budget 315 --compiled ${SKI_BAND:+--ski-band "$SKI_BAND"} \
+            ${SKI_LOWRANK:+--ski-lowrank "$SKI_LOWRANK"} ;;
     no-edges)
         profile "$dir" 90 --no-graph-edges --configs tnn6 --graphs causal/512/tnn6 --host-profile causal/512/tnn6 ;;
     one-graph)

@@ -23,10 +23,11 @@ taps need no copy); ``--quick``: d1 = 48 and short sequences (a smoke test, seco
 ``ski_band.md``.
 """
 import argparse
+import json
 import os
 import statistics
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
@@ -156,6 +157,42 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
     return {"bands": bands, "tnos": tnos}
 
 
+# The whole SKI-TNO's eager rows the choice compares (``band_choice``), by the band method and low rank they run
+CHOICES = {"SKI-TNO, band by conv1d": ("conv1d", None), "SKI-TNO, band by triton, low rank fused": ("triton", "fused"),
+           "SKI-TNO, band by triton, low rank after": ("triton", "after")}
+SAME = 2e-2  # the largest relative difference from the first row a variant may have and still be chosen (16 bits)
+
+
+def band_choice(rows: List[Dict]) -> Optional[Dict]:
+    """The band a GPU's SKI-TNN should train with, by these rows' whole eager SKI-TNOs (None without the direct band's
+    rows): the direct band (with the low rank fused or after it, the faster of the two in all) where it is faster than
+    the convolution at every shape, queued, and computes the same (``SAME``); the convolution otherwise. As
+    gpu_run.sh's targets call takes it: SKI_BAND and SKI_LOWRANK."""
+    if not rows or not all(name in r["tnos"] for r in rows for name in CHOICES):
+        return None
+    queued = {name: [r["tnos"][name]["median_queued_ms"] for r in rows] for name in CHOICES}
+    conv1d, *direct = CHOICES
+    faster = [name for name in direct if all(a < b for a, b in zip(queued[name], queued[conv1d]))
+              and all(r["tnos"][name]["rel_diff"] < SAME for r in rows)]
+    best = min(faster, key=lambda name: sum(queued[name])) if faster else conv1d
+    band, lowrank = CHOICES[best]
+    return {"ski_band": band, "ski_lowrank": lowrank, "row": best, "queued_ms": queued,
+            "shapes": [f"{r['batch']} x {r['n']}" for r in rows]}
+
+
+def choice_line(choice: Optional[Dict], tests_passed: bool = True) -> str:
+    """The line that tells the next call how to run: the environment of ``bash benchmarks/gpu_run.sh targets``."""
+    if choice is None:
+        return "SKI band: no direct band's rows measured; the targets call keeps BAND_METHOD's"
+    if choice["ski_band"] == "triton" and not tests_passed:
+        return "SKI band: the direct band's tests failed; the targets call keeps BAND_METHOD's"
+    env = f"SKI_BAND={choice['ski_band']}" + (f" SKI_LOWRANK={choice['ski_lowrank']}" if choice["ski_lowrank"] else "")
+    times = "; ".join(f"{name.split(', ', 1)[1]}: " + ", ".join(f"{t:.3f}" for t in ts)
+                      for name, ts in choice["queued_ms"].items())
+    return (f"SKI band: {env} bash benchmarks/gpu_run.sh targets (the whole SKI-TNO queued, ms at "
+            f"{', '.join(choice['shapes'])}: {times})")
+
+
 def markdown(result: Dict) -> str:
     meta = result["meta"]
     out = [f"# SKI-TNO's band, each way ({meta['machine']}; torch {meta['torch']})", "",
@@ -173,6 +210,8 @@ def markdown(result: Dict) -> str:
                 ops = "-" if v["ops"] is None else v["ops"]
                 out.append(f"| {r['label']} ({r['batch']} x {r['n']}) | {name} | {v['median_sync_ms']:.3f} | "
                            f"{v['median_queued_ms']:.3f} | {ops} | {peak} | {v['rel_diff']:.1e} |")
+    if result.get("choice"):
+        out += ["", choice_line(result["choice"])]
     return "\n".join(out) + "\n"
 
 
@@ -184,7 +223,18 @@ def main(argv=None):
                    help="at the last shape, the whole SKI-TNO compiled with each method as well (the GPU recipe's path; "
                         "two compilations)")
     add_out_options(p, "results/ski-band")
+    p.add_argument("--choice", metavar="JSON",
+                   help="only print the band the targets call should train with, from this ski_band.json of a GPU run "
+                        "(band_choice), and exit")
+    p.add_argument("--tests-failed", action="store_true",
+                   help="with --choice: the direct band's tests failed, so it is not chosen")
     a = p.parse_args(argv)
+    if a.choice:
+        if not os.path.isfile(a.choice):
+            p.error(f"--choice {a.choice}: no such file (a ski_band.json)")
+        with open(a.choice) as f:
+            print(choice_line(band_choice(json.load(f)["rows"]), not a.tests_failed))
+        return
     dtype_name, dtype = checked_dtype(p, a)
     refuse_overwrite(p, a, "ski_band.json")
     os.makedirs(a.out, exist_ok=True)
@@ -208,9 +258,10 @@ def main(argv=None):
                       f"ms queued, {v['ops'] or '-':>3} ops, rel. diff {v['rel_diff']:.1e}", flush=True)
         if a.device == "cuda":
             torch.cuda.empty_cache()
-        result = {"meta": meta, "rows": rows}
+        result = {"meta": meta, "rows": rows, "choice": band_choice(rows)}
         write_results(a.out, "ski_band", result, markdown(result))
     print(markdown({"meta": meta, "rows": rows}))
+    print(choice_line(band_choice(rows)))
 
 
 if __name__ == "__main__":

@@ -1043,6 +1043,43 @@ def test_ski_band_measures_each_way_of_applying_the_band(tmp_path):
     assert json.loads((out / "ski_band.json").read_text()) == result  # refused before any work
 
 
+def test_ski_band_chooses_the_band_the_targets_call_trains_with(tmp_path, capsys):
+    """benchmarks/ski_band.py's choice for the next call (``band_choice``): the direct band where it is faster than the
+    convolution in the whole SKI-TNO at every shape and computes the same, with its low rank fused or after it as the
+    faster in all; the convolution otherwise, or where the band's tests failed; none without the direct band's rows.
+    ``--choice FILE`` prints it from a GPU run's ski_band.json."""
+    ski_band = importlib.import_module("benchmarks.ski_band")
+
+    def rows(conv1d, fused, after, diff=1e-3):
+        names = list(ski_band.CHOICES)
+        return [{"batch": b, "n": n, "tnos": {name: {"median_queued_ms": ms[i], "rel_diff": diff}
+                                              for name, ms in zip(names, (conv1d, fused, after))}}
+                for i, (b, n) in enumerate(((16, 512), (4, 2048)))]
+
+    choice = ski_band.band_choice(rows((2.5, 2.6), (1.0, 1.1), (1.2, 1.0)))
+    assert (choice["ski_band"], choice["ski_lowrank"]) == ("triton", "fused"), choice  # 2.1 against 2.2 in all
+    assert (ski_band.band_choice(rows((2.5, 2.6), (1.0, 3.0), (3.0, 1.0)))["ski_band"]) == "conv1d"  # not at both
+    assert ski_band.band_choice(rows((2.5, 2.6), (1.0, 1.1), (1.2, 1.0), diff=0.1))["ski_band"] == "conv1d"
+    after = ski_band.band_choice(rows((2.5, 2.6), (2.0, 2.0), (1.2, 1.0)))
+    line = ski_band.choice_line(after)
+    assert line.startswith("SKI band: SKI_BAND=triton SKI_LOWRANK=after bash benchmarks/gpu_run.sh targets ("), line
+    assert "low rank after: 1.200, 1.000" in line and "16 x 512, 4 x 2048" in line, line
+    assert "tests failed" in ski_band.choice_line(after, tests_passed=False)
+    assert ski_band.choice_line(ski_band.band_choice(rows((1.0, 1.0), (2.0, 2.0), (2.0, 2.0)))).startswith(
+        "SKI band: SKI_BAND=conv1d bash")
+    cpu_rows = rows((1.0, 1.0), (2.0, 2.0), (2.0, 2.0))
+    for r in cpu_rows:  # a CPU's run: no direct band
+        del r["tnos"]["SKI-TNO, band by triton, low rank fused"], r["tnos"]["SKI-TNO, band by triton, low rank after"]
+    assert ski_band.band_choice(cpu_rows) is None
+    path = tmp_path / "ski_band.json"
+    path.write_text(json.dumps({"meta": {}, "rows": rows((2.5, 2.6), (1.0, 1.1), (1.2, 1.0))}))
+    ski_band.main(["--choice", str(path)])
+    assert capsys.readouterr().out.startswith("SKI band: SKI_BAND=triton SKI_LOWRANK=fused bash")
+    with pytest.raises(SystemExit) as exit:
+        ski_band.main(["--choice", str(tmp_path / "none.json")])
+    assert exit.value.code == 2 and "--choice" in capsys.readouterr().err
+
+
 def test_the_benchmarks_batches_are_as_the_tasks_collate_them():
     """benchmarks/trainer.py's synthetic batches: a masked one names its masked positions as tnn_masked_lm's do (the
     targets that are not padding, row-major), a causal one has none; on the CPU nothing is pinned (pinned batches, as
@@ -1282,6 +1319,7 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
         'echo "$PWD|$PYTHONPATH|${TORCHINDUCTOR_CACHE_DIR:+cache}|$args|$TORCHINDUCTOR_CACHE_DIR" >> "$OUT/calls.txt"\n'
         'out=; while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
         '[ -n "$out" ] && mkdir -p "$out" && echo "| a result |" > "$out/gpu_profile.md"\n'
+        '[[ -n "$out" && "$args" == *ski_band.py* ]] && echo "{}" > "$out/ski_band.json"\n'
         '[[ -n "$FAIL" && "$args" == *"$FAIL"* ]] && exit 3\n'
         # a crash, once: one test passed, the next one ended the process by a segmentation fault in generated code
         'if [[ -n "$CRASH" && "$args" == *"$CRASH"* && ! -e "$OUT/crashed" ]]; then touch "$OUT/crashed"\n'
@@ -1381,6 +1419,18 @@ def test_gpu_run_sh_runs_each_call_and_packs_its_results(tmp_path):
     assert heads == [losses[0] + 1], new
     bands = [i for i, line in enumerate(new) if "benchmarks/ski_band.py --device cuda --rounds 5 --out" in line]
     assert len(bands) == 1 and "test_band_direct" in new[bands[0] - 1], new
+    # last, the band the targets call should take, from the band's timing (and whether its tests passed)
+    assert new[-1].split("|")[3] == f"benchmarks/ski_band.py --choice {out}/tests/ski-band/ski_band.json", new[-1]
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "tests"], {**env, "FAIL": "test_band_direct"}, 60)
+    last = (out / "calls.txt").read_text().splitlines()[-1].split("|")[3]
+    assert code == 3 and last.endswith("/ski_band.json --tests-failed"), (err, last)
+    # the targets call with the band the tests call chose
+    before = len((out / "calls.txt").read_text().splitlines())
+    code, _, err = execute(["bash", ROOT / "benchmarks/gpu_run.sh", "targets"],
+                           {**env, "SKI_BAND": "triton", "SKI_LOWRANK": "after"}, 60)
+    (run,) = [line.split("|")[3] for line in (out / "calls.txt").read_text().splitlines()[before:]
+              if "gpu_profile" in line]
+    assert code == 0 and run == targets[3] + " --ski-band triton --ski-lowrank after", (err, run)
     assert all(p.startswith("-m pytest -v -rfE --tb=short --durations=0") for p in parts), parts
     # a part whose process crashes: the generated code its trace names kept, the part run again without the tests
     # that have an outcome and the one that crashed
@@ -1625,14 +1675,15 @@ def test_gpu_profile_ski_backward_builds_ski_tnn_with_it_and_says_so(tmp_path, m
     tr = importlib.import_module("benchmarks.trainer")
     out = tmp_path / "profile"
     cmd = [sys.executable, str(ROOT / "benchmarks/gpu_profile.py"), "--device", "cpu", "--quick", "--configs", "ski",
-           "--shapes", "masked/32", "--timed", "1", "--ski-backward", "keep", "--ski-band", "conv1d", "--out", str(out)]
+           "--shapes", "masked/32", "--timed", "1", "--ski-backward", "keep", "--ski-band", "conv1d", "--ski-lowrank",
+           "after", "--out", str(out)]
     code, log, _ = execute(cmd, command_env(), 600, merge=True)
     assert code == 0, log[-4000:]
     result = json.loads((out / "gpu_profile.json").read_text())
     assert result["meta"]["ski_backward"] == "keep" and [c["key"] for g in result["groups"] for c in g["configs"]] == [
         "ski"]
     assert result["meta"]["ski_band"] == "conv1d"  # --ski-band: the band's method of the run's device type
-    assert result["meta"]["ski_lowrank_fused"] is True  # ski.FUSE_LOWRANK, which the direct band's rows then take
+    assert result["meta"]["ski_lowrank_fused"] is False  # --ski-lowrank: ski.FUSE_LOWRANK, for the direct band
     assert "SKI-TNN: `--ski-backward keep`, its band by conv1d." in (out / "gpu_profile.md").read_text()
     gpu_profile = importlib.import_module("benchmarks.gpu_profile")
     for fused, words in ((True, "its band by triton, the low rank in the band's kernels."), (False, "its band by triton.")):
