@@ -165,10 +165,10 @@ SAME = 2e-2  # the largest relative difference from the first row a variant may 
 
 def band_choice(rows: List[Dict]) -> Optional[Dict]:
     """The band a GPU's SKI-TNN should train with, by these rows' whole eager SKI-TNOs (None without the direct band's
-    rows): the direct band (with the low rank fused or after it, the faster of the two in all) where it is faster than
-    the convolution at every shape, queued, and computes the same (``SAME``); the convolution otherwise. As
-    gpu_run.sh's targets call takes it: SKI_BAND and SKI_LOWRANK."""
-    if not rows or not all(name in r["tnos"] for r in rows for name in CHOICES):
+    rows, or with fewer than both shapes measured: a run cut short): the direct band (with the low rank fused or after
+    it, the faster of the two in all) where it is faster than the convolution at every shape, queued, and computes the
+    same (``SAME``); the convolution otherwise. As gpu_run.sh's targets call takes it: SKI_BAND and SKI_LOWRANK."""
+    if len(rows) < len(SHAPES) or not all(name in r["tnos"] for r in rows for name in CHOICES):
         return None
     queued = {name: [r["tnos"][name]["median_queued_ms"] for r in rows] for name in CHOICES}
     conv1d, *direct = CHOICES
@@ -183,7 +183,7 @@ def band_choice(rows: List[Dict]) -> Optional[Dict]:
 def choice_line(choice: Optional[Dict], tests_passed: bool = True) -> str:
     """The line that tells the next call how to run: the environment of ``bash benchmarks/gpu_run.sh targets``."""
     if choice is None:
-        return "SKI band: no direct band's rows measured; the targets call keeps BAND_METHOD's"
+        return "SKI band: no direct band's rows at both shapes; the targets call keeps BAND_METHOD's"
     if choice["ski_band"] == "triton" and not tests_passed:
         return "SKI band: the direct band's tests failed; the targets call keeps BAND_METHOD's"
     env = f"SKI_BAND={choice['ski_band']}" + (f" SKI_LOWRANK={choice['ski_lowrank']}" if choice["ski_lowrank"] else "")

@@ -1071,6 +1071,7 @@ def test_ski_band_chooses_the_band_the_targets_call_trains_with(tmp_path, capsys
     for r in cpu_rows:  # a CPU's run: no direct band
         del r["tnos"]["SKI-TNO, band by triton, low rank fused"], r["tnos"]["SKI-TNO, band by triton, low rank after"]
     assert ski_band.band_choice(cpu_rows) is None
+    assert ski_band.band_choice(rows((2.5, 2.6), (1.0, 1.1), (1.2, 1.0))[:1]) is None  # one shape: a run cut short
     path = tmp_path / "ski_band.json"
     path.write_text(json.dumps({"meta": {}, "rows": rows((2.5, 2.6), (1.0, 1.1), (1.2, 1.0))}))
     ski_band.main(["--choice", str(path)])
