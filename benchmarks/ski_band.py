@@ -47,6 +47,8 @@ D1, QUICK_D1, TAPS, RANK, LAMBDA = 3 * 768, 48, 17, 32, 0.99
 BANDS = [("GEMM, blocks of 16", "gemm", 16), ("GEMM, blocks of 32", "gemm", 32), ("GEMM, blocks of 64", "gemm", 64),
          ("GEMM, blocks of 128", "gemm", 128), ("depthwise conv1d", "conv1d", None),
          ("direct, Triton, blocks of 256", "triton", 256), ("direct, Triton, blocks of 1,024", "triton", 1024)]
+# the whole SKI-TNO's rows with the direct band: (label, ``ski.FUSE_LOWRANK``)
+DIRECT_VARIANTS = [("band by triton, low rank fused", True), ("band by triton, low rank after", False)]
 QUEUED = 20
 WARMUP = 2
 
@@ -146,7 +148,7 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
     # the direct band with the low rank in its kernels (``ski.FUSE_LOWRANK``) and after them
     variants = [(f"band by {m}", m, False) for m in methods if m != "triton"]
     if "triton" in methods:
-        variants += [("band by triton, low rank fused", "triton", True), ("band by triton, low rank after", "triton", False)]
+        variants += [(label, "triton", fuse) for label, fuse in DIRECT_VARIANTS]
     steps = {f"SKI-TNO, {label}": tno_step(m, fuse) for label, m, fuse in variants}
     names = []
     for label, m, fuse in variants if compiled else ():  # one torch.compile each, tracing the method it names
@@ -158,8 +160,8 @@ def run_shape(d1: int, batch: int, n: int, device: str, dtype, rounds: int, comp
 
 
 # The whole SKI-TNO's eager rows the choice compares (``band_choice``), by the band method and low rank they run
-CHOICES = {"SKI-TNO, band by conv1d": ("conv1d", None), "SKI-TNO, band by triton, low rank fused": ("triton", "fused"),
-           "SKI-TNO, band by triton, low rank after": ("triton", "after")}
+CHOICES = {"SKI-TNO, band by conv1d": ("conv1d", None),
+           **{f"SKI-TNO, {label}": ("triton", "fused" if fuse else "after") for label, fuse in DIRECT_VARIANTS}}
 SAME = 2e-2  # the largest relative difference from the first row a variant may have and still be chosen (16 bits)
 
 
@@ -261,7 +263,7 @@ def main(argv=None):
         result = {"meta": meta, "rows": rows, "choice": band_choice(rows)}
         write_results(a.out, "ski_band", result, markdown(result))
     print(markdown({"meta": meta, "rows": rows}))
-    print(choice_line(band_choice(rows)))
+    print(choice_line(result["choice"]))
 
 
 if __name__ == "__main__":
