@@ -230,8 +230,20 @@ MASKED_TRAIN = mlm_args(batch_size=4, disable_validation=True)
 
 
 def children(pid):
-    """The processes that `pid` started (from any of its threads)."""
-    return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    """The processes whose parent is `pid`, by the parent field of each process's /proc/<pid>/stat. (Not
+    /proc/<pid>/task/*/children: a thread that ends while it is read takes its file with it, and the
+    children it started pass to a sibling thread, so that scan can fail or miss a rank.)"""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
 
 
 def wait_gone(pids, timeout=30):
