@@ -4,14 +4,17 @@
                                 [--force]
 
 For the TNN configurations of the GPU benchmark (``benchmarks/trainer.py``: causal 8 x 512; masked 16 x 512 and
-4 x 2048; Wikitext-103's 50,264-symbol dictionary; the published model sizes; TNN with the 6- and 3-layer
+4 x 2048; Wikitext-103's 50,264-symbol dictionary, and fairseq's ``<mask>`` beside it for the masked models, as
+their task adds it; the published model sizes; TNN with the 6- and 3-layer
 RPE, FD-TNN, SKI-TNN and the two bounds, a fixed spectrum and no token mixing; not its speed baseline,
 fairseq's transformer_lm), one forward pass and the loss (the recipes' fused criteria; ``--loss fairseq``:
 fairseq's) run on PyTorch's ``meta`` device: every operator computes shapes and dtypes but no values, so the
 published sizes cost no memory and a second of CPU, and the result is the same on any device. Every tensor
 autograd saves is recorded (``torch.autograd.graph.saved_tensors_hooks``) with the module that saved it and
 the operator (the torch function, or the plugin's ``autograd.Function``), counted once per storage (a view
-of a saved tensor keeps its whole storage alive, so the storage's bytes count), parameters excluded.
+of a saved tensor keeps its whole storage alive, so the storage's bytes count), parameters excluded. The output
+layer computes its logits as on a CUDA GPU (``ops/logits.py``): over a vocabulary padded to a multiple of 8, the
+masked models' 50,265 to 50,272, from a padded copy of the weight that its GEMM keeps for the backward.
 
 The activation memory of a step is what these tensors hold when the forward ends, the peak of the step is
 that plus the resident state and the backward's transient buffers. The resident state is computed per
@@ -43,6 +46,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.overrides import TorchFunctionMode  # noqa: E402
 
+from fairseq_tnn.ops import logits  # noqa: E402
 from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
 from benchmarks.trainer import CONFIGS, FULL_GROUPS, LABELS, MASKED_FRACTION, PAPER, QUICK_GROUPS, QUICK_KEYS, \
     QUICK_MODEL, QUICK_VOCAB, VOCAB  # noqa: E402
@@ -162,6 +166,12 @@ class SavedTensorLog(TorchFunctionMode):
         return False
 
 
+def vocabulary(section: str, quick: bool) -> int:
+    """The dictionary's size for a section's models: the causal ones' as it is, the masked ones' with the ``<mask>``
+    symbol fairseq's masked LM task adds to it."""
+    return (QUICK_VOCAB if quick else VOCAB) + (section == "masked")
+
+
 def _layer_part(module: str) -> Optional[str]:
     """'encoder.layers.3.gtu.tno.rpe.linears.0' -> 'gtu.tno.rpe'; None outside the layers."""
     parts = module.split(".")
@@ -176,7 +186,7 @@ def build_config(section: str, arch: str, bound: Optional[str], n: int, quick: b
     from benchmarks.measure import FixedSpectrumTno, IdentityTno, build_tnn
     overrides = dict(QUICK_MODEL[section]) if quick else {}
     with torch.device("meta"):
-        model = build_tnn(arch, QUICK_VOCAB if quick else VOCAB, **overrides)
+        model = build_tnn(arch, vocabulary(section, quick), **overrides)
         layers = model.decoder.layers if section == "causal" else model.encoder.layers
         if bound:
             for layer in layers:
@@ -186,7 +196,7 @@ def build_config(section: str, arch: str, bound: Optional[str], n: int, quick: b
     return model.train(), len(layers)
 
 
-def forward_and_loss(model, section: str, batch: int, n: int, vocab: int, loss: str = "fused") -> torch.Tensor:
+def forward_and_loss(model, section: str, batch: int, n: int, loss: str = "fused") -> torch.Tensor:
     """One training forward and its loss, on meta tensors. Causal: the model's own forward and the loss of every
     position. Masked: the encoder's layers on an unpadded batch (its forward checks the padding on the host, which the
     meta device cannot), the LM head on the 15% masked positions and their loss. ``loss``: "fused", the recipes'
@@ -221,8 +231,8 @@ def account(section: str, key: str, arch: str, bound, n: int, batch: int, quick:
     model, num_layers = build_config(section, arch, bound, n, quick, precision)
     params = list(model.parameters()) + list(model.buffers())
     log = SavedTensorLog(model, ignore=params)
-    with log:
-        loss = forward_and_loss(model, section, batch, n, QUICK_VOCAB if quick else VOCAB, loss_way)
+    with log, unittest.mock.patch.dict(logits.ALIGN, {"meta": logits.ALIGN["cuda"]}):  # padded as on a GPU
+        loss = forward_and_loss(model, section, batch, n, loss_way)
     assert loss.requires_grad
     tokens = batch * n
     parts, outside = defaultdict(int), defaultdict(int)
@@ -236,6 +246,7 @@ def account(section: str, key: str, arch: str, bound, n: int, batch: int, quick:
     n_params = sum(p.numel() for p in model.parameters())
     resident = n_params * RESIDENT_BYTES[precision]
     return {"key": key, "label": LABELS[key], "arch": arch, "bound": bound, "layers": num_layers,
+            "vocab": vocabulary(section, quick),
             "parameters": n_params, "activations_mib": activations / MIB, "resident_mib": resident / MIB,
             "total_mib": (activations + resident) / MIB,
             "layer_bytes_per_token": sum(parts.values()) / num_layers / tokens,
@@ -268,7 +279,8 @@ def run(quick: bool, precision: str, loss_way: str = "fused") -> List[Dict]:
 
 def markdown(result: Dict) -> str:
     meta = result["meta"]
-    out = [f"# Activation memory of one training step ({meta['precision']}, vocabulary {meta['vocab']})", "",
+    out = [f"# Activation memory of one training step ({meta['precision']}, vocabulary {meta['vocab']}; the masked "
+           f"models' {meta['vocab'] + 1} with <mask>)", "",
            f"torch {meta['torch']}, meta device; `{meta['command']}`. The loss: {LOSS_WORDS[meta['loss']]}.", "",
            "Activations: the tensors autograd saves for the backward (storages, parameters excluded). Resident: "
            f"parameters, gradients and optimizer state ({RESIDENT_BYTES[meta['precision']]} bytes per parameter). "
