@@ -84,28 +84,33 @@ def train_sh_run(data_bin, tmp_path_factory):
     return made_once(tmp_path_factory, "train-sh", make) / "tnn_lm_tiny"
 
 
-# The files that take longest on 2 CPU cores (worker-seconds on a fresh clone's second run, 2026-11-25, from
-# pytest's --junitxml: fairseq processes and CPU compilation), run first. scripts/test.sh hands whole files to
+# The files that take longest on 2 CPU cores (worker-seconds in a fresh clone's CI run, 2026-12-04, from pytest's
+# --junitxml: fairseq processes, CPU compilation and SLURM jobs), run first. scripts/test.sh hands whole files to
 # its pytest-xdist workers in collection order (--dist loadfile --no-loadscope-reorder; xdist's own reordering
 # puts the files with the fewest tests, which here are the longest ones, last), so that the last files to start
-# are short and the workers end together instead of one waiting on the demo for a minute.
+# are short and the workers end together instead of one waiting on a long file. The SLURM files come first: most of
+# their time is waiting for their jobs, which then run beside the CPU-bound files.
 LONGEST_FIRST = [
-    "tests/scripts/test_slurm_nodes.py",          # ~180 s, waiting for its SLURM jobs (skipped without SLURM)
-    "tests/scripts/test_slurm_real.py",           # ~100 s, mostly waiting for its SLURM jobs (skipped without SLURM)
-    "tests/modules/test_compile.py",              # ~60 s with a warm inductor cache, several minutes without (as in CI)
-    "tests/scripts/test_quality.py",              # ~85 s (and as much again in parallel fairseq runs)
-    "tests/scripts/test_gpu_check.py",            # ~80 s
-    "tests/reliability/test_reliability.py",      # ~65 s
-    "tests/reliability/test_distributed.py",      # ~65 s
-    "tests/scripts/test_demo.py",                 # ~65 s
-    "tests/scripts/test_prepare_corpus.py",       # ~60 s
-    "tests/cli/test_export.py",                   # ~150 s: two masked models and two wt103 presets trained, a pip install
-    "tests/cli/test_cli.py",                      # ~45 s
-    "tests/scripts/test_eval_extrapolation.py",   # ~45 s
-    "tests/scripts/test_benchmarks.py",           # ~40 s
-    "tests/scripts/test_docs_using_models.py",    # ~40 s
-    "tests/scripts/test_docs.py",                 # ~35 s: the docs' commands run as written (measured alone)
-    "tests/scripts/test_experiment_configs.py",   # ~35 s
+    "tests/scripts/test_slurm_real.py",           # ~160 s, mostly waiting for its SLURM jobs (skipped without SLURM)
+    "tests/scripts/test_slurm_nodes.py",          # ~155 s, waiting for its SLURM jobs (skipped without SLURM)
+    "tests/scripts/test_benchmarks.py",           # ~640 s: the benchmarks' quick runs, several compiled on the CPU
+    "tests/modules/test_compile.py",              # ~630 s with inductor's cache cold, as in CI
+    "tests/scripts/test_gpu_check.py",            # ~140 s
+    "tests/modules/test_compile_ddp.py",          # ~130 s
+    "tests/scripts/test_quality.py",              # ~130 s
+    "tests/reliability/test_distributed.py",      # ~110 s
+    "tests/scripts/test_prepare_corpus.py",       # ~95 s
+    "tests/reliability/test_reliability.py",      # ~80 s
+    "tests/scripts/test_demo.py",                 # ~70 s
+    "tests/reliability/test_resume.py",           # ~65 s
+    "tests/cli/test_export.py",                   # ~55 s: two masked models and two wt103 presets trained, a pip install
+    "tests/scripts/test_docs_using_models.py",    # ~50 s
+    "tests/cli/test_cli.py",                      # ~40 s
+    "tests/scripts/test_docs.py",                 # ~40 s: the docs' commands run as written
+    "tests/scripts/test_train_sh.py",             # ~40 s
+    "tests/scripts/test_eval_extrapolation.py",   # ~40 s
+    "tests/ops/test_toeplitz_direct.py",          # ~30 s
+    "tests/scripts/test_experiment_configs.py",   # ~20 s
 ]
 
 
