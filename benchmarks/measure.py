@@ -87,7 +87,8 @@ def refuse_overwrite(parser: argparse.ArgumentParser, args, result_file: str) ->
 # spectra's complex products)
 KERNEL_KINDS = ("FFT", "GEMM", "direct product", "inductor", "copies and fills", "reductions and norms",
                 "elementwise and other")
-DIRECT_KERNELS = ("_apply_kernel", "_lag_grad_kernel", "_scale_kernel")
+# (``_scale_kernel``: the coefficients' kernel of the GPU runs before 2026-12-04, ``_layout_kernel`` since)
+DIRECT_KERNELS = ("_apply_kernel", "_lag_grad_kernel", "_layout_kernel", "_scale_kernel")
 GEMM_KERNELS = ("gemm", "cutlass", "cublas", "nvjet", "xmma")
 GEMM_OPS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "mv", "addmv"}
 COPY_KERNELS = ("copy", "fill", "memcpy", "memset", "zero")

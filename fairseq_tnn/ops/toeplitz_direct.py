@@ -17,13 +17,17 @@ tensor cores do at hundreds of TFLOPS: at n = 512 about as much time as reading 
   (``_lag_grad``: each lag gets the sums of two neighbouring offsets, added atomically).
 
 A tile of T depends only on its offset from the diagonal, so ``_apply`` gathers each once per program and applies it
-to several output tiles' inputs stacked as rows (``ROWS_PER_PROGRAM``). fp16 x meets fp16 coefficients, each
-channel's scaled to at most 1 (``_scale_kernel``; the 10-bit significand TF32 would give them, at twice its rate),
-bf16 x enters as TF32 (which holds it exactly) with the coefficients rounded to TF32, fp32 as it is; all accumulate
-in fp32. ``direct_conv`` is the product of a spectrum, the coefficients taken by one irfft of the (channels x size)
-spectrum, whose gradient autograd carries back to the spectrum: the same function and gradients as ``fft_conv``,
-within rounding. A TNO that makes its kernel in time before transforming it (TNN's RPE, causal FD-TNN's Hilbert
-transform: ``SpectralTno.kernel_in_time``) hands ``direct_toeplitz`` that kernel instead, with no FFT either way.
+to several output tiles' inputs stacked as rows (``ROWS_PER_PROGRAM``). It gathers the tile from the channel's
+coefficients laid out by lag first (``_layout_kernel``: lags -(m - 1) .. m - 1 in order, m the length rounded up to
+whole tiles, zero where |lag| >= n and, causal, where lag < 0), so that every entry of every tile it reads is at a
+fixed offset from the tile's first, in range and zero where T is: one address each, no wrap-around, bounds or
+triangle to test in the product's loop. fp16 x meets fp16 coefficients, each channel's scaled to at most 1 by that
+layout (the 10-bit significand TF32 would give them, at twice its rate), bf16 x enters as TF32 (which holds it
+exactly) with the coefficients rounded to TF32, fp32 as it is; all accumulate in fp32. ``direct_conv`` is the
+product of a spectrum, the coefficients taken by one irfft of the (channels x size) spectrum, whose gradient
+autograd carries back to the spectrum: the same function and gradients as ``fft_conv``, within rounding. A TNO that
+makes its kernel in time before transforming it (TNN's RPE, causal FD-TNN's Hilbert transform:
+``SpectralTno.kernel_in_time``) hands ``direct_toeplitz`` that kernel instead, with no FFT either way.
 
 Triton is optional: it ships with torch's CUDA builds; without it (a CPU-only torch) ``AVAILABLE`` is False and
 nothing here runs. On the CPU the kernels run only under Triton's interpreter (``INTERPRETED``), which the tests use
@@ -51,7 +55,7 @@ BLOCK_ROWS_MAX = 64
 ROWS_PER_PROGRAM = 32
 LAG_PRODUCT_DEPTH = 64
 BLOCK_T = 64
-SCALE_BLOCK = 1024  # the coefficients' scaling kernel's chunk
+LAYOUT_BLOCK = 1024  # the coefficients' layout kernel's chunk
 
 
 # Whether Triton runs the kernels in its interpreter, on CPU tensors (the tests' way without a GPU): Triton decides when
@@ -74,31 +78,48 @@ def supports_on(dtype: torch.dtype, device) -> bool:
     return kind == "cuda" or (kind == "cpu" and INTERPRETED)
 
 
-def _scale_kernel(k_ptr, scaled_ptr, scale_ptr, size, BLOCK: constexpr):
-    """One channel: its coefficients divided by their largest magnitude (1 where all are zero), in fp16, and that
-    magnitude: fp16 operands with the 10-bit significand TF32 would give them, in fp16's range whatever the kernel's."""
-    row = tl.program_id(0).to(tl.int64) * size
-    largest = tl.zeros((BLOCK,), dtype=tl.float32)
-    for start in range(0, size, BLOCK):
+def _layout_kernel(k_ptr, out_ptr, scale_ptr, size, n, stride, CAUSAL: constexpr, SCALE: constexpr,
+                   BLOCK: constexpr):
+    """One channel: the coefficients the product reads, by lag. out[i] = k[lag mod size] for lag = i - center, center =
+    stride // 2 - 1, where |lag| < n (and, ``CAUSAL``, lag >= 0), 0 elsewhere, for i < stride (``_apply_kernel``
+    reads i = center + SIGN (d BLOCK_T + b - a), all within it). ``SCALE``: divided by the largest magnitude among
+    them (1 where all are zero), in out's fp16, that magnitude stored at ``scale_ptr``: fp16 operands with the 10-bit
+    significand TF32 would give them, in fp16's range whatever the kernel's; otherwise as they are."""
+    c = tl.program_id(0).to(tl.int64)
+    center = stride // 2 - 1
+    scale = 1.0
+    if SCALE:
+        largest = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(0, stride, BLOCK):
+            lag = start + tl.arange(0, BLOCK) - center
+            valid = (lag < n) & (lag > -n)
+            if CAUSAL:
+                valid = valid & (lag >= 0)
+            k = tl.load(k_ptr + c * size + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
+            largest = tl.maximum(largest, tl.abs(k))
+        scale = tl.max(largest, axis=0)
+        scale = tl.where(scale > 0, scale, 1.0)
+        tl.store(scale_ptr + c, scale)
+    for start in range(0, stride, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        largest = tl.maximum(largest, tl.abs(tl.load(k_ptr + row + i, mask=i < size, other=0.0)))
-    scale = tl.max(largest, axis=0)
-    scale = tl.where(scale > 0, scale, 1.0)
-    for start in range(0, size, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        k = tl.load(k_ptr + row + i, mask=i < size, other=0.0)
-        tl.store(scaled_ptr + row + i, (k / scale).to(scaled_ptr.dtype.element_ty), mask=i < size)
-    tl.store(scale_ptr + tl.program_id(0), scale)
+        lag = i - center
+        valid = (lag < n) & (lag > -n)
+        if CAUSAL:
+            valid = valid & (lag >= 0)
+        k = tl.load(k_ptr + c * size + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
+        tl.store(out_ptr + c * stride + i, (k / scale).to(out_ptr.dtype.element_ty), mask=i < stride)
 
 
-def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, size, SIGN: constexpr, CAUSAL: constexpr,
+def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, stride, SIGN: constexpr, CAUSAL: constexpr,
                   BLOCK_R: constexpr, GROUP: constexpr, BLOCK_T: constexpr, PRECISION: constexpr):
     """One (channel, GROUP output tiles, BLOCK_R rows): y[r, o] = sum_i x[r, i] k[(SIGN (o - i)) mod size]; with
     ``CAUSAL`` the terms of lags SIGN (o - i) >= 0 only. The output tiles o0 + j (j < GROUP) are stacked as rows of
     one product, (GROUP BLOCK_R rows) x (BLOCK_T inputs) times the BLOCK_T x BLOCK_T tile of T at tile offset D
     (output tile minus input tile), which T's Toeplitz structure makes the same for every j: the tile is gathered once
-    per D and each row j reads the input tile o0 + j - D. ``PRECISION`` "fp16": x fp16 and k the scaled fp16
-    coefficients (``_scale_kernel``), the result times ``scale_ptr``'s; "tf32" or "ieee": k fp32."""
+    per D and each row j reads the input tile o0 + j - D. k: the coefficients by lag (``_layout_kernel``, rows of
+    ``stride``), whose zeros outside T's lags (and, ``CAUSAL``, its upper triangle) make each tile's gather one load at
+    a fixed offset from D's: the tile's entry (i, o) at center + SIGN (D BLOCK_T + o - i). ``PRECISION`` "fp16": x
+    fp16 and k the scaled fp16 coefficients, the result times ``scale_ptr``'s; "tf32" or "ieee": k fp32."""
     c = tl.program_id(0)
     o0 = tl.program_id(1) * GROUP
     rr = tl.arange(0, GROUP * BLOCK_R)
@@ -108,7 +129,8 @@ def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, size, SIGN: constexpr
     tiles = tl.cdiv(n, BLOCK_T)
     row_ok = (r < rows) & (o0 + j < tiles)
     x_rows = x_ptr + c.to(tl.int64) * rows * n + r * n
-    k_row = k_ptr + c.to(tl.int64) * size
+    # the tile at offset D = 0, (inputs, outputs); at D, SIGN D BLOCK_T further along the channel's lags
+    tile = k_ptr + c.to(tl.int64) * stride + (stride // 2 - 1) + SIGN * (cols[None, :] - cols[:, None])
     acc = tl.zeros((GROUP * BLOCK_R, BLOCK_T), dtype=tl.float32)
     first = o0 - (tiles - 1)  # the tile offsets D = output tile - input tile this program meets
     last = tl.minimum(o0 + GROUP, tiles) - 1
@@ -121,11 +143,7 @@ def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, size, SIGN: constexpr
         ins_tile = o0 + j - d
         ins = ins_tile[:, None] * BLOCK_T + cols[None, :]
         x = tl.load(x_rows[:, None] + ins, mask=(row_ok & (ins_tile >= 0))[:, None] & (ins < n), other=0.0)
-        lag = SIGN * (d * BLOCK_T + cols[None, :] - cols[:, None])  # (inputs, outputs) of the tile
-        valid = (lag < n) & (lag > -n)
-        if CAUSAL:
-            valid = valid & (lag >= 0)
-        w = tl.load(k_row + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
+        w = tl.load(tile + SIGN * d * BLOCK_T)
         if PRECISION == "fp16":
             acc += tl.dot(x, w)
         else:
@@ -187,9 +205,9 @@ _KERNELS = []
 
 
 def _kernels():
-    """The three kernels (apply, lag gradient, scale), jitted at first use (interpreted under ``INTERPRETED``)."""
+    """The three kernels (apply, lag gradient, layout), jitted at first use (interpreted under ``INTERPRETED``)."""
     if not _KERNELS:
-        _KERNELS.extend(triton.jit(k) for k in (_apply_kernel, _lag_grad_kernel, _scale_kernel))
+        _KERNELS.extend(triton.jit(k) for k in (_apply_kernel, _lag_grad_kernel, _layout_kernel))
     return _KERNELS
 
 
@@ -214,17 +232,18 @@ def _same(kernel):
     return kernel
 
 
-def _coefficients(kernel: torch.Tensor, dtype: torch.dtype, wrap=_same):
-    """The coefficients the product reads for x of ``dtype``, and their scale: for fp16 x each channel's scaled to
-    at most 1 in fp16 (``_scale_kernel``) and the (c,) scales; otherwise ``kernel`` as it is (no scale: the kernel
-    reads none, and is handed ``kernel`` in its place)."""
-    if _precision(dtype) != "fp16":
-        return kernel, kernel
+def _coefficients(kernel: torch.Tensor, dtype: torch.dtype, n: int, causal: bool, wrap=_same):
+    """The coefficients the product reads for x of ``dtype`` and length ``n``, by lag (``_layout_kernel``: (c, stride)
+    with stride = 2 BLOCK_T ceil(n / BLOCK_T)), and their scale: for fp16 x each channel's scaled to at most 1 in fp16
+    and the (c,) scales; otherwise fp32 as they are (no scale: the product reads none, and is handed the coefficients
+    in its place). ``causal``: the negative lags left zero."""
     c, size = kernel.shape
-    scaled = torch.empty(c, size, device=kernel.device, dtype=torch.float16)
-    scale = torch.empty(c, device=kernel.device, dtype=torch.float32)
-    wrap(_kernels()[2])[(c,)](kernel, scaled, scale, size, BLOCK=SCALE_BLOCK)
-    return scaled, scale
+    stride = 2 * BLOCK_T * triton.cdiv(n, BLOCK_T)
+    scaled = _precision(dtype) == "fp16"
+    out = torch.empty(c, stride, device=kernel.device, dtype=torch.float16 if scaled else torch.float32)
+    scale = torch.empty(c, device=kernel.device, dtype=torch.float32) if scaled else out
+    wrap(_kernels()[2])[(c,)](kernel, out, scale, size, n, stride, CAUSAL=causal, SCALE=scaled, BLOCK=LAYOUT_BLOCK)
+    return out, scale
 
 
 def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, causal: bool, wrap=_same) -> torch.Tensor:
@@ -233,11 +252,11 @@ def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, causal: bool, wrap=
     ``wrap``: what the Triton kernels are launched through (``torch.library.wrap_triton`` inside a ``triton_op``)."""
     c, rows, n = x.shape
     y = torch.empty_like(x)
-    coefficients, scale = _coefficients(kernel, x.dtype, wrap)
+    coefficients, scale = _coefficients(kernel, x.dtype, n, causal, wrap)
     block_r = _block_rows(rows)
     group = _stacked(block_r, triton.cdiv(n, BLOCK_T), ROWS_PER_PROGRAM)
     grid = (c, triton.cdiv(triton.cdiv(n, BLOCK_T), group), triton.cdiv(rows, block_r))
-    wrap(_kernels()[0])[grid](x, coefficients, scale, y, rows, n, kernel.shape[-1], SIGN=sign, CAUSAL=causal,
+    wrap(_kernels()[0])[grid](x, coefficients, scale, y, rows, n, coefficients.shape[-1], SIGN=sign, CAUSAL=causal,
                               BLOCK_R=block_r, GROUP=group, BLOCK_T=BLOCK_T, PRECISION=_precision(x.dtype))
     return y
 

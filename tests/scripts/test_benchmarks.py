@@ -773,6 +773,33 @@ def test_gpu_profile_breaks_the_host_time_down_for_the_shapes_asked(tmp_path):
     assert code == 2 and "--shapes masked/2048: none of them is a shape of this run" in log, log[-2000:]
 
 
+def test_kernel_code_reads_the_direct_products_tile_loop_beside_a_commits(tmp_path):
+    """benchmarks/kernel_code.py --rev: the direct product's kernel compiled for sm_90 (never interpreted, though the
+    tests set TRITON_INTERPRET), at each of the paper's shapes, T and T^T, beside 3e14c05's, whose tile gather
+    wrapped the circulant's lags and masked them in the loop: this tree's loop does the same tensor-core products and
+    loads with under half its integer and predicate arithmetic (the coefficients laid out by lag beforehand). A
+    commit git cannot show is refused, naming it."""
+    import subprocess
+    pytest.importorskip("triton")
+    if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", "3e14c05^{commit}"]).returncode:
+        pytest.skip("this clone has no history back to 3e14c05")
+    out = tmp_path / "kc"
+    cmd = [sys.executable, str(ROOT / "benchmarks/kernel_code.py"), "--rev", "3e14c05", "--out", str(out)]
+    code, log, _ = execute(cmd, dict(command_env(), TRITON_INTERPRET="1"), 600, merge=True)
+    assert code == 0, log[-4000:]
+    result = json.loads((out / "kernel_code.json").read_text())
+    tree, before = result["trees"]["this tree"], result["trees"]["3e14c05"]
+    assert [(r["shape"], r["product"]) for r in tree] == [(shape, product) for shape in (
+        "causal 8 x 512", "bidirectional 16 x 512", "bidirectional 4 x 2048") for product in ("T", "T^T")]
+    for now, then in zip(tree, before):
+        assert now["mma"] == then["mma"] > 0 and now["global_loads"] == then["global_loads"] > 0, (now, then)
+        assert 0 < now["integer_and_predicate"] < then["integer_and_predicate"] / 2, (now, then)
+        assert now["loop_instructions"] < then["loop_instructions"] and now["cubin_bytes"] > 3_000, (now, then)
+    assert "| causal 8 x 512 | T | 32 |" in (out / "kernel_code.md").read_text()
+    code, log, _ = execute([*cmd[:3], "no-such-rev", *cmd[4:], "--force"], command_env(), 120, merge=True)
+    assert code == 2 and "--rev=no-such-rev is invalid: git cannot show its fairseq_tnn/ops/toeplitz_direct.py" in log
+
+
 def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
     """benchmarks/tno_versions.py (issue 39: did the code or the harness make masked FD-TNN and SKI-TNN slower than
     at 23edccf?): the commit's TNOs, imported from git without registering anything, and the current ones, on the

@@ -1,0 +1,152 @@
+"""What the direct Toeplitz product's inner loop costs, read from its code for an H100 / H200 (no GPU needed).
+
+    python benchmarks/kernel_code.py --rev 3e14c05 --out results/kernel-code     # this tree beside a commit (~20 s)
+
+Triton compiles ``fairseq_tnn/ops/toeplitz_direct.py``'s product kernel (``_apply_kernel``) to PTX and machine code
+for sm_90, here on the CPU (its compiler and ptxas; never its interpreter, whatever ``TRITON_INTERPRET`` says), as
+the product launches it at each of the paper's shapes in fp16 (the tile sizes and rows per program the module
+chooses for that shape), T and its transpose. For each, the loop over the tiles of T: its PTX instructions (the
+basic block that holds the tensor-core products, one iteration of the loop, per thread), of which global loads,
+tensor-core products (``mma``) and integer and predicate arithmetic (the tile's addresses and masks), and the size of
+the machine code. With ``--rev REV``, the module as it was at that commit is compiled beside this tree's, side by
+side (its kernel's arguments read from its own signature). Static counts, before ptxas's scheduling: they say what
+the loop asks of the GPU's integer units and load path beside its products, not how long it takes, which only a
+GPU measures (``benchmarks/toeplitz_direct.py``). Writes ``kernel_code.json`` and ``kernel_code.md``.
+"""
+import argparse
+import collections
+import importlib.util
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List
+
+os.environ.pop("TRITON_INTERPRET", None)  # compiled, as a GPU runs it: read before Triton is imported
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
+
+MODULE = "fairseq_tnn/ops/toeplitz_direct.py"
+# (label, rows a channel, n, causal): the paper's per-GPU shapes, as fft_bytes.py and toeplitz_direct.py take them
+SHAPES = [("causal 8 x 512", 8, 512, True), ("bidirectional 16 x 512", 16, 512, False),
+          ("bidirectional 4 x 2048", 4, 2048, False)]
+INTEGER_OPS = ("add", "sub", "mul", "mad", "neg", "setp", "selp", "and", "or", "xor", "not", "shl", "shr", "cvt",
+               "min", "max")
+
+
+def _load(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _loop_body(ptx: str) -> List[str]:
+    """The opcodes of the PTX basic block with the most tensor-core products (the tile loop's body), predicates and
+    inline-assembly braces stripped, labels, directives and comments left out."""
+    blocks = re.split(r"\n\$L__BB\d+_\d+:", ptx)
+    body = max(blocks, key=lambda b: len(re.findall(r"\b(?:mma|wgmma)\.", b)))
+    ops = []
+    for line in body.splitlines():
+        text = line.strip().lstrip("{").strip()
+        if text.startswith("@"):
+            text = text.split(None, 1)[1] if " " in text else ""
+        if text and not text.startswith(("//", ".", "}", "$")) and not text.endswith(":"):
+            ops.append(text.split()[0].rstrip(";"))
+    return ops
+
+
+def measure(module) -> List[Dict]:
+    """Each shape's and sign's product kernel of ``module`` (a toeplitz_direct), compiled for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    kernel = module._kernels()[0]
+    params = inspect.signature(kernel.fn).parameters
+    constexprs = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
+    rows_out = []
+    for label, rows, n, causal in SHAPES:
+        block_r = module._block_rows(rows)
+        group = module._stacked(block_r, triton.cdiv(n, module.BLOCK_T), module.ROWS_PER_PROGRAM)
+        for sign in (1, -1):
+            constants = {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": block_r, "GROUP": group,
+                         "BLOCK_T": module.BLOCK_T, "PRECISION": "fp16"}
+            missing = constexprs - set(constants)
+            if missing:
+                raise SystemExit(f"kernel_code.py: {module.__file__}'s _apply_kernel takes compile-time arguments "
+                                 f"this script does not know: {sorted(missing)}")
+            signature = {name: ("constexpr" if name in constexprs else
+                                "*fp32" if name == "scale_ptr" else "*fp16" if name.endswith("_ptr") else "i32")
+                         for name in params}
+            compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
+            ops = _loop_body(compiled.asm["ptx"])
+            kinds = collections.Counter(op.split(".")[0] for op in ops)
+            rows_out.append({"shape": label, "product": "T" if sign > 0 else "T^T", "rows_per_program": block_r * group,
+                             "loop_instructions": len(ops),
+                             "global_loads": sum(1 for op in ops if op.startswith("ld.global")),
+                             "mma": kinds["mma"] + kinds["wgmma"],
+                             "integer_and_predicate": sum(kinds[k] for k in INTEGER_OPS),
+                             "cubin_bytes": len(compiled.asm["cubin"])})
+    return rows_out
+
+
+def markdown(result: Dict) -> str:
+    trees = list(result["trees"])
+    out = ["# The direct product's tile loop, compiled for sm_90 (fp16)", "",
+           f"`{result['command']}`; Triton {result['triton']}. Per thread and iteration of the loop over T's tiles: "
+           "PTX instructions, of which global loads, tensor-core products and integer and predicate arithmetic; "
+           "then the kernel's machine code. Static counts, not times.", "",
+           "| shape | product | rows a program | " + " | ".join(
+               f"{t}: instructions | {t}: loads | {t}: mma | {t}: integer | {t}: cubin bytes" for t in trees) + " |",
+           "|---|---|---:|" + "---:|" * (5 * len(trees))]
+    for i, row in enumerate(result["trees"][trees[0]]):
+        cells = []
+        for t in trees:
+            r = result["trees"][t][i]
+            cells += [str(r["loop_instructions"]), str(r["global_loads"]), str(r["mma"]),
+                      str(r["integer_and_predicate"]), f"{r['cubin_bytes']:,}"]
+        out.append(f"| {row['shape']} | {row['product']} | {row['rows_per_program']} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rev", help=f"a commit whose {MODULE} is compiled beside this tree's")
+    add_out_options(p, "results/kernel-code")
+    a = p.parse_args(argv)
+    refuse_overwrite(p, a, "kernel_code.json")
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        p.error("Triton is not installed (it ships with torch's CUDA builds): nothing to compile")
+    old = None
+    if a.rev:
+        done = subprocess.run(["git", "show", f"{a.rev}:{MODULE}"], cwd=ROOT, capture_output=True, text=True)
+        if done.returncode != 0:
+            p.error(f"--rev={a.rev} is invalid: git cannot show its {MODULE} ({done.stderr.strip()})")
+        old = done.stdout
+    import triton
+    trees = {"this tree": measure(_load(os.path.join(ROOT, MODULE), "toeplitz_direct_tree"))}
+    if old is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "toeplitz_direct_rev.py")
+            with open(path, "w") as f:
+                f.write(old)
+            trees[a.rev] = measure(_load(path, "toeplitz_direct_rev"))
+    result = {"command": "python benchmarks/kernel_code.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "triton": triton.__version__, "trees": trees}
+    md = markdown(result)
+    os.makedirs(a.out, exist_ok=True)
+    write_results(a.out, "kernel_code", result, md)
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()
