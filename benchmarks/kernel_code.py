@@ -1,17 +1,19 @@
 """What the direct Toeplitz product's inner loop costs, read from its code for an H100 / H200 (no GPU needed).
 
-    python benchmarks/kernel_code.py --rev 3e14c05 --out results/kernel-code     # this tree beside a commit (~20 s)
+    python benchmarks/kernel_code.py --rev 3e14c05 --out results/kernel-code     # this tree beside a commit (about 6 s)
 
 Triton compiles ``fairseq_tnn/ops/toeplitz_direct.py``'s product kernel (``_apply_kernel``) to PTX and machine code
 for sm_90, here on the CPU (its compiler and ptxas; never its interpreter, whatever ``TRITON_INTERPRET`` says), as
 the product launches it at each of the paper's shapes in fp16 (the tile sizes and rows per program the module
 chooses for that shape), T and its transpose. For each, the loop over the tiles of T: its PTX instructions (the
-basic block that holds the tensor-core products, one iteration of the loop, per thread), of which global loads,
-tensor-core products (``mma``) and integer and predicate arithmetic (the tile's addresses and masks), and the size of
-the machine code. With ``--rev REV``, the module as it was at that commit is compiled beside this tree's, side by
-side (its kernel's arguments read from its own signature). Static counts, before ptxas's scheduling: they say what
-the loop asks of the GPU's integer units and load path beside its products, not how long it takes, which only a
-GPU measures (``benchmarks/toeplitz_direct.py``). Writes ``kernel_code.json`` and ``kernel_code.md``.
+basic block that holds the tensor-core products, one iteration of the loop, per thread), of which global loads
+(plain and asynchronous copies to shared memory, as Triton pipelines the input's tile), tensor-core products
+(``mma``) and integer and predicate arithmetic (the tile's addresses and masks), and the size of the machine code;
+compiled as Triton's launcher specializes the kernel at that shape (16-byte aligned tensors, integers divisible by
+16). With ``--rev REV``, the module as it was at that commit is compiled beside this tree's, side by side (its
+kernel's arguments read from its own signature). Static counts, before ptxas's scheduling: they say what the loop
+asks of the GPU's integer units and load path beside its products, not how long it takes, which only a GPU measures
+(``benchmarks/toeplitz_direct.py``). Writes ``kernel_code.json`` and ``kernel_code.md``.
 """
 import argparse
 import collections
@@ -63,7 +65,8 @@ def _loop_body(ptx: str) -> List[str]:
 
 
 def measure(module) -> List[Dict]:
-    """Each shape's and sign's product kernel of ``module`` (a toeplitz_direct), compiled for sm_90."""
+    """Each shape's and sign's product kernel of ``module`` (a toeplitz_direct), compiled for sm_90 as Triton's
+    launcher specializes it at that shape (``tt.divisibility`` 16 for the aligned pointers and integers)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -84,12 +87,25 @@ def measure(module) -> List[Dict]:
             signature = {name: ("constexpr" if name in constexprs else
                                 "*fp32" if name == "scale_ptr" else "*fp16" if name.endswith("_ptr") else "i32")
                          for name in params}
-            compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
+            # what Triton's launcher assumes at this shape: 16-byte aligned tensors, and the integers it finds
+            # divisible by 16 (the circulant's size as fft_conv pads it, the layout's row as _coefficients makes it)
+            values = {"rows": rows, "n": n, "size": 2 * n,
+                      "stride": 2 * module.BLOCK_T * triton.cdiv(n, module.BLOCK_T)}
+            unknown = [name for name in params if name not in constexprs and not name.endswith("_ptr")
+                       and name not in values]
+            if unknown:
+                raise SystemExit(f"kernel_code.py: {module.__file__}'s _apply_kernel takes integers this script does "
+                                 f"not know: {unknown}")
+            attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(params)
+                     if name not in constexprs and (name.endswith("_ptr") or values[name] % 16 == 0)}
+            compiled = triton.compile(ASTSource(kernel, signature, constants, attrs),
+                                      target=GPUTarget("cuda", 90, 32))
             ops = _loop_body(compiled.asm["ptx"])
             kinds = collections.Counter(op.split(".")[0] for op in ops)
             rows_out.append({"shape": label, "product": "T" if sign > 0 else "T^T", "rows_per_program": block_r * group,
                              "loop_instructions": len(ops),
-                             "global_loads": sum(1 for op in ops if op.startswith("ld.global")),
+                             "global_loads": sum(1 for op in ops if op.startswith(("ld.global", "cp.async.cg",
+                                                                                     "cp.async.ca"))),
                              "mma": kinds["mma"] + kinds["wgmma"],
                              "integer_and_predicate": sum(kinds[k] for k in INTEGER_OPS),
                              "cubin_bytes": len(compiled.asm["cubin"])})
