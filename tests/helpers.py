@@ -510,9 +510,12 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 target, built = GPUTarget("cuda", 90, 32), []
 
-def compile(kernel, signature, constants):
+def compile(kernel, signature, constants, aligned=()):
+    # aligned: the arguments specialized as Triton's launcher specializes a 16-byte aligned pointer or an integer
+    # divisible by 16 (vectorized and asynchronous loads: the code a GPU runs at the recipes' shapes)
     signature = {**signature, **{k: "constexpr" for k in constants}}
-    built.append(len(triton.compile(ASTSource(kernel, signature, constants), target=target).asm["cubin"]))
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    built.append(len(triton.compile(ASTSource(kernel, signature, constants, attrs), target=target).asm["cubin"]))
 '''
 
 

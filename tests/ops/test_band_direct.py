@@ -206,11 +206,14 @@ for x, taps in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("fp32", "
     for lowrank in (False, True):
         extra = ("*fp32", "*i32", "*fp32") if lowrank else ("*" + x,) * 3  # the low rank's rows, index, weight
         constants = {"TAPS": 17, "BLOCK": bd.BLOCK_MAX, "LOWRANK": lowrank}
-        compile(forward, {"x_ptr": "*" + x, "w_ptr": "*" + taps, "y_ptr": "*" + taps,
-                          **dict(zip(("az_ptr", "index_ptr", "weight_ptr"), extra)), **ints}, constants)
-        compile(backward, {"g_ptr": "*" + taps, "x_ptr": "*" + x, "w_ptr": "*" + taps, "gx_ptr": "*" + x,
-                           "part_ptr": "*fp32", **dict(zip(("gz_ptr", "index_ptr", "weight_ptr"), extra)), **ints},
-                constants)
+        # each also as the launcher specializes it for aligned tensors and a length divisible by 16
+        for aligned in ((), ("x_ptr", "w_ptr", "y_ptr", "g_ptr", "gx_ptr", "part_ptr", "n")):
+            compile(forward, {"x_ptr": "*" + x, "w_ptr": "*" + taps, "y_ptr": "*" + taps,
+                              **dict(zip(("az_ptr", "index_ptr", "weight_ptr"), extra)), **ints}, constants,
+                    [a for a in aligned if a in forward.arg_names])
+            compile(backward, {"g_ptr": "*" + taps, "x_ptr": "*" + x, "w_ptr": "*" + taps, "gx_ptr": "*" + x,
+                               "part_ptr": "*fp32", **dict(zip(("gz_ptr", "index_ptr", "weight_ptr"), extra)), **ints},
+                    constants, [a for a in aligned if a in backward.arg_names])
 
 # the custom operators torch.compile sees, forward and registered backward, on fake tensors: shapes and dtypes
 d, rows, n, m, r = 16, 2, 64, 17, 8
@@ -232,13 +235,14 @@ print(json.dumps({"built": built, "shapes": shapes}))
 
 def test_the_kernels_compile_for_a_hopper_gpu_and_the_operators_trace(tmp_path):
     """Without a GPU: the band's kernels, with and without the low rank, for each dtype pair the SKI-TNO launches
-    (16-bit x and taps, fp16 x with fp32 taps, fp32), compiled to machine code for an H100 / H200 (sm_90) by Triton's
+    (16-bit x and taps, fp16 x with fp32 taps, fp32), each also as Triton's launcher specializes it for aligned
+    tensors and lengths, compiled to machine code for an H100 / H200 (sm_90) by Triton's
     compiler and ptxas, in a process where Triton is not in its interpreter (types and the helper's call, which the
     interpreter does not check); and there the custom operators torch.compile traces (``fairseq_tnn::ski_lowrank``,
     ``fairseq_tnn::ski_band`` and their backward), run on fake tensors: their outputs' and gradients' shapes and
     dtypes."""
     (result,) = compile_for_hopper(COMPILE_FOR_HOPPER, tmp_path)
-    assert len(result["built"]) == 16 and min(result["built"]) > 3_000, result["built"]  # 16 cubins of real code
+    assert len(result["built"]) == 32 and min(result["built"]) > 3_000, result["built"]  # 32 cubins of real code
     half, single = "torch.float16", "torch.float32"
     assert result["shapes"] == {
         "ski": [[[16, 2, 64], half], [[32, 8], half], [[16, 2, 64], half], [[16, 17], half], [[16, 15], single]],
