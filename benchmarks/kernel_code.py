@@ -64,12 +64,14 @@ def _loop_body(ptx: str) -> List[str]:
     return ops
 
 
-def measure(module) -> List[Dict]:
+def measure(module, rows_per_program=None) -> List[Dict]:
     """Each shape's and sign's product kernel of ``module`` (a toeplitz_direct), compiled for sm_90 as Triton's
     launcher specializes it at that shape (``tt.divisibility`` 16 for the aligned pointers and integers)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    if rows_per_program is not None:
+        module.ROWS_PER_PROGRAM = rows_per_program
     kernel = module._kernels()[0]
     params = inspect.signature(kernel.fn).parameters
     constexprs = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
@@ -107,6 +109,7 @@ def measure(module) -> List[Dict]:
                              "global_loads": sum(1 for op in ops if op.startswith(("ld.global", "cp.async.cg",
                                                                                      "cp.async.ca"))),
                              "mma": kinds["mma"] + kinds["wgmma"],
+                             "mma_kind": "wgmma" if kinds["wgmma"] else "mma.sync" if kinds["mma"] else "none",
                              "integer_and_predicate": sum(kinds[k] for k in INTEGER_OPS),
                              "cubin_bytes": len(compiled.asm["cubin"])})
     return rows_out
@@ -134,8 +137,12 @@ def markdown(result: Dict) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rev", help=f"a commit whose {MODULE} is compiled beside this tree's")
+    p.add_argument("--rows", type=int, help="the rows a program stacks (the module's ROWS_PER_PROGRAM, in each tree "
+                                            "compiled; default: each module's own)")
     add_out_options(p, "results/kernel-code")
     a = p.parse_args(argv)
+    if a.rows is not None and (a.rows < 16 or a.rows & (a.rows - 1)):
+        p.error(f"--rows={a.rows} is invalid: must be a power of 2, at least 16 (a tensor-core product's least rows)")
     refuse_overwrite(p, a, "kernel_code.json")
     try:
         import triton  # noqa: F401
@@ -148,13 +155,13 @@ def main(argv=None):
             p.error(f"--rev={a.rev} is invalid: git cannot show its {MODULE} ({done.stderr.strip()})")
         old = done.stdout
     import triton
-    trees = {"this tree": measure(_load(os.path.join(ROOT, MODULE), "toeplitz_direct_tree"))}
+    trees = {"this tree": measure(_load(os.path.join(ROOT, MODULE), "toeplitz_direct_tree"), a.rows)}
     if old is not None:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "toeplitz_direct_rev.py")
             with open(path, "w") as f:
                 f.write(old)
-            trees[a.rev] = measure(_load(path, "toeplitz_direct_rev"))
+            trees[a.rev] = measure(_load(path, "toeplitz_direct_rev"), a.rows)
     result = {"command": "python benchmarks/kernel_code.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "triton": triton.__version__, "trees": trees}
     md = markdown(result)

@@ -49,10 +49,14 @@ constexpr = tl.constexpr if AVAILABLE else None  # the kernels' compile-time arg
 # Tile sizes. A program of the product computes ``ROWS_PER_PROGRAM`` rows of output tiles at once: a channel's
 # sequences (its rows, at most ``BLOCK_ROWS_MAX`` a program) times consecutive output tiles of BLOCK_T positions, so
 # that each tile of T it gathers (T's tiles depend only on their offset from the diagonal) serves all of them, and a
-# batch of 8 fills a tensor-core product without padding. The lag gradient's products sum over rows times pairs of
-# an output and an input tile at one offset, ``LAG_PRODUCT_DEPTH`` at once.
+# batch of 8 fills a tensor-core product without padding. 64 rows (where the channel's rows times its tiles reach them:
+# n >= 512 at the paper's batches) make each product 64 x 64 x 64, which Triton gives Hopper's warpgroup products
+# (``wgmma``; 32 rows take ``mma.sync``, at about half their rate) and which doubles the products each gathered tile
+# serves (benchmarks/kernel_code.py --rows 32 / 64, docs/performance.md); ``benchmarks/toeplitz_direct.py`` times 32
+# and 64 side by side on a GPU. The lag gradient's products sum over rows times pairs of an output and an input tile
+# at one offset, ``LAG_PRODUCT_DEPTH`` at once.
 BLOCK_ROWS_MAX = 64
-ROWS_PER_PROGRAM = 32
+ROWS_PER_PROGRAM = 64
 LAG_PRODUCT_DEPTH = 64
 BLOCK_T = 64
 LAYOUT_BLOCK = 1024  # the coefficients' layout kernel's chunk

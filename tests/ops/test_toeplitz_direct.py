@@ -369,12 +369,15 @@ for dtype, precision in (("fp16", "fp16"), ("bf16", "tf32"), ("fp32", "ieee")):
     coefficients = "*fp16" if precision == "fp16" else "*fp32"
     # each also as the launcher specializes it at the paper's lengths (aligned tensors; n, the layout's row and the
     # circulant's size divisible by 16), whose input tiles Triton copies asynchronously
-    for aligned in ((), ("x_ptr", "k_ptr", "scale_ptr", "y_ptr", "n", "stride")):
+    # 8 rows a channel (the causal shape's batch) beside 4 output tiles (32 rows, mma.sync) and beside 8 (64 rows, the
+    # default at n = 512: Hopper's warpgroup products), the latter as the launcher specializes it
+    for group, aligned in ((4, ()), (4, ("x_ptr", "k_ptr", "scale_ptr", "y_ptr", "n", "stride")),
+                           (8, ("x_ptr", "k_ptr", "scale_ptr", "y_ptr", "n", "stride"))):
         for sign in (1, -1):
-            for causal in (False, True):  # 8 rows a channel (the causal shape's batch) beside 4 output tiles
+            for causal in (False, True):
                 compile(apply_kernel, {"x_ptr": "*" + dtype, "k_ptr": coefficients, "scale_ptr": "*fp32",
                                        "y_ptr": "*" + dtype, "rows": "i32", "n": "i32", "stride": "i32"},
-                        {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": 8, "GROUP": 4, "BLOCK_T": td.BLOCK_T,
+                        {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": 8, "GROUP": group, "BLOCK_T": td.BLOCK_T,
                          "PRECISION": precision}, aligned)
     for aligned in ((), ("g_ptr", "x_ptr", "gk_ptr", "n", "size")):
         for causal in (False, True):
@@ -407,14 +410,15 @@ print(json.dumps(shapes))
 
 def test_the_kernels_compile_for_a_hopper_gpu_and_the_operators_trace(tmp_path):
     """Without a GPU, the Triton kernels are compiled to machine code for an H100 / H200 (sm_90, the GPU
-    machines'), every variant the product launches (fp16, bf16 and fp32 x; T and T^T; whole and causal; the lag
-    gradient, whole and causal; each also as Triton's launcher specializes it for aligned tensors and lengths; the coefficients' layout, scaled for fp16 and not, whole and causal), by Triton's
-    own compiler and ptxas, in a process where Triton is not in its interpreter: what the interpreter does not
-    check (types, layouts, the tensor-core products' shapes) is checked here before a GPU run; and there the
-    custom operators torch.compile traces (``fairseq_tnn::direct_toeplitz`` and its backward's two), run on fake
-    tensors: their outputs' and gradients' shapes and dtypes."""
+    machines'), every variant the product launches (fp16, bf16 and fp32 x; T and T^T; whole and causal; 32 and 64
+    rows; the lag gradient, whole and causal; each also as Triton's launcher specializes it for aligned tensors
+    and lengths; the coefficients' layout, scaled for fp16 and not, whole and causal), by Triton's own compiler
+    and ptxas, in a process where Triton is not in its interpreter: what the interpreter does not check (types,
+    layouts, the tensor-core products' shapes) is checked here before a GPU run; and there the custom operators
+    torch.compile traces (``fairseq_tnn::direct_toeplitz`` and its backward's two), run on fake tensors: their
+    outputs' and gradients' shapes and dtypes."""
     sizes, shapes = compile_for_hopper(COMPILE_FOR_HOPPER, tmp_path)
-    assert len(sizes) == 40 and min(sizes) > 3_000, sizes  # 40 cubins of real code
+    assert len(sizes) == 52 and min(sizes) > 3_000, sizes  # 52 cubins of real code
     x_shape, kernel = [4, 8, 100], "torch.float32"
     assert shapes == [[[x_shape, dtype], [x_shape, dtype], [[4, size], kernel]]
                       for dtype in ("torch.float16", "torch.bfloat16") for size in (199, 100)], shapes

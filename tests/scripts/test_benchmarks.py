@@ -776,15 +776,17 @@ def test_gpu_profile_breaks_the_host_time_down_for_the_shapes_asked(tmp_path):
 def test_kernel_code_reads_the_direct_products_tile_loop_beside_a_commits(tmp_path):
     """benchmarks/kernel_code.py --rev: the direct product's kernel compiled for sm_90 (never interpreted, though the
     tests set TRITON_INTERPRET), at each of the paper's shapes, T and T^T, beside 3e14c05's, whose tile gather
-    wrapped the circulant's lags and masked them in the loop: this tree's loop does the same tensor-core products and
-    loads with under half its integer and predicate arithmetic (the coefficients laid out by lag beforehand). A
-    commit git cannot show is refused, naming it."""
+    wrapped the circulant's lags and masked them in the loop: at 3e14c05's 32 rows a program this tree's loop does the
+    same tensor-core products and loads with under half its integer and predicate arithmetic (the coefficients laid
+    out by lag beforehand); at its own 64, Hopper's warpgroup products. A commit git cannot show and a number of rows
+    the kernel cannot stack are refused, naming them."""
     import subprocess
     pytest.importorskip("triton")
     if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", "3e14c05^{commit}"]).returncode:
         pytest.skip("this clone has no history back to 3e14c05")
     out = tmp_path / "kc"
-    cmd = [sys.executable, str(ROOT / "benchmarks/kernel_code.py"), "--rev", "3e14c05", "--out", str(out)]
+    cmd = [sys.executable, str(ROOT / "benchmarks/kernel_code.py"), "--rev", "3e14c05", "--rows", "32", "--out",
+           str(out)]
     code, log, _ = execute(cmd, dict(command_env(), TRITON_INTERPRET="1"), 600, merge=True)
     assert code == 0, log[-4000:]
     result = json.loads((out / "kernel_code.json").read_text())
@@ -796,8 +798,16 @@ def test_kernel_code_reads_the_direct_products_tile_loop_beside_a_commits(tmp_pa
         assert 0 < now["integer_and_predicate"] < then["integer_and_predicate"] / 2, (now, then)
         assert now["loop_instructions"] < then["loop_instructions"] and now["cubin_bytes"] > 3_000, (now, then)
     assert "| causal 8 x 512 | T | 32 |" in (out / "kernel_code.md").read_text()
+    assert {r["mma_kind"] for r in tree + before} == {"mma.sync"}
+    # the default, 64 rows a program: Hopper's warpgroup products, the same gather serving twice the rows
+    code, log, _ = execute([*cmd[:2], "--out", str(tmp_path / "kc64")], command_env(), 600, merge=True)
+    assert code == 0, log[-4000:]
+    rows64 = json.loads((tmp_path / "kc64" / "kernel_code.json").read_text())["trees"]["this tree"]
+    assert [(r["rows_per_program"], r["mma_kind"]) for r in rows64] == [(64, "wgmma")] * 6, rows64
     code, log, _ = execute([*cmd[:3], "no-such-rev", *cmd[4:], "--force"], command_env(), 120, merge=True)
     assert code == 2 and "--rev=no-such-rev is invalid: git cannot show its fairseq_tnn/ops/toeplitz_direct.py" in log
+    code, log, _ = execute([*cmd[:2], "--rows", "48", "--out", str(tmp_path / "kc48")], command_env(), 120, merge=True)
+    assert code == 2 and "--rows=48 is invalid: must be a power of 2, at least 16" in log, log[-2000:]
 
 
 def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
