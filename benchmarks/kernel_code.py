@@ -145,7 +145,7 @@ def main(argv=None):
         p.error(f"--rows={a.rows} is invalid: must be a power of 2, at least 16 (a tensor-core product's least rows)")
     refuse_overwrite(p, a, "kernel_code.json")
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
         p.error("Triton is not installed (it ships with torch's CUDA builds): nothing to compile")
     old = None
@@ -154,7 +154,6 @@ def main(argv=None):
         if done.returncode != 0:
             p.error(f"--rev={a.rev} is invalid: git cannot show its {MODULE} ({done.stderr.strip()})")
         old = done.stdout
-    import triton
     trees = {"this tree": measure(_load(os.path.join(ROOT, MODULE), "toeplitz_direct_tree"), a.rows)}
     if old is not None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -82,6 +82,14 @@ def supports_on(dtype: torch.dtype, device) -> bool:
     return kind == "cuda" or (kind == "cpu" and INTERPRETED)
 
 
+def _at_lags(k_row, size, n, lag, CAUSAL: constexpr):
+    """A channel's coefficients k[lag mod size] at ``lag``, where |lag| < n (and, ``CAUSAL``, lag >= 0); 0 elsewhere."""
+    valid = (lag < n) & (lag > -n)
+    if CAUSAL:
+        valid = valid & (lag >= 0)
+    return tl.load(k_row + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
+
+
 def _layout_kernel(k_ptr, out_ptr, scale_ptr, size, n, stride, CAUSAL: constexpr, SCALE: constexpr,
                    BLOCK: constexpr):
     """One channel: the coefficients the product reads, by lag. out[i] = k[lag mod size] for lag = i - center, center =
@@ -90,27 +98,20 @@ def _layout_kernel(k_ptr, out_ptr, scale_ptr, size, n, stride, CAUSAL: constexpr
     them (1 where all are zero), in out's fp16, that magnitude stored at ``scale_ptr``: fp16 operands with the 10-bit
     significand TF32 would give them, in fp16's range whatever the kernel's; otherwise as they are."""
     c = tl.program_id(0).to(tl.int64)
+    k_row = k_ptr + c * size
     center = stride // 2 - 1
     scale = 1.0
     if SCALE:
         largest = tl.zeros((BLOCK,), dtype=tl.float32)
         for start in range(0, stride, BLOCK):
-            lag = start + tl.arange(0, BLOCK) - center
-            valid = (lag < n) & (lag > -n)
-            if CAUSAL:
-                valid = valid & (lag >= 0)
-            k = tl.load(k_ptr + c * size + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
+            k = _at_lags(k_row, size, n, start + tl.arange(0, BLOCK) - center, CAUSAL)
             largest = tl.maximum(largest, tl.abs(k))
         scale = tl.max(largest, axis=0)
         scale = tl.where(scale > 0, scale, 1.0)
         tl.store(scale_ptr + c, scale)
     for start in range(0, stride, BLOCK):
         i = start + tl.arange(0, BLOCK)
-        lag = i - center
-        valid = (lag < n) & (lag > -n)
-        if CAUSAL:
-            valid = valid & (lag >= 0)
-        k = tl.load(k_ptr + c * size + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
+        k = _at_lags(k_row, size, n, i - center, CAUSAL)
         tl.store(out_ptr + c * stride + i, (k / scale).to(out_ptr.dtype.element_ty), mask=i < stride)
 
 
@@ -209,8 +210,11 @@ _KERNELS = []
 
 
 def _kernels():
-    """The three kernels (apply, lag gradient, layout), jitted at first use (interpreted under ``INTERPRETED``)."""
+    """The three kernels (apply, lag gradient, layout), jitted at first use (interpreted under ``INTERPRETED``), with
+    the helper the layout calls (a global, which Triton resolves when it compiles it)."""
+    global _at_lags
     if not _KERNELS:
+        _at_lags = triton.jit(_at_lags)
         _KERNELS.extend(triton.jit(k) for k in (_apply_kernel, _lag_grad_kernel, _layout_kernel))
     return _KERNELS
 

@@ -367,12 +367,12 @@ apply_kernel, lag_grad_kernel, layout_kernel = td._kernels()
 ints = {k: "i32" for k in ("rows", "n", "size")}
 for dtype, precision in (("fp16", "fp16"), ("bf16", "tf32"), ("fp32", "ieee")):
     coefficients = "*fp16" if precision == "fp16" else "*fp32"
-    # each also as the launcher specializes it at the paper's lengths (aligned tensors; n, the layout's row and the
-    # circulant's size divisible by 16), whose input tiles Triton copies asynchronously
     # 8 rows a channel (the causal shape's batch) beside 4 output tiles (32 rows, mma.sync) and beside 8 (64 rows, the
-    # default at n = 512: Hopper's warpgroup products), the latter as the launcher specializes it
-    for group, aligned in ((4, ()), (4, ("x_ptr", "k_ptr", "scale_ptr", "y_ptr", "n", "stride")),
-                           (8, ("x_ptr", "k_ptr", "scale_ptr", "y_ptr", "n", "stride"))):
+    # default at n = 512: Hopper's warpgroup products); each also as the launcher specializes it at the paper's
+    # lengths (aligned tensors; n, the layout's row and the circulant's size divisible by 16), whose input tiles
+    # Triton copies asynchronously
+    aligned = ("x_ptr", "k_ptr", "scale_ptr", "y_ptr", "n", "stride")
+    for group, aligned in ((4, ()), (4, aligned), (8, aligned)):
         for sign in (1, -1):
             for causal in (False, True):
                 compile(apply_kernel, {"x_ptr": "*" + dtype, "k_ptr": coefficients, "scale_ptr": "*fp32",

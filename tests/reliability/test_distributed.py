@@ -233,29 +233,25 @@ def children(pid):
     """The processes whose parent is `pid`, by the parent field of each process's /proc/<pid>/stat. (Not
     /proc/<pid>/task/*/children: a thread that ends while it is read takes its file with it, and the
     children it started pass to a sibling thread, so that scan can fail or miss a rank.)"""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:  # the process ended meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and (stat_fields(int(entry.name)) or [None, None])[1] == str(pid)]
+
+
+def stat_fields(pid):
+    """The fields of /proc/<pid>/stat after the command's name (state, parent, ...); None once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
 
 
 def wait_gone(pids, timeout=30):
     """Until each of `pids` has exited (gone, or a zombie nobody reaped)."""
     deadline = time.monotonic() + timeout
     for pid in pids:
-        stat = Path(f"/proc/{pid}/stat")
-        while stat.exists() and time.monotonic() < deadline:
-            try:
-                if stat.read_text().rpartition(")")[2].split()[0] == "Z":
-                    break
-            except OSError:
+        while time.monotonic() < deadline:
+            fields = stat_fields(pid)
+            if fields is None or fields[0] == "Z":
                 break
             time.sleep(0.05)
 
