@@ -172,10 +172,11 @@ run_call() {
         return $code ;;
     direct)
         # handed the kernel in time first (TNN's and causal FD-TNN's stacks hand it so; the FFT way transforms it),
-        # then the spectrum (bidirectional FD-TNN's, which the direct way takes back by an irfft)
+        # at each of the rows a program and bytes a load of T's tile that toeplitz_direct.py times by default; then
+        # the spectrum (bidirectional FD-TNN's, which the direct way takes back by an irfft) as the module runs it
         local code=0
-        timeout 110 python3 benchmarks/toeplitz_direct.py --out "$dir" || code=$?
-        timeout 80 python3 benchmarks/toeplitz_direct.py --operand spectrum --out "$dir/spectrum" || code=$?
+        timeout 200 python3 benchmarks/toeplitz_direct.py --out "$dir" || code=$?
+        timeout 80 python3 benchmarks/toeplitz_direct.py --operand spectrum --module-way --out "$dir/spectrum" || code=$?
         return $code ;;
     update)
         profile "$dir" 220 --configs tnn6 fd3 transformer bound_identity \

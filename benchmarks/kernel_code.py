@@ -38,6 +38,7 @@ MODULE = "fairseq_tnn/ops/toeplitz_direct.py"
 # (label, rows a channel, n, causal): the paper's per-GPU shapes, as fft_bytes.py and toeplitz_direct.py take them
 SHAPES = [("causal 8 x 512", 8, 512, True), ("bidirectional 16 x 512", 16, 512, False),
           ("bidirectional 4 x 2048", 4, 2048, False)]
+ASYNC_COPIES = ("cp.async.cg", "cp.async.ca")  # global to shared memory, 16 bytes through L2 only / any through L1
 INTEGER_OPS = ("add", "sub", "mul", "mad", "neg", "setp", "selp", "and", "or", "xor", "not", "shl", "shr", "cvt",
                "min", "max")
 
@@ -64,14 +65,18 @@ def _loop_body(ptx: str) -> List[str]:
     return ops
 
 
-def measure(module, rows_per_program=None) -> List[Dict]:
+def measure(module, rows_per_program=None, load_bytes=None) -> List[Dict]:
     """Each shape's and sign's product kernel of ``module`` (a toeplitz_direct), compiled for sm_90 as Triton's
-    launcher specializes it at that shape (``tt.divisibility`` 16 for the aligned pointers and integers)."""
+    launcher specializes it at that shape (``tt.divisibility`` 16 for the aligned pointers and integers).
+    ``load_bytes``: the module's ``LOAD_BYTES`` (the copies of its fp16 layout), where it has one."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     if rows_per_program is not None:
         module.ROWS_PER_PROGRAM = rows_per_program
+    copied = hasattr(module, "LOAD_BYTES")  # the layout in shifted copies (since 2026-12-05), or one
+    if copied and load_bytes is not None:
+        module.LOAD_BYTES = load_bytes
     kernel = module._kernels()[0]
     params = inspect.signature(kernel.fn).parameters
     constexprs = {name for name, p in params.items() if "constexpr" in str(p.annotation)}
@@ -82,6 +87,8 @@ def measure(module, rows_per_program=None) -> List[Dict]:
         for sign in (1, -1):
             constants = {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": block_r, "GROUP": group,
                          "BLOCK_T": module.BLOCK_T, "PRECISION": "fp16"}
+            if copied:
+                constants["COPIES"] = module._copies(2)  # fp16 coefficients
             missing = constexprs - set(constants)
             if missing:
                 raise SystemExit(f"kernel_code.py: {module.__file__}'s _apply_kernel takes compile-time arguments "
@@ -91,8 +98,9 @@ def measure(module, rows_per_program=None) -> List[Dict]:
                          for name in params}
             # what Triton's launcher assumes at this shape: 16-byte aligned tensors, and the integers it finds
             # divisible by 16 (the circulant's size as fft_conv pads it, the layout's row as _coefficients makes it)
-            values = {"rows": rows, "n": n, "size": 2 * n,
-                      "stride": 2 * module.BLOCK_T * triton.cdiv(n, module.BLOCK_T)}
+            tiles = module.BLOCK_T * triton.cdiv(n, module.BLOCK_T)
+            origin, stride = module._layout(n, causal) if copied else (tiles, 2 * tiles)
+            values = {"rows": rows, "n": n, "size": 2 * n, "origin": origin, "stride": stride}
             unknown = [name for name in params if name not in constexprs and not name.endswith("_ptr")
                        and name not in values]
             if unknown:
@@ -105,9 +113,10 @@ def measure(module, rows_per_program=None) -> List[Dict]:
             ops = _loop_body(compiled.asm["ptx"])
             kinds = collections.Counter(op.split(".")[0] for op in ops)
             rows_out.append({"shape": label, "product": "T" if sign > 0 else "T^T", "rows_per_program": block_r * group,
-                             "loop_instructions": len(ops),
-                             "global_loads": sum(1 for op in ops if op.startswith(("ld.global", "cp.async.cg",
-                                                                                     "cp.async.ca"))),
+                             "load_bytes": module.LOAD_BYTES if copied else 2, "loop_instructions": len(ops),
+                             "global_loads": sum(1 for op in ops if op.startswith(("ld.global", *ASYNC_COPIES))),
+                             "async_copies": sum(1 for op in ops if op.startswith(ASYNC_COPIES)),
+                             "shared_stores": sum(1 for op in ops if op.startswith("st.shared")),
                              "mma": kinds["mma"] + kinds["wgmma"],
                              "mma_kind": "wgmma" if kinds["wgmma"] else "mma.sync" if kinds["mma"] else "none",
                              "integer_and_predicate": sum(kinds[k] for k in INTEGER_OPS),
@@ -117,19 +126,23 @@ def measure(module, rows_per_program=None) -> List[Dict]:
 
 def markdown(result: Dict) -> str:
     trees = list(result["trees"])
+    widths = ", ".join(f"{t}: {result['trees'][t][0]['load_bytes']} bytes" for t in trees)
     out = ["# The direct product's tile loop, compiled for sm_90 (fp16)", "",
            f"`{result['command']}`; Triton {result['triton']}. Per thread and iteration of the loop over T's tiles: "
-           "PTX instructions, of which global loads, tensor-core products and integer and predicate arithmetic; "
-           "then the kernel's machine code. Static counts, not times.", "",
+           "PTX instructions, of which global loads (in brackets those that are asynchronous copies to shared "
+           "memory), stores to shared memory, tensor-core products and integer and predicate arithmetic; then the "
+           f"kernel's machine code. Static counts, not times. The loads of T's tile ({widths}): `LOAD_BYTES`.", "",
            "| shape | product | rows a program | " + " | ".join(
-               f"{t}: instructions | {t}: loads | {t}: mma | {t}: integer | {t}: cubin bytes" for t in trees) + " |",
-           "|---|---|---:|" + "---:|" * (5 * len(trees))]
+               f"{t}: instructions | {t}: loads (async) | {t}: shared stores | {t}: mma | {t}: integer | "
+               f"{t}: cubin bytes" for t in trees) + " |",
+           "|---|---|---:|" + "---:|" * (6 * len(trees))]
     for i, row in enumerate(result["trees"][trees[0]]):
         cells = []
         for t in trees:
             r = result["trees"][t][i]
-            cells += [str(r["loop_instructions"]), str(r["global_loads"]), str(r["mma"]),
-                      str(r["integer_and_predicate"]), f"{r['cubin_bytes']:,}"]
+            cells += [str(r["loop_instructions"]), f"{r['global_loads']} ({r['async_copies']})",
+                      str(r["shared_stores"]), str(r["mma"]), str(r["integer_and_predicate"]),
+                      f"{r['cubin_bytes']:,}"]
         out.append(f"| {row['shape']} | {row['product']} | {row['rows_per_program']} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 
@@ -139,10 +152,17 @@ def main(argv=None):
     p.add_argument("--rev", help=f"a commit whose {MODULE} is compiled beside this tree's")
     p.add_argument("--rows", type=int, help="the rows a program stacks (the module's ROWS_PER_PROGRAM, in each tree "
                                             "compiled; default: each module's own)")
+    p.add_argument("--load-bytes", type=int, help="the bytes of T's tile a thread loads at once (the module's "
+                                                  "LOAD_BYTES: 2, 4, 8 or 16, its fp16 layout in 1, 2, 4 or 8 "
+                                                  "shifted copies; in each tree that has it, default its own; a tree "
+                                                  "before it loads 2)")
     add_out_options(p, "results/kernel-code")
     a = p.parse_args(argv)
     if a.rows is not None and (a.rows < 16 or a.rows & (a.rows - 1)):
         p.error(f"--rows={a.rows} is invalid: must be a power of 2, at least 16 (a tensor-core product's least rows)")
+    if a.load_bytes is not None and a.load_bytes not in (2, 4, 8, 16):
+        p.error(f"--load-bytes={a.load_bytes} is invalid: must be 2, 4, 8 or 16 (a thread's loads of fp16 "
+                "coefficients, one to eight elements)")
     refuse_overwrite(p, a, "kernel_code.json")
     try:
         import triton
@@ -154,13 +174,13 @@ def main(argv=None):
         if done.returncode != 0:
             p.error(f"--rev={a.rev} is invalid: git cannot show its {MODULE} ({done.stderr.strip()})")
         old = done.stdout
-    trees = {"this tree": measure(_load(os.path.join(ROOT, MODULE), "toeplitz_direct_tree"), a.rows)}
+    trees = {"this tree": measure(_load(os.path.join(ROOT, MODULE), "toeplitz_direct_tree"), a.rows, a.load_bytes)}
     if old is not None:
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "toeplitz_direct_rev.py")
             with open(path, "w") as f:
                 f.write(old)
-            trees[a.rev] = measure(_load(path, "toeplitz_direct_rev"), a.rows)
+            trees[a.rev] = measure(_load(path, "toeplitz_direct_rev"), a.rows, a.load_bytes)
     result = {"command": "python benchmarks/kernel_code.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "triton": triton.__version__, "trees": trees}
     md = markdown(result)

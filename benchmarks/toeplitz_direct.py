@@ -8,7 +8,9 @@ the FFT product's mixing is 41-61 times its floor).
 For each shape (a TNO's channels, the per-GPU batch, the length; x in ``--dtype``, fp16 by default on CUDA, a
 random kernel, causal at the causal shape, where the direct product sums T's lower triangle), the FFT product and the
 direct one with each ``--rows-per-program`` (``ROWS_PER_PROGRAM``: how many rows, sequences times
-output tiles, a program stacks beside each tile of T it gathers; 32 and 64 by default), each way's forward and forward
+output tiles, a program stacks beside each tile of T it gathers; 32 and 64 by default) at the module's ``LOAD_BYTES``,
+and with each ``--load-bytes`` (``LOAD_BYTES``: the bytes of T's tile a thread loads at once, from as many shifted
+copies of the coefficients' layout; 2, 8 and 16 by default) at the module's rows, each way's forward and forward
 with backward (x's and the operand's gradients) in interleaved rounds, timed by CUDA events (the CPU's clock on the
 CPU), with their medians and least times, the ratio FFT / direct of the medians, the first call's seconds (Triton's
 compilation, on the first shape), and the largest differences of each direct way's output and gradients (x's, and the
@@ -46,9 +48,13 @@ QUICK_SHAPES = [("causal 2 x 40, d 3", 3, 2, 40, True), ("17 x 70, d 2", 2, 17, 
 OPERANDS = {"kernel": "kernel in time (TNN, causal FD-TNN)", "spectrum": "spectrum (bidirectional FD-TNN)"}
 
 
-def _ways(rows_per_program: List[int]) -> List[str]:
-    """"fft", then "direct/M" for each M of ``--rows-per-program``."""
-    return ["fft"] + [f"direct/{m}" for m in rows_per_program]
+def _ways(rows_per_program: List[int], load_bytes: List[int]) -> List[str]:
+    """"fft", then "direct/M/B" (M rows a program, B bytes a load) for each M of ``--rows-per-program`` at the
+    module's ``LOAD_BYTES`` and each B of ``--load-bytes`` at its ``ROWS_PER_PROGRAM``, each once."""
+    from fairseq_tnn.ops import toeplitz_direct
+    ways = [f"direct/{m}/{toeplitz_direct.LOAD_BYTES}" for m in rows_per_program]
+    ways += [f"direct/{toeplitz_direct.ROWS_PER_PROGRAM}/{b}" for b in load_bytes]
+    return ["fft"] + list(dict.fromkeys(ways))
 
 
 def _operand(pos, neg, size: int, operand: str):
@@ -75,17 +81,17 @@ def _inputs(d: int, b: int, n: int, causal: bool, dtype, device, operand: str):
 
 
 def _product(way: str, causal: bool, operand: str) -> Callable:
-    """The product of ``way`` on ``operand`` (``--operand``): "fft", or "direct/M", the direct one with
-    ``ROWS_PER_PROGRAM`` M (set at each call: its backward reads it too, within the call)."""
+    """The product of ``way`` on ``operand`` (``--operand``): "fft", or "direct/M/B", the direct one with
+    ``ROWS_PER_PROGRAM`` M and ``LOAD_BYTES`` B (set at each call: its backward reads them too, within the call)."""
     from fairseq_tnn.ops import toeplitz, toeplitz_direct
     if way == "fft":
         if operand == "spectrum":
             return lambda x, s, size: toeplitz.fft_conv(x, s, size, layout="dbn")
         return lambda x, k, size: toeplitz.fft_conv(x, toeplitz.KernelRfft.apply(k, size), size, layout="dbn")
-    rows = int(way.split("/")[1])
+    rows, load_bytes = map(int, way.split("/")[1:])
 
     def direct(x, s, size):
-        toeplitz_direct.ROWS_PER_PROGRAM = rows
+        toeplitz_direct.ROWS_PER_PROGRAM, toeplitz_direct.LOAD_BYTES = rows, load_bytes
         if operand == "spectrum":
             return toeplitz_direct.direct_conv(x, s, size, causal)
         return toeplitz_direct.direct_toeplitz(x, s, causal)
@@ -152,7 +158,7 @@ def markdown(result: Dict) -> str:
            f"handed the {OPERANDS[result['operand']]})", "",
            f"torch {result['torch']}, triton {result['triton']}; median of {result['rounds']} interleaved rounds, ms; "
            "`python benchmarks/toeplitz_direct.py`", "",
-           "| shape | way (direct/M: M rows a program) | forward / with backward | FFT / this way | this - FFT: output, "
+           "| shape | way (direct/M/B: M rows a program, B bytes a load) | forward / with backward | FFT / this way | this - FFT: output, "
            "x grad, kernel grad |",
            "|---|---|---|---|---|"]
     for r in result["rows"]:
@@ -169,9 +175,16 @@ def markdown(result: Dict) -> str:
 def main(argv=None) -> Dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="tiny shapes (a smoke test; on the CPU under TRITON_INTERPRET=1)")
-    p.add_argument("--rows-per-program", type=int, nargs="+", default=[32, 64], metavar="M",
+    p.add_argument("--rows-per-program", type=int, nargs="+", metavar="M",
                    help="the direct product's rows per program (toeplitz_direct.ROWS_PER_PROGRAM), each a way of its "
-                        "own (default 32 64; powers of 2 from 16 to 128)")
+                        "own at the module's LOAD_BYTES (default 32 64; powers of 2 from 16 to 128)")
+    p.add_argument("--load-bytes", type=int, nargs="+", metavar="B",
+                   help="the bytes of T's tile a thread loads at once (toeplitz_direct.LOAD_BYTES: 2, 4, 8 or 16, "
+                        "from 1, 2, 4 or 8 shifted copies of the fp16 layout), each a way of its own at the "
+                        "module's ROWS_PER_PROGRAM (default 2 8 16)")
+    p.add_argument("--module-way", action="store_true",
+                   help="the direct product only as the module runs it (its ROWS_PER_PROGRAM and LOAD_BYTES), beside "
+                        "the FFT's; not with --rows-per-program or --load-bytes")
     p.add_argument("--operand", choices=sorted(OPERANDS), default="kernel",
                    help="what the product is handed: kernel (in time, as TNN's and causal FD-TNN's stacks hand it; "
                         "the FFT way transforms it) or spectrum (as a bidirectional FD-TNN hands it; the direct way "
@@ -180,10 +193,20 @@ def main(argv=None) -> Dict:
     add_out_options(p, "results/toeplitz-direct")
     a = p.parse_args(argv)
     name, dtype = checked_dtype(p, a)
+    from fairseq_tnn.ops import toeplitz_direct
+    if a.module_way:
+        if a.rows_per_program or a.load_bytes:
+            p.error("--module-way times the module's own rows and load width: not with --rows-per-program or "
+                    "--load-bytes")
+        a.rows_per_program, a.load_bytes = [toeplitz_direct.ROWS_PER_PROGRAM], []
+    a.rows_per_program = [32, 64] if a.rows_per_program is None else a.rows_per_program
+    a.load_bytes = [2, 8, 16] if a.load_bytes is None else a.load_bytes
     bad = [m for m in a.rows_per_program if m not in (16, 32, 64, 128)]
     if bad:
         p.error(f"--rows-per-program={' '.join(map(str, bad))}: each must be 16, 32, 64 or 128")
-    from fairseq_tnn.ops import toeplitz_direct
+    bad = [b for b in a.load_bytes if b not in (2, 4, 8, 16)]
+    if bad:
+        p.error(f"--load-bytes={' '.join(map(str, bad))}: each must be 2, 4, 8 or 16")
     probe = torch.empty(0, device=a.device, dtype=dtype)
     if not toeplitz_direct.supports(probe):
         p.error(f"--device={a.device} --dtype={name}: the direct product needs Triton and a CUDA device, or the CPU "
@@ -191,13 +214,13 @@ def main(argv=None) -> Dict:
                 f"{'there' if toeplitz_direct.AVAILABLE else 'not installed'}")
     refuse_overwrite(p, a, "toeplitz_direct.json")
     os.makedirs(a.out, exist_ok=True)
-    ways = _ways(a.rows_per_program)
-    default = toeplitz_direct.ROWS_PER_PROGRAM
+    ways = _ways(a.rows_per_program, a.load_bytes)
+    default = toeplitz_direct.ROWS_PER_PROGRAM, toeplitz_direct.LOAD_BYTES
     try:
         rows = [measure(label, d, max(1, b // a.batch_scale), n, causal, dtype, a.device, a.rounds, ways, a.operand)
                 for label, d, b, n, causal in (QUICK_SHAPES if a.quick else SHAPES)]
     finally:
-        toeplitz_direct.ROWS_PER_PROGRAM = default
+        toeplitz_direct.ROWS_PER_PROGRAM, toeplitz_direct.LOAD_BYTES = default
     result = {"rows": rows, "ways": ways, "operand": a.operand, **triton_run(a, name)}
     md = markdown(result)
     write_results(a.out, "toeplitz_direct", result, md)

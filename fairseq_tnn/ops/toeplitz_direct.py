@@ -21,7 +21,8 @@ to several output tiles' inputs stacked as rows (``ROWS_PER_PROGRAM``). It gathe
 coefficients laid out by lag first (``_layout_kernel``: lags -(m - 1) .. m - 1 in order, m the length rounded up to
 whole tiles, zero where |lag| >= n and, causal, where lag < 0), so that every entry of every tile it reads is at a
 fixed offset from the tile's first, in range and zero where T is: one address each, no wrap-around, bounds or
-triangle to test in the product's loop. fp16 x meets fp16 coefficients, each channel's scaled to at most 1 by that
+triangle to test in the product's loop; and in several copies, each shifted by one element (``LOAD_BYTES``), so that
+each of the tile's rows starts aligned in one of them and the tile is copied to shared memory as the input's is. fp16 x meets fp16 coefficients, each channel's scaled to at most 1 by that
 layout (the 10-bit significand TF32 would give them, at twice its rate), bf16 x enters as TF32 (which holds it
 exactly) with the coefficients rounded to TF32, fp32 as it is; all accumulate in fp32. ``direct_conv`` is the
 product of a spectrum, the coefficients taken by one irfft of the (channels x size) spectrum, whose gradient
@@ -61,6 +62,19 @@ LAG_PRODUCT_DEPTH = 64
 BLOCK_T = 64
 LAYOUT_BLOCK = 1024  # the coefficients' layout kernel's chunk
 
+# How many bytes of T's tile a thread loads at once. A tile's rows (T) or columns (T^T) are consecutive lags, each
+# starting one element from the one before, so in one layout of the coefficients only one in eight starts aligned
+# for a 16-byte load, and Triton gathers the tile two bytes at a time (fp16), each value stored to shared memory from
+# a register: 32 loads and 4-32 stores a thread and tile at 64 rows a program. ``_layout_kernel`` lays the
+# coefficients out LOAD_BYTES / (an element's bytes) times instead, each copy shifted by one element more than the
+# one before, so that every row starts aligned in one of them; Triton then copies the tile to shared memory
+# asynchronously, pipelined as it does the input's tile (8 bytes: 8 copies a thread and tile, in 4 copies of the fp16
+# layout or 2 of fp32's; 16 bytes: 4, in 8 copies). The layout grows as many times (at 8 bytes, 12.8 MB a product
+# for 1,536 channels at n = 512 in fp16, where one is 3.2 MB), read through L1, where a tile's overlapping rows meet.
+# 2 is the one layout of before. ``benchmarks/kernel_code.py --load-bytes`` shows each one's loop, and
+# ``benchmarks/toeplitz_direct.py`` times them side by side on a GPU.
+LOAD_BYTES = 8
+
 
 # Whether Triton runs the kernels in its interpreter, on CPU tensors (the tests' way without a GPU): Triton decides when
 # it is imported, by ``TRITON_INTERPRET=1`` (tests/conftest.py sets it on a machine without CUDA).
@@ -90,41 +104,48 @@ def _at_lags(k_row, size, n, lag, CAUSAL: constexpr):
     return tl.load(k_row + tl.where(lag < 0, lag + size, lag), mask=valid, other=0.0)
 
 
-def _layout_kernel(k_ptr, out_ptr, scale_ptr, size, n, stride, CAUSAL: constexpr, SCALE: constexpr,
-                   BLOCK: constexpr):
-    """One channel: the coefficients the product reads, by lag. out[i] = k[lag mod size] for lag = i - center, center =
-    stride // 2 - 1, where |lag| < n (and, ``CAUSAL``, lag >= 0), 0 elsewhere, for i < stride (``_apply_kernel``
-    reads i = center + SIGN (d BLOCK_T + b - a), all within it). ``SCALE``: divided by the largest magnitude among
-    them (1 where all are zero), in out's fp16, that magnitude stored at ``scale_ptr``: fp16 operands with the 10-bit
-    significand TF32 would give them, in fp16's range whatever the kernel's; otherwise as they are."""
+def _layout_kernel(k_ptr, out_ptr, scale_ptr, size, n, origin, stride, CAUSAL: constexpr, SCALE: constexpr,
+                   COPIES: constexpr, BLOCK: constexpr):
+    """One channel: the coefficients the product reads, by lag, in ``COPIES`` copies, each shifted by one element more
+    than the one before. out[s, q] = k[lag mod size] for lag = q - s - center, center = origin - 1, where |lag| < n
+    (and, ``CAUSAL``, lag >= 0), 0 elsewhere, for q < stride, each copy's row (``_apply_kernel`` reads copy s at
+    q = center + s + SIGN (d BLOCK_T + b - a), all within it: ``_layout``). ``SCALE``: divided by the largest
+    magnitude among the lags the product reads (1 where all are zero), in out's fp16, that magnitude stored at
+    ``scale_ptr``: fp16 operands with the 10-bit significand TF32 would give them, in fp16's range whatever the
+    kernel's; otherwise as they are."""
     c = tl.program_id(0).to(tl.int64)
     k_row = k_ptr + c * size
-    center = stride // 2 - 1
+    center = origin - 1
     scale = 1.0
     if SCALE:
         largest = tl.zeros((BLOCK,), dtype=tl.float32)
-        for start in range(0, stride, BLOCK):
+        for start in range(0, stride - 16, BLOCK):
             k = _at_lags(k_row, size, n, start + tl.arange(0, BLOCK) - center, CAUSAL)
             largest = tl.maximum(largest, tl.abs(k))
         scale = tl.max(largest, axis=0)
         scale = tl.where(scale > 0, scale, 1.0)
         tl.store(scale_ptr + c, scale)
-    for start in range(0, stride, BLOCK):
-        i = start + tl.arange(0, BLOCK)
-        k = _at_lags(k_row, size, n, i - center, CAUSAL)
-        tl.store(out_ptr + c * stride + i, (k / scale).to(out_ptr.dtype.element_ty), mask=i < stride)
+    for s in tl.static_range(COPIES):
+        for start in range(0, stride, BLOCK):
+            q = start + tl.arange(0, BLOCK)
+            k = _at_lags(k_row, size, n, q - s - center, CAUSAL)
+            tl.store(out_ptr + (c * COPIES + s) * stride + q, (k / scale).to(out_ptr.dtype.element_ty),
+                     mask=q < stride)
 
 
-def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, stride, SIGN: constexpr, CAUSAL: constexpr,
-                  BLOCK_R: constexpr, GROUP: constexpr, BLOCK_T: constexpr, PRECISION: constexpr):
+def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, origin, stride, SIGN: constexpr, CAUSAL: constexpr,
+                  BLOCK_R: constexpr, GROUP: constexpr, BLOCK_T: constexpr, COPIES: constexpr,
+                  PRECISION: constexpr):
     """One (channel, GROUP output tiles, BLOCK_R rows): y[r, o] = sum_i x[r, i] k[(SIGN (o - i)) mod size]; with
     ``CAUSAL`` the terms of lags SIGN (o - i) >= 0 only. The output tiles o0 + j (j < GROUP) are stacked as rows of
     one product, (GROUP BLOCK_R rows) x (BLOCK_T inputs) times the BLOCK_T x BLOCK_T tile of T at tile offset D
     (output tile minus input tile), which T's Toeplitz structure makes the same for every j: the tile is gathered once
-    per D and each row j reads the input tile o0 + j - D. k: the coefficients by lag (``_layout_kernel``, rows of
-    ``stride``), whose zeros outside T's lags (and, ``CAUSAL``, its upper triangle) make each tile's gather one load at
-    a fixed offset from D's: the tile's entry (i, o) at center + SIGN (D BLOCK_T + o - i). ``PRECISION`` "fp16": x
-    fp16 and k the scaled fp16 coefficients, the result times ``scale_ptr``'s; "tf32" or "ieee": k fp32."""
+    per D and each row j reads the input tile o0 + j - D. k: the coefficients by lag (``_layout_kernel``, ``COPIES``
+    rows of ``stride`` a channel), whose zeros outside T's lags (and, ``CAUSAL``, its upper triangle) make each tile's
+    gather one load at a fixed offset from D's: the tile's entry (i, o) holds lag SIGN (D BLOCK_T + o - i), read from
+    the copy that starts the entry's row (T) or column (T^T) aligned to ``COPIES`` elements. ``PRECISION`` "fp16": x
+    fp16 and k the scaled fp16 coefficients, the result times ``scale_ptr``'s; "tf32" or "ieee": k fp32. Both tiles
+    are loaded through L1 (``.ca``): a program reads each input tile and each copy's lags once per output tile."""
     c = tl.program_id(0)
     o0 = tl.program_id(1) * GROUP
     rr = tl.arange(0, GROUP * BLOCK_R)
@@ -135,7 +156,21 @@ def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, stride, SIGN: constex
     row_ok = (r < rows) & (o0 + j < tiles)
     x_rows = x_ptr + c.to(tl.int64) * rows * n + r * n
     # the tile at offset D = 0, (inputs, outputs); at D, SIGN D BLOCK_T further along the channel's lags
-    tile = k_ptr + c.to(tl.int64) * stride + (stride // 2 - 1) + SIGN * (cols[None, :] - cols[:, None])
+    # The tile at offset D = 0, (inputs a, outputs b): lag SIGN (b - a), at q = center + SIGN (b - a) of the layout,
+    # center = origin - 1; at D, SIGN D BLOCK_T further along. Its rows (T: along b) or columns (T^T: along a) are
+    # consecutive, each starting one element before (T) or after (T^T) the one before it: the u-th of them is read
+    # from the copy shifted by s = (u + 1) mod COPIES, where it starts at center + s - u = origin - COPIES ((u + 1) //
+    # COPIES), a multiple of COPIES (origin is one of BLOCK_T).
+    # (One copy: the same addresses written as lags, which Triton stores to shared memory in wider pieces for T^T.)
+    if COPIES == 1:
+        tile = k_ptr + c.to(tl.int64) * stride + (origin - 1) + SIGN * (cols[None, :] - cols[:, None])
+    else:
+        if SIGN > 0:
+            u, v = cols[:, None], cols[None, :]
+        else:
+            u, v = cols[None, :], cols[:, None]
+        tile = (k_ptr + c.to(tl.int64) * COPIES * stride + ((u + 1) % COPIES) * stride
+                + (origin - COPIES * ((u + 1) // COPIES)) + v)
     acc = tl.zeros((GROUP * BLOCK_R, BLOCK_T), dtype=tl.float32)
     first = o0 - (tiles - 1)  # the tile offsets D = output tile - input tile this program meets
     last = tl.minimum(o0 + GROUP, tiles) - 1
@@ -147,8 +182,9 @@ def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, stride, SIGN: constex
     for d in range(first, last + 1):
         ins_tile = o0 + j - d
         ins = ins_tile[:, None] * BLOCK_T + cols[None, :]
-        x = tl.load(x_rows[:, None] + ins, mask=(row_ok & (ins_tile >= 0))[:, None] & (ins < n), other=0.0)
-        w = tl.load(tile + SIGN * d * BLOCK_T)
+        x = tl.load(x_rows[:, None] + ins, mask=(row_ok & (ins_tile >= 0))[:, None] & (ins < n), other=0.0,
+                    cache_modifier=".ca")
+        w = tl.load(tile + SIGN * d * BLOCK_T, cache_modifier=".ca")
         if PRECISION == "fp16":
             acc += tl.dot(x, w)
         else:
@@ -240,17 +276,36 @@ def _same(kernel):
     return kernel
 
 
+def _copies(element_size: int) -> int:
+    """How many shifted copies of the layout give loads of ``LOAD_BYTES`` for coefficients of ``element_size`` bytes
+    (at least one; at most 16, the copies' rows' slack)."""
+    return min(16, max(1, LOAD_BYTES // element_size))
+
+
+def _layout(n: int, causal: bool):
+    """(origin, stride) of the coefficients' layout for length ``n``: the lags the product reads are -(origin - 1) ..
+    half - 1, half = BLOCK_T ceil(n / BLOCK_T) (whole tiles), from origin = half, or BLOCK_T where causal (T's lower
+    triangle and the diagonal tiles' negative lags, zero), each copy's row ``stride`` = origin + half + 16 long (room
+    for copies shifted by up to 15)."""
+    half = BLOCK_T * triton.cdiv(n, BLOCK_T)
+    origin = BLOCK_T if causal else half
+    return origin, origin + half + 16
+
+
 def _coefficients(kernel: torch.Tensor, dtype: torch.dtype, n: int, causal: bool, wrap=_same):
-    """The coefficients the product reads for x of ``dtype`` and length ``n``, by lag (``_layout_kernel``: (c, stride)
-    with stride = 2 BLOCK_T ceil(n / BLOCK_T)), and their scale: for fp16 x each channel's scaled to at most 1 in fp16
-    and the (c,) scales; otherwise fp32 as they are (no scale: the product reads none, and is handed the coefficients
-    in its place). ``causal``: the negative lags left zero."""
+    """The coefficients the product reads for x of ``dtype`` and length ``n``, by lag (``_layout_kernel``: (c, copies,
+    stride), ``_layout``), and their scale: for fp16 x each channel's scaled to at most 1 in fp16 and the (c,) scales;
+    otherwise fp32 as they are (no scale: the product reads none, and is handed the coefficients in its place).
+    ``causal``: the negative lags zero."""
     c, size = kernel.shape
-    stride = 2 * BLOCK_T * triton.cdiv(n, BLOCK_T)
+    origin, stride = _layout(n, causal)
     scaled = _precision(dtype) == "fp16"
-    out = torch.empty(c, stride, device=kernel.device, dtype=torch.float16 if scaled else torch.float32)
+    element = torch.float16 if scaled else torch.float32
+    copies = _copies(torch.empty((), dtype=element).element_size())
+    out = torch.empty(c, copies, stride, device=kernel.device, dtype=element)
     scale = torch.empty(c, device=kernel.device, dtype=torch.float32) if scaled else out
-    wrap(_kernels()[2])[(c,)](kernel, out, scale, size, n, stride, CAUSAL=causal, SCALE=scaled, BLOCK=LAYOUT_BLOCK)
+    wrap(_kernels()[2])[(c,)](kernel, out, scale, size, n, origin, stride, CAUSAL=causal, SCALE=scaled,
+                              COPIES=copies, BLOCK=LAYOUT_BLOCK)
     return out, scale
 
 
@@ -264,8 +319,9 @@ def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, causal: bool, wrap=
     block_r = _block_rows(rows)
     group = _stacked(block_r, triton.cdiv(n, BLOCK_T), ROWS_PER_PROGRAM)
     grid = (c, triton.cdiv(triton.cdiv(n, BLOCK_T), group), triton.cdiv(rows, block_r))
-    wrap(_kernels()[0])[grid](x, coefficients, scale, y, rows, n, coefficients.shape[-1], SIGN=sign, CAUSAL=causal,
-                              BLOCK_R=block_r, GROUP=group, BLOCK_T=BLOCK_T, PRECISION=_precision(x.dtype))
+    wrap(_kernels()[0])[grid](x, coefficients, scale, y, rows, n, *_layout(n, causal), SIGN=sign, CAUSAL=causal,
+                              BLOCK_R=block_r, GROUP=group, BLOCK_T=BLOCK_T, COPIES=coefficients.shape[1],
+                              PRECISION=_precision(x.dtype))
     return y
 
 

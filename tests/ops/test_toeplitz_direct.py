@@ -96,6 +96,39 @@ def test_direct_matches_dense_for_half_inputs(device):
         _assert_close(got, _reference(x, pos, neg, cot), rel=1e-2 if dtype == torch.bfloat16 else 2e-3)
 
 
+@pytest.mark.parametrize("load_bytes", [2, 4, 8, 16])
+def test_every_loads_width_lays_out_shifted_copies_and_gives_the_dense_product(load_bytes, device, monkeypatch):
+    """``LOAD_BYTES``: the coefficients laid out in load_bytes / (an element's bytes) copies (fp16's for fp16 x,
+    fp32's otherwise; at least one), copy s the first shifted by s elements; the product reading each tile's rows
+    from the copy that starts them aligned gives the dense product and its gradients, fp32 and fp16, T and T^T (the
+    backward), whole and causal, over several tiles."""
+    monkeypatch.setattr(toeplitz_direct, "LOAD_BYTES", load_bytes)
+    for dtype, element in ((torch.float32, 4), (torch.float16, 2)):
+        kernel = torch.randn(3, 300, generator=torch.Generator().manual_seed(2)).to(device)
+        copies = max(1, load_bytes // element)
+        # 130 positions in whole tiles: 192; the lags from -191 (causal: -63, the diagonal tiles' zeros) to 191
+        for causal, origin in ((False, 192), (True, 64)):
+            layout, _ = toeplitz_direct._coefficients(kernel, dtype, 130, causal)
+            assert layout.shape == (3, copies, origin + 192 + 16), layout.shape
+            for shift in range(1, copies):
+                assert torch.equal(layout[:, shift, shift:], layout[:, 0, :-shift])
+                assert not layout[:, shift, :shift].any()
+            # lag 0 at origin - 1 of the first copy, lag 1 after it and lag -1 (kernel[-1]; causal 0) before it
+            lags = layout[:, 0, origin - 2:origin + 1].float()
+            want = torch.stack([kernel[:, -1] * (not causal), kernel[:, 0], kernel[:, 1]], 1)
+            torch.testing.assert_close(lags / lags.abs().amax(1, keepdim=True),
+                                       want / want.abs().amax(1, keepdim=True), rtol=2e-3 if element == 2 else 1e-6,
+                                       atol=0)
+            # zero where |lag| >= n, and causal at the negative lags
+            assert not layout[:, 0, origin + 129:].any()
+            assert not layout[:, 0, :origin - 1 if causal else origin - 130].any()
+        for causal in (False, True):
+            x, pos, neg = _case(130, (5,), causal, dtype, device)
+            cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
+            got = _direct(x, pos, neg, cot, next_fast_len(259), causal)
+            _assert_close(got, _reference(x, pos, neg, cot), rel=2e-3 if element == 2 else 1e-5)
+
+
 @pytest.mark.parametrize("magnitude,x_scale", [(1e-6, 1e3), (1e7, 1e-4)])
 def test_fp16_products_scale_each_channels_coefficients(magnitude, x_scale, device):
     """fp16 x takes fp16 coefficients, each channel's divided by its largest before the cast and the product multiplied
@@ -371,25 +404,29 @@ for dtype, precision in (("fp16", "fp16"), ("bf16", "tf32"), ("fp32", "ieee")):
     # default at n = 512: Hopper's warpgroup products); each also as the launcher specializes it at the paper's
     # lengths (aligned tensors; n, the layout's row and the circulant's size divisible by 16), whose input tiles
     # Triton copies asynchronously
-    aligned = ("x_ptr", "k_ptr", "scale_ptr", "y_ptr", "n", "stride")
-    for group, aligned in ((4, ()), (4, aligned), (8, aligned)):
+    aligned = ("x_ptr", "k_ptr", "scale_ptr", "y_ptr", "n", "origin", "stride")
+    copies = td._copies(2 if precision == "fp16" else 4)  # the layout's shifted copies at LOAD_BYTES
+    # ... and fp16's at 16 bytes a load (8 copies) at 64 rows, aligned
+    for group, aligned, copies in ((4, (), copies), (4, aligned, copies), (8, aligned, copies)) + (
+            ((8, aligned, 8),) if precision == "fp16" else ()):
         for sign in (1, -1):
             for causal in (False, True):
                 compile(apply_kernel, {"x_ptr": "*" + dtype, "k_ptr": coefficients, "scale_ptr": "*fp32",
-                                       "y_ptr": "*" + dtype, "rows": "i32", "n": "i32", "stride": "i32"},
+                                       "y_ptr": "*" + dtype, "rows": "i32", "n": "i32", "origin": "i32",
+                                       "stride": "i32"},
                         {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": 8, "GROUP": group, "BLOCK_T": td.BLOCK_T,
-                         "PRECISION": precision}, aligned)
+                         "COPIES": copies, "PRECISION": precision}, aligned)
     for aligned in ((), ("g_ptr", "x_ptr", "gk_ptr", "n", "size")):
         for causal in (False, True):
             compile(lag_grad_kernel, {"g_ptr": "*" + dtype, "x_ptr": "*" + dtype, "gk_ptr": "*fp32", **ints,
                                       "offset_start": "i32"},
                     {"CAUSAL": causal, "BLOCK_R": 8, "PAIRS": 8, "BLOCK_T": td.BLOCK_T,
                      "PRECISION": "ieee" if dtype == "fp32" else "native"}, aligned)
-for scale, coefficients in ((True, "*fp16"), (False, "*fp32")):
+for scale, coefficients, copies in ((True, "*fp16", td._copies(2)), (False, "*fp32", td._copies(4))):
     for causal in (False, True):
         compile(layout_kernel, {"k_ptr": "*fp32", "out_ptr": coefficients, "scale_ptr": "*fp32", "size": "i32",
-                                "n": "i32", "stride": "i32"},
-                {"CAUSAL": causal, "SCALE": scale, "BLOCK": td.LAYOUT_BLOCK})
+                                "n": "i32", "origin": "i32", "stride": "i32"},
+                {"CAUSAL": causal, "SCALE": scale, "COPIES": copies, "BLOCK": td.LAYOUT_BLOCK})
 print(json.dumps(built))
 
 # the custom operators torch.compile sees, forward and registered backward, on fake tensors: shapes and dtypes
@@ -411,14 +448,15 @@ print(json.dumps(shapes))
 def test_the_kernels_compile_for_a_hopper_gpu_and_the_operators_trace(tmp_path):
     """Without a GPU, the Triton kernels are compiled to machine code for an H100 / H200 (sm_90, the GPU
     machines'), every variant the product launches (fp16, bf16 and fp32 x; T and T^T; whole and causal; 32 and 64
-    rows; the lag gradient, whole and causal; each also as Triton's launcher specializes it for aligned tensors
-    and lengths; the coefficients' layout, scaled for fp16 and not, whole and causal), by Triton's own compiler
+    rows; the layout's copies at ``LOAD_BYTES``, and fp16's at 16 bytes; the lag gradient, whole and causal; each also
+    as Triton's launcher specializes it for aligned tensors and lengths; the coefficients' layout, scaled for fp16 and
+    not, whole and causal), by Triton's own compiler
     and ptxas, in a process where Triton is not in its interpreter: what the interpreter does not check (types,
     layouts, the tensor-core products' shapes) is checked here before a GPU run; and there the custom operators
     torch.compile traces (``fairseq_tnn::direct_toeplitz`` and its backward's two), run on fake tensors: their
     outputs' and gradients' shapes and dtypes."""
     sizes, shapes = compile_for_hopper(COMPILE_FOR_HOPPER, tmp_path)
-    assert len(sizes) == 52 and min(sizes) > 3_000, sizes  # 52 cubins of real code
+    assert len(sizes) == 56 and min(sizes) > 3_000, sizes  # 56 cubins of real code
     x_shape, kernel = [4, 8, 100], "torch.float32"
     assert shapes == [[[x_shape, dtype], [x_shape, dtype], [[4, size], kernel]]
                       for dtype in ("torch.float16", "torch.bfloat16") for size in (199, 100)], shapes

@@ -778,15 +778,17 @@ def test_kernel_code_reads_the_direct_products_tile_loop_beside_a_commits(tmp_pa
     tests set TRITON_INTERPRET), at each of the paper's shapes, T and T^T, beside 3e14c05's, whose tile gather
     wrapped the circulant's lags and masked them in the loop: at 3e14c05's 32 rows a program this tree's loop does the
     same tensor-core products and loads with under half its integer and predicate arithmetic (the coefficients laid
-    out by lag beforehand); at its own 64, Hopper's warpgroup products. A commit git cannot show and a number of rows
-    the kernel cannot stack are refused, naming them."""
+    out by lag beforehand, in one copy: ``--load-bytes 2``); at its own 64 rows and 8 bytes a load, Hopper's
+    warpgroup products, and T's tile copied to shared memory asynchronously as the input's is, from the layout's
+    shifted copies: no load into registers and no store to shared memory left in the loop. A commit git cannot show,
+    a number of rows the kernel cannot stack and a load width it cannot make are refused, naming them."""
     import subprocess
     pytest.importorskip("triton")
     if subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", "3e14c05^{commit}"]).returncode:
         pytest.skip("this clone has no history back to 3e14c05")
     out = tmp_path / "kc"
-    cmd = [sys.executable, str(ROOT / "benchmarks/kernel_code.py"), "--rev", "3e14c05", "--rows", "32", "--out",
-           str(out)]
+    cmd = [sys.executable, str(ROOT / "benchmarks/kernel_code.py"), "--rev", "3e14c05", "--rows", "32",
+           "--load-bytes", "2", "--out", str(out)]
     code, log, _ = execute(cmd, dict(command_env(), TRITON_INTERPRET="1"), 600, merge=True)
     assert code == 0, log[-4000:]
     result = json.loads((out / "kernel_code.json").read_text())
@@ -803,11 +805,18 @@ def test_kernel_code_reads_the_direct_products_tile_loop_beside_a_commits(tmp_pa
     code, log, _ = execute([*cmd[:2], "--out", str(tmp_path / "kc64")], command_env(), 600, merge=True)
     assert code == 0, log[-4000:]
     rows64 = json.loads((tmp_path / "kc64" / "kernel_code.json").read_text())["trees"]["this tree"]
-    assert [(r["rows_per_program"], r["mma_kind"]) for r in rows64] == [(64, "wgmma")] * 6, rows64
+    assert [(r["rows_per_program"], r["mma_kind"], r["load_bytes"]) for r in rows64] == [(64, "wgmma", 8)] * 6, rows64
+    for r, one_copy in zip(rows64, tree):
+        assert r["global_loads"] == r["async_copies"] > 0 and r["shared_stores"] == 0, r
+        assert one_copy["async_copies"] < one_copy["global_loads"] and one_copy["shared_stores"] > 0, one_copy
+    assert "(this tree: 8 bytes)" in (tmp_path / "kc64" / "kernel_code.md").read_text()
     code, log, _ = execute([*cmd[:3], "no-such-rev", *cmd[4:], "--force"], command_env(), 120, merge=True)
     assert code == 2 and "--rev=no-such-rev is invalid: git cannot show its fairseq_tnn/ops/toeplitz_direct.py" in log
     code, log, _ = execute([*cmd[:2], "--rows", "48", "--out", str(tmp_path / "kc48")], command_env(), 120, merge=True)
     assert code == 2 and "--rows=48 is invalid: must be a power of 2, at least 16" in log, log[-2000:]
+    code, log, _ = execute([*cmd[:2], "--load-bytes", "32", "--out", str(tmp_path / "kc32")], command_env(), 120,
+                           merge=True)
+    assert code == 2 and "--load-bytes=32 is invalid: must be 2, 4, 8 or 16" in log, log[-2000:]
 
 
 def test_tno_versions_compares_a_commits_tnos_with_the_current_ones(tmp_path):
@@ -1275,28 +1284,32 @@ def test_fft_bytes_counts_the_products_bytes_three_ways(tmp_path):
 @pytest.mark.parametrize("operand", ["kernel", "spectrum"])
 def test_toeplitz_direct_times_both_products_side_by_side(operand, tmp_path, monkeypatch):
     """benchmarks/toeplitz_direct.py --quick on the CPU (Triton's interpreter, tests/conftest.py): the FFT product's
-    and the direct one's forward and forward with backward, the direct one at two ``ROWS_PER_PROGRAM`` (restored
-    after), their ratios, and the direct ways' differences from the FFT's, at fp32's rounding, handed the kernel in
+    and the direct one's forward and forward with backward, the direct one at two ``ROWS_PER_PROGRAM`` and two
+    ``LOAD_BYTES`` (the defaults' way once; both restored after), their ratios, and the direct ways' differences from the FFT's, at fp32's rounding, handed the kernel in
     time (TNN's and causal FD-TNN's: the direct way sums it with no FFT, the FFT way transforms it) or its spectrum
     (bidirectional FD-TNN's: the direct way takes it back by an irfft); and refusals, before any work: where the
-    kernels cannot run, an output already there, rows per program the kernels do not take."""
+    kernels cannot run, an output already there, rows per program and load widths the kernels do not take."""
     from benchmarks import toeplitz_direct
     from fairseq_tnn.ops import toeplitz_direct as ops
-    default = ops.ROWS_PER_PROGRAM
+    default = ops.ROWS_PER_PROGRAM, ops.LOAD_BYTES
+    assert default == (64, 8)
     calls = []
     for name in ("direct_conv", "direct_toeplitz"):
         monkeypatch.setattr(ops, name, (lambda f, name: lambda *a: calls.append(name) or f(*a))(getattr(ops, name), name))
+    copies, layouts = ops._copies, set()  # the (load bytes, rows) each product runs with
+    monkeypatch.setattr(ops, "_copies", lambda e: layouts.add((ops.LOAD_BYTES, ops.ROWS_PER_PROGRAM)) or copies(e))
     result = toeplitz_direct.main(["--quick", "--device", "cpu", "--rounds", "2", "--rows-per-program", "16", "64",
-                                   "--operand", operand, "--out", str(tmp_path)])
+                                   "--load-bytes", "2", "8", "--operand", operand, "--out", str(tmp_path)])
     md = (tmp_path / "toeplitz_direct.md").read_text()
-    assert "| causal 2 x 40, d 3 | direct/64 |" in md
+    assert "| causal 2 x 40, d 3 | direct/64/8 |" in md
     assert f"handed the {toeplitz_direct.OPERANDS[operand]})" in md and result["operand"] == operand
-    assert len(result["rows"]) == 2 and result["ways"] == ["fft", "direct/16", "direct/64"]
-    assert ops.ROWS_PER_PROGRAM == default
+    ways = ["direct/16/8", "direct/64/8", "direct/64/2"]
+    assert len(result["rows"]) == 2 and result["ways"] == ["fft", *ways]
+    assert (ops.ROWS_PER_PROGRAM, ops.LOAD_BYTES) == default and layouts == {(8, 16), (8, 64), (2, 64)}
     for row in result["rows"]:
         for way in result["ways"]:
             assert row[way]["forward"]["median_ms"] > 0 and row[way]["forward_backward"]["least_ms"] > 0, row
-        assert set(row["differences"]) == set(row["fft_over_direct"]) == {"direct/16", "direct/64"}
+        assert set(row["differences"]) == set(row["fft_over_direct"]) == set(ways)
         for differences in row["differences"].values():
             assert set(differences) == {"output", "x_grad", "kernel_grad"}
             assert max(differences.values()) < 1e-5, differences
@@ -1306,6 +1319,15 @@ def test_toeplitz_direct_times_both_products_side_by_side(operand, tmp_path, mon
         toeplitz_direct.main(["--quick", "--device", "cpu", "--dtype", "fp32", "--out", str(tmp_path)])  # no --force
     with pytest.raises(SystemExit):
         toeplitz_direct.main(["--quick", "--device", "cpu", "--rows-per-program", "48", "--out", str(tmp_path / "b")])
+    with pytest.raises(SystemExit):
+        toeplitz_direct.main(["--quick", "--device", "cpu", "--load-bytes", "3", "--out", str(tmp_path / "b")])
+    with pytest.raises(SystemExit):
+        toeplitz_direct.main(["--quick", "--device", "cpu", "--module-way", "--load-bytes", "8", "--out",
+                              str(tmp_path / "b")])
+    if operand == "spectrum":  # the module's way alone, as the GPU run's direct call times the spectrum
+        result = toeplitz_direct.main(["--quick", "--device", "cpu", "--rounds", "1", "--module-way", "--operand",
+                                       operand, "--out", str(tmp_path / "own")])
+        assert result["ways"] == ["fft", "direct/64/8"], result["ways"]
     assert not (tmp_path / "b").exists()
 
 
