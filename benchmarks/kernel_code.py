@@ -89,6 +89,8 @@ def measure(module, rows_per_program=None, load_bytes=None) -> List[Dict]:
                          "BLOCK_T": module.BLOCK_T, "PRECISION": "fp16"}
             if copied:
                 constants["COPIES"] = module._copies(2)  # fp16 coefficients
+            if "EVEN" in constexprs:
+                constants["EVEN"] = module._even(rows, n, block_r, group)
             missing = constexprs - set(constants)
             if missing:
                 raise SystemExit(f"kernel_code.py: {module.__file__}'s _apply_kernel takes compile-time arguments "

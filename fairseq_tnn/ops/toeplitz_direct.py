@@ -19,12 +19,13 @@ tensor cores do at hundreds of TFLOPS: at n = 512 about as much time as reading 
 A tile of T depends only on its offset from the diagonal, so ``_apply`` gathers each once per program and applies it
 to several output tiles' inputs stacked as rows (``ROWS_PER_PROGRAM``). It gathers the tile from the channel's
 coefficients laid out by lag first (``_layout_kernel``: lags -(m - 1) .. m - 1 in order, m the length rounded up to
-whole tiles, zero where |lag| >= n and, causal, where lag < 0), so that every entry of every tile it reads is at a
-fixed offset from the tile's first, in range and zero where T is: one address each, no wrap-around, bounds or
-triangle to test in the product's loop; and in several copies, each shifted by one element (``LOAD_BYTES``), so that
-each of the tile's rows starts aligned in one of them and the tile is copied to shared memory as the input's is. fp16 x meets fp16 coefficients, each channel's scaled to at most 1 by that
-layout (the 10-bit significand TF32 would give them, at twice its rate), bf16 x enters as TF32 (which holds it
-exactly) with the coefficients rounded to TF32, fp32 as it is; all accumulate in fp32. ``direct_conv`` is the
+whole tiles, -63 .. m - 1 where causal; zero where |lag| >= n and, causal, where lag < 0), so that every entry of
+every tile it reads is at a fixed offset from the tile's first, in range and zero where T is: one address each, no
+wrap-around, bounds or triangle to test in the product's loop; and in several copies, each shifted by one element
+(``LOAD_BYTES``), so that each of the tile's rows starts aligned in one of them and the tile is copied to shared
+memory as the input's is. fp16 x meets fp16 coefficients, each channel's scaled to at most 1 by that layout (the
+10-bit significand TF32 would give them, at twice its rate), bf16 x enters as TF32 (which holds it exactly) with the
+coefficients rounded to TF32, fp32 as it is; all accumulate in fp32. ``direct_conv`` is the
 product of a spectrum, the coefficients taken by one irfft of the (channels x size) spectrum, whose gradient
 autograd carries back to the spectrum: the same function and gradients as ``fft_conv``, within rounding. A TNO that
 makes its kernel in time before transforming it (TNN's RPE, causal FD-TNN's Hilbert transform:
@@ -134,7 +135,7 @@ def _layout_kernel(k_ptr, out_ptr, scale_ptr, size, n, origin, stride, CAUSAL: c
 
 
 def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, origin, stride, SIGN: constexpr, CAUSAL: constexpr,
-                  BLOCK_R: constexpr, GROUP: constexpr, BLOCK_T: constexpr, COPIES: constexpr,
+                  BLOCK_R: constexpr, GROUP: constexpr, BLOCK_T: constexpr, COPIES: constexpr, EVEN: constexpr,
                   PRECISION: constexpr):
     """One (channel, GROUP output tiles, BLOCK_R rows): y[r, o] = sum_i x[r, i] k[(SIGN (o - i)) mod size]; with
     ``CAUSAL`` the terms of lags SIGN (o - i) >= 0 only. The output tiles o0 + j (j < GROUP) are stacked as rows of
@@ -145,7 +146,9 @@ def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, origin, stride, SIGN:
     gather one load at a fixed offset from D's: the tile's entry (i, o) holds lag SIGN (D BLOCK_T + o - i), read from
     the copy that starts the entry's row (T) or column (T^T) aligned to ``COPIES`` elements. ``PRECISION`` "fp16": x
     fp16 and k the scaled fp16 coefficients, the result times ``scale_ptr``'s; "tf32" or "ieee": k fp32. Both tiles
-    are loaded through L1 (``.ca``): a program reads each input tile and each copy's lags once per output tile."""
+    are loaded through L1 (``.ca``): a program reads each input tile and each copy's lags once per output tile.
+    ``EVEN`` (``_even``: whole tiles, rows and stacks): every row and column of every program exists, so the input
+    tile's mask is only whether it is one of x's, and causal only on the side the triangle can leave."""
     c = tl.program_id(0)
     o0 = tl.program_id(1) * GROUP
     rr = tl.arange(0, GROUP * BLOCK_R)
@@ -182,7 +185,15 @@ def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, origin, stride, SIGN:
     for d in range(first, last + 1):
         ins_tile = o0 + j - d
         ins = ins_tile[:, None] * BLOCK_T + cols[None, :]
-        x = tl.load(x_rows[:, None] + ins, mask=(row_ok & (ins_tile >= 0))[:, None] & (ins < n), other=0.0,
+        if not EVEN:
+            inside = (row_ok & (ins_tile >= 0))[:, None] & (ins < n)
+        elif CAUSAL and SIGN > 0:  # T: the input tiles up to the output's, o0 + j - d <= o0 + j < tiles
+            inside = (ins_tile >= 0)[:, None]
+        elif CAUSAL:  # T^T: from the output's on (d <= 0)
+            inside = (ins_tile < tiles)[:, None]
+        else:
+            inside = ((ins_tile >= 0) & (ins_tile < tiles))[:, None]
+        x = tl.load(x_rows[:, None] + ins, mask=inside, other=0.0,
                     cache_modifier=".ca")
         w = tl.load(tile + SIGN * d * BLOCK_T, cache_modifier=".ca")
         if PRECISION == "fp16":
@@ -309,6 +320,12 @@ def _coefficients(kernel: torch.Tensor, dtype: torch.dtype, n: int, causal: bool
     return out, scale
 
 
+def _even(rows: int, n: int, block_r: int, group: int) -> bool:
+    """Whether every program of the product has all its rows and columns: n in whole tiles, the rows in whole blocks
+    and the tiles in whole stacks (the paper's shapes)."""
+    return n % BLOCK_T == 0 and rows % block_r == 0 and (n // BLOCK_T) % group == 0
+
+
 def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, causal: bool, wrap=_same) -> torch.Tensor:
     """x (c, rows, n) contiguous, kernel (c, size) fp32 contiguous: T x (sign 1) or T^T x (sign -1), in x's dtype;
     ``causal``: the kernel's lags 0 .. n - 1 only (its negative ones taken as the zeros a causal kernel has there).
@@ -321,7 +338,7 @@ def _apply(x: torch.Tensor, kernel: torch.Tensor, sign: int, causal: bool, wrap=
     grid = (c, triton.cdiv(triton.cdiv(n, BLOCK_T), group), triton.cdiv(rows, block_r))
     wrap(_kernels()[0])[grid](x, coefficients, scale, y, rows, n, *_layout(n, causal), SIGN=sign, CAUSAL=causal,
                               BLOCK_R=block_r, GROUP=group, BLOCK_T=BLOCK_T, COPIES=coefficients.shape[1],
-                              PRECISION=_precision(x.dtype))
+                              EVEN=_even(rows, n, block_r, group), PRECISION=_precision(x.dtype))
     return y
 
 

@@ -57,14 +57,19 @@ def _assert_close(got, want, rel):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("n,batch", [(1, (2,)), (2, (3,)), (7, (2, 3)), (64, (2,)), (65, (17,)), (130, (5,)),
-                                     (20, (70,)), (300, (2, 8))])
+                                     (20, (70,)), (300, (2, 8)), (128, (2, 4))])
 def test_direct_matches_dense_forward_and_gradients(n, batch, causal, device):
     """fp32 x: one tile and several (n = 64, 65, 130, 300: output, input and lag blocks, partial ones; at 300 with 16
     rows, several programs of stacked output tiles per channel and the lag gradient's tile pairs in two products),
-    rows of one tile and of two (70 > 64), extra batch dimensions, the circulant's sizes from ``next_fast_len``
+    rows of one tile and of two (70 > 64), whole tiles, rows and stacks (128 x 8: ``EVEN``, the input tile's mask
+    only whether it is one of x's), extra batch dimensions, the circulant's sizes from ``next_fast_len``
     (padding between the lags) and 2n - 1 (none). A causal kernel both ways: the whole matrix summed, and its lower triangle only
     (``causal``), whose gradient of the kernel's lags is the same."""
     x, pos, neg = _case(n, batch, causal, torch.float32, device)
+    rows = x[0].numel() // n
+    block_r = toeplitz_direct._block_rows(rows)
+    even = toeplitz_direct._even(rows, n, block_r, toeplitz_direct._stacked(block_r, -(-n // 64), 64))
+    assert even == (n == 128), (n, batch)
     cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device)
     want = _reference(x, pos, neg, cot)
     for size in sorted({next_fast_len(2 * n - 1), 2 * n - 1}):
@@ -411,11 +416,12 @@ for dtype, precision in (("fp16", "fp16"), ("bf16", "tf32"), ("fp32", "ieee")):
             ((8, aligned, 8),) if precision == "fp16" else ()):
         for sign in (1, -1):
             for causal in (False, True):
+                # aligned: at the paper's shapes, whole tiles, rows and stacks (EVEN)
                 compile(apply_kernel, {"x_ptr": "*" + dtype, "k_ptr": coefficients, "scale_ptr": "*fp32",
                                        "y_ptr": "*" + dtype, "rows": "i32", "n": "i32", "origin": "i32",
                                        "stride": "i32"},
                         {"SIGN": sign, "CAUSAL": causal, "BLOCK_R": 8, "GROUP": group, "BLOCK_T": td.BLOCK_T,
-                         "COPIES": copies, "PRECISION": precision}, aligned)
+                         "COPIES": copies, "EVEN": bool(aligned), "PRECISION": precision}, aligned)
     for aligned in ((), ("g_ptr", "x_ptr", "gk_ptr", "n", "size")):
         for causal in (False, True):
             compile(lag_grad_kernel, {"g_ptr": "*" + dtype, "x_ptr": "*" + dtype, "gk_ptr": "*fp32", **ints,
