@@ -312,7 +312,7 @@ def _coefficients(kernel: torch.Tensor, dtype: torch.dtype, n: int, causal: bool
     origin, stride = _layout(n, causal)
     scaled = _precision(dtype) == "fp16"
     element = torch.float16 if scaled else torch.float32
-    copies = _copies(torch.empty((), dtype=element).element_size())
+    copies = _copies(element.itemsize)
     out = torch.empty(c, copies, stride, device=kernel.device, dtype=element)
     scale = torch.empty(c, device=kernel.device, dtype=torch.float32) if scaled else out
     wrap(_kernels()[2])[(c,)](kernel, out, scale, size, n, origin, stride, CAUSAL=causal, SCALE=scaled,
