@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks.measure import add_out_options, refuse_overwrite, write_results  # noqa: E402
+from benchmarks.measure import add_out_options, refuse_overwrite, spelled, write_results  # noqa: E402
 
 MODULE = "fairseq_tnn/ops/toeplitz_direct.py"
 # (label, rows a channel, n, causal): the paper's per-GPU shapes, as fft_bytes.py and toeplitz_direct.py take them
@@ -100,8 +100,8 @@ def measure(module, rows_per_program=None, load_bytes=None) -> List[Dict]:
                          for name in params}
             # what Triton's launcher assumes at this shape: 16-byte aligned tensors, and the integers it finds
             # divisible by 16 (the circulant's size as fft_conv pads it, the layout's row as _coefficients makes it)
-            tiles = module.BLOCK_T * triton.cdiv(n, module.BLOCK_T)
-            origin, stride = module._layout(n, causal) if copied else (tiles, 2 * tiles)
+            half = module.BLOCK_T * triton.cdiv(n, module.BLOCK_T)
+            origin, stride = module._layout(n, causal) if copied else (half, 2 * half)
             values = {"rows": rows, "n": n, "size": 2 * n, "origin": origin, "stride": stride}
             unknown = [name for name in params if name not in constexprs and not name.endswith("_ptr")
                        and name not in values]
@@ -162,9 +162,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.rows is not None and (a.rows < 16 or a.rows & (a.rows - 1)):
         p.error(f"--rows={a.rows} is invalid: must be a power of 2, at least 16 (a tensor-core product's least rows)")
-    if a.load_bytes is not None and a.load_bytes not in (2, 4, 8, 16):
-        p.error(f"--load-bytes={a.load_bytes} is invalid: must be 2, 4, 8 or 16 (a thread's loads of fp16 "
-                "coefficients, one to eight elements)")
+    from fairseq_tnn.ops.toeplitz_direct import LOAD_BYTES_CHOICES
+    if a.load_bytes is not None and a.load_bytes not in LOAD_BYTES_CHOICES:
+        p.error(f"--load-bytes={a.load_bytes} is invalid: must be {spelled(LOAD_BYTES_CHOICES)} (a thread's loads "
+                "of fp16 coefficients, one to eight elements)")
     refuse_overwrite(p, a, "kernel_code.json")
     try:
         import triton

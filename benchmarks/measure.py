@@ -74,6 +74,11 @@ def triton_run(args, dtype_name: str) -> Dict:
             "device_name": torch.cuda.get_device_name() if args.device == "cuda" else "CPU, Triton's interpreter"}
 
 
+def spelled(values) -> str:
+    """Allowed values as an error message names them: "2, 4, 8 or 16"."""
+    return ", ".join(map(str, values[:-1])) + f" or {values[-1]}"
+
+
 def refuse_overwrite(parser: argparse.ArgumentParser, args, result_file: str) -> None:
     """Stop with an error, before any work, when --out already holds ``result_file`` and --force is not given."""
     if os.path.exists(os.path.join(args.out, result_file)) and not args.force:

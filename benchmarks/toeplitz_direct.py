@@ -36,7 +36,7 @@ if ROOT not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.measure import (add_device_options, add_out_options, checked_dtype, interleaved_rounds,  # noqa: E402
-                                refuse_overwrite, triton_run, write_results)
+                                refuse_overwrite, spelled, triton_run, write_results)
 
 # (label, channels, batch, n, causal): the causal TNO at the paper's 8 x 512 (the direct product sums T's lower
 # triangle), the bidirectional at 16 x 512 and 4 x 2048, and a length between
@@ -158,8 +158,8 @@ def markdown(result: Dict) -> str:
            f"handed the {OPERANDS[result['operand']]})", "",
            f"torch {result['torch']}, triton {result['triton']}; median of {result['rounds']} interleaved rounds, ms; "
            "`python benchmarks/toeplitz_direct.py`", "",
-           "| shape | way (direct/M/B: M rows a program, B bytes a load) | forward / with backward | FFT / this way | this - FFT: output, "
-           "x grad, kernel grad |",
+           "| shape | way (direct/M/B: M rows a program, B bytes a load) | forward / with backward | FFT / this way | "
+           "this - FFT: output, x grad, kernel grad |",
            "|---|---|---|---|---|"]
     for r in result["rows"]:
         for way in result["ways"]:
@@ -204,9 +204,9 @@ def main(argv=None) -> Dict:
     bad = [m for m in a.rows_per_program if m not in (16, 32, 64, 128)]
     if bad:
         p.error(f"--rows-per-program={' '.join(map(str, bad))}: each must be 16, 32, 64 or 128")
-    bad = [b for b in a.load_bytes if b not in (2, 4, 8, 16)]
+    bad = [b for b in a.load_bytes if b not in toeplitz_direct.LOAD_BYTES_CHOICES]
     if bad:
-        p.error(f"--load-bytes={' '.join(map(str, bad))}: each must be 2, 4, 8 or 16")
+        p.error(f"--load-bytes={' '.join(map(str, bad))}: each must be {spelled(toeplitz_direct.LOAD_BYTES_CHOICES)}")
     probe = torch.empty(0, device=a.device, dtype=dtype)
     if not toeplitz_direct.supports(probe):
         p.error(f"--device={a.device} --dtype={name}: the direct product needs Triton and a CUDA device, or the CPU "

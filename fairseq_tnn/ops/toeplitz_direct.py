@@ -69,12 +69,13 @@ LAYOUT_BLOCK = 1024  # the coefficients' layout kernel's chunk
 # a register: 32 loads and 4-32 stores a thread and tile at 64 rows a program. ``_layout_kernel`` lays the
 # coefficients out LOAD_BYTES / (an element's bytes) times instead, each copy shifted by one element more than the
 # one before, so that every row starts aligned in one of them; Triton then copies the tile to shared memory
-# asynchronously, pipelined as it does the input's tile (8 bytes: 8 copies a thread and tile, in 4 copies of the fp16
-# layout or 2 of fp32's; 16 bytes: 4, in 8 copies). The layout grows as many times (at 8 bytes, 12.8 MB a product
-# for 1,536 channels at n = 512 in fp16, where one is 3.2 MB), read through L1, where a tile's overlapping rows meet.
-# 2 is the one layout of before. ``benchmarks/kernel_code.py --load-bytes`` shows each one's loop, and
-# ``benchmarks/toeplitz_direct.py`` times them side by side on a GPU.
+# asynchronously, pipelined as it does the input's tile (8 bytes: 8 asynchronous copies a thread and tile at 64 rows,
+# from 4 copies of the fp16 layout or 2 of fp32's; 16 bytes: 4, from 8 copies). The layout grows as many times (at 8
+# bytes and n = 512 in fp16, 1,536 channels: 12.8 MB a bidirectional product, 7.3 MB a causal one), read through L1,
+# where a tile's overlapping rows meet. 2 is one layout. ``benchmarks/kernel_code.py --load-bytes`` shows each one's
+# loop, and ``benchmarks/toeplitz_direct.py`` times them side by side on a GPU.
 LOAD_BYTES = 8
+LOAD_BYTES_CHOICES = (2, 4, 8, 16)  # one to eight fp16 elements a load
 
 
 # Whether Triton runs the kernels in its interpreter, on CPU tensors (the tests' way without a GPU): Triton decides when
@@ -120,7 +121,7 @@ def _layout_kernel(k_ptr, out_ptr, scale_ptr, size, n, origin, stride, CAUSAL: c
     scale = 1.0
     if SCALE:
         largest = tl.zeros((BLOCK,), dtype=tl.float32)
-        for start in range(0, stride - 16, BLOCK):
+        for start in range(0, stride, BLOCK):  # the lags the product reads, then zeros (|lag| >= n)
             k = _at_lags(k_row, size, n, start + tl.arange(0, BLOCK) - center, CAUSAL)
             largest = tl.maximum(largest, tl.abs(k))
         scale = tl.max(largest, axis=0)
@@ -158,7 +159,6 @@ def _apply_kernel(x_ptr, k_ptr, scale_ptr, y_ptr, rows, n, origin, stride, SIGN:
     tiles = tl.cdiv(n, BLOCK_T)
     row_ok = (r < rows) & (o0 + j < tiles)
     x_rows = x_ptr + c.to(tl.int64) * rows * n + r * n
-    # the tile at offset D = 0, (inputs, outputs); at D, SIGN D BLOCK_T further along the channel's lags
     # The tile at offset D = 0, (inputs a, outputs b): lag SIGN (b - a), at q = center + SIGN (b - a) of the layout,
     # center = origin - 1; at D, SIGN D BLOCK_T further along. Its rows (T: along b) or columns (T^T: along a) are
     # consecutive, each starting one element before (T) or after (T^T) the one before it: the u-th of them is read

@@ -68,7 +68,9 @@ def test_direct_matches_dense_forward_and_gradients(n, batch, causal, device):
     x, pos, neg = _case(n, batch, causal, torch.float32, device)
     rows = x[0].numel() // n
     block_r = toeplitz_direct._block_rows(rows)
-    even = toeplitz_direct._even(rows, n, block_r, toeplitz_direct._stacked(block_r, -(-n // 64), 64))
+    tiles = -(-n // toeplitz_direct.BLOCK_T)
+    even = toeplitz_direct._even(rows, n, block_r,
+                                 toeplitz_direct._stacked(block_r, tiles, toeplitz_direct.ROWS_PER_PROGRAM))
     assert even == (n == 128), (n, batch)
     cot = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(device)
     want = _reference(x, pos, neg, cot)
